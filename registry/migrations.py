@@ -1,0 +1,200 @@
+"""Numbered schema migrations, each applied once, in one transaction with its record.
+
+Applied migrations are never edited: a schema change is a new function appended to
+`MIGRATIONS`. Numbers are owned by the part that needs the tables:
+1 scan (registry), 2 runs (runner), 3 audit (auditor), 4 recommender.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import duckdb
+
+Migration = Callable[[duckdb.DuckDBPyConnection], None]
+
+
+def m001_scan(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        """
+        CREATE TABLE scans (
+            scan_id      BIGINT PRIMARY KEY,
+            started_at   TIMESTAMPTZ NOT NULL,
+            finished_at  TIMESTAMPTZ,
+            roots        VARCHAR[] NOT NULL,
+            host         VARCHAR,
+            n_files      BIGINT,
+            n_new        BIGINT,
+            n_changed    BIGINT,
+            n_unchanged  BIGINT,
+            n_removed    BIGINT,
+            n_errors     BIGINT,
+            seconds      DOUBLE
+        )
+        """
+    )
+    # One row per real file. Symlinks pointing at it are listed in `links`.
+    con.execute(
+        """
+        CREATE TABLE files (
+            path           VARCHAR PRIMARY KEY,
+            links          VARCHAR[],
+            size           BIGINT,
+            mtime_ns       BIGINT,
+            inode          BIGINT,
+            status         VARCHAR NOT NULL,   -- ok | error | gone
+            error          VARCHAR,
+            model_id       VARCHAR,
+            split_no       INTEGER,
+            split_count    INTEGER,
+            header_sha256  VARCHAR,
+            n_params       BIGINT,
+            n_tensors      BIGINT,
+            first_scan     BIGINT,
+            last_scan      BIGINT,
+            gone_scan      BIGINT
+        )
+        """
+    )
+    # Errors that are not about one file: broken links, missing split parts, bad roots.
+    con.execute(
+        """
+        CREATE TABLE scan_errors (
+            scan_id  BIGINT NOT NULL,
+            path     VARCHAR NOT NULL,
+            kind     VARCHAR NOT NULL,
+            reason   VARCHAR NOT NULL
+        )
+        """
+    )
+    con.execute(
+        """
+        CREATE TABLE models (
+            model_id              VARCHAR PRIMARY KEY,
+            status                VARCHAR NOT NULL,  -- present | incomplete | gone
+            path                  VARCHAR NOT NULL,  -- first part
+            paths                 VARCHAR[] NOT NULL,
+            parts_missing         VARCHAR[],
+            n_bytes               BIGINT,
+            mtime_ns              BIGINT,
+            gguf_version          INTEGER,
+            architecture          VARCHAR,
+            name                  VARCHAR,
+            basename              VARCHAR,
+            size_label            VARCHAR,
+            finetune              VARCHAR,
+            organization          VARCHAR,
+            file_type             INTEGER,
+            quant                 VARCHAR,
+            n_params              BIGINT,
+            n_params_active       BIGINT,
+            bits_per_weight       DOUBLE,
+            n_tensors             BIGINT,
+            tensor_types          JSON,
+            block_count           BIGINT,
+            context_length        BIGINT,
+            embedding_length      BIGINT,
+            expert_count          BIGINT,
+            expert_used_count     BIGINT,
+            expert_used_key       VARCHAR,
+            is_moe                BOOLEAN,
+            is_recurrent          BOOLEAN,
+            is_hybrid             BOOLEAN,
+            ssm_keys              VARCHAR[],
+            sliding_window        BIGINT,
+            uses_mla              BOOLEAN,
+            nextn_predict_layers  BIGINT,
+            has_mtp_tensors       BOOLEAN,
+            draft_kind            VARCHAR,   -- eagle3 | dflash | dspark | NULL
+            draft_binding         JSON,
+            is_mmproj             BOOLEAN,
+            tok_model             VARCHAR,
+            tok_pre               VARCHAR,
+            vocab_type            VARCHAR,
+            n_tokens              BIGINT,
+            tok_fingerprint       VARCHAR,
+            vocab_sha             VARCHAR,
+            bos_id                BIGINT,
+            eos_id                BIGINT,
+            eot_id                BIGINT,
+            pad_id                BIGINT,
+            bos_text              VARCHAR,
+            eos_text              VARCHAR,
+            eot_text              VARCHAR,
+            pad_text              VARCHAR,
+            add_bos_stored        BOOLEAN,
+            add_eos_stored        BOOLEAN,
+            add_bos               BOOLEAN,
+            add_eos               BOOLEAN,
+            vocab_error           VARCHAR,
+            chat_template_sha256  VARCHAR,
+            first_scan            BIGINT,
+            last_scan             BIGINT
+        )
+        """
+    )
+    # Every scalar key/value of the model's first part; arrays as type and length only.
+    con.execute(
+        """
+        CREATE TABLE model_kv (
+            model_id  VARCHAR NOT NULL,
+            key       VARCHAR NOT NULL,
+            type      VARCHAR NOT NULL,
+            value     JSON,
+            PRIMARY KEY (model_id, key)
+        )
+        """
+    )
+    # Vocabularies stored once per distinct token list, for exact diffs without re-reading.
+    con.execute(
+        """
+        CREATE TABLE vocabs (
+            vocab_sha     VARCHAR PRIMARY KEY,
+            n_tokens      BIGINT NOT NULL,
+            tokens_z      BLOB NOT NULL,   -- zlib of the serialized GGUF string array
+            token_types   BLOB             -- int32 little-endian, or NULL
+        )
+        """
+    )
+
+
+MIGRATIONS: list[tuple[int, str, Migration]] = [
+    (1, "scan tables", m001_scan),
+]
+
+
+def applied(con: duckdb.DuckDBPyConnection) -> set[int]:
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS migrations "
+        "(number INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMPTZ NOT NULL)"
+    )
+    return {row[0] for row in con.execute("SELECT number FROM migrations").fetchall()}
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> list[int]:
+    """Apply pending migrations in order; return the numbers applied."""
+    done = applied(con)
+    newest_known = max(number for number, _, _ in MIGRATIONS)
+    ran = []
+    for number, name, fn in sorted(MIGRATIONS, key=lambda m: m[0]):
+        if number in done:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            fn(con)
+            con.execute(
+                "INSERT INTO migrations VALUES (?, ?, current_timestamp)", [number, name]
+            )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        ran.append(number)
+    if done and max(done) > newest_known:
+        from specreg.errors import RegistryError
+
+        raise RegistryError(
+            f"the registry has schema migration {max(done)} but this specreg knows only "
+            f"up to {newest_known}: upgrade specreg"
+        )
+    return ran

@@ -1,0 +1,3 @@
+from specreg.cli.main import main
+
+main()
