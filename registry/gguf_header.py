@@ -15,7 +15,6 @@ import hashlib
 import os
 import struct
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -172,6 +171,16 @@ def parse_header_bytes(buf: bytes, file_size: int | None = None) -> GGUFHeader:
         return _parse(buf, len(buf) if file_size is None else file_size)
     except _NeedMore:
         raise GGUFFormatError("file ends inside the GGUF header (truncated)") from None
+
+
+def parse_string_array(raw: bytes, count: int) -> StringArray:
+    """Rebuild a StringArray from its serialized region (as stored by the registry)."""
+    cur = _Cursor(raw, len(raw))
+    try:
+        offsets = _string_offsets(cur, "stored vocabulary", count)
+    except _NeedMore:
+        raise GGUFFormatError("stored vocabulary is truncated") from None
+    return StringArray(raw, offsets)
 
 
 def has_gguf_magic(path: str | os.PathLike[str]) -> bool:

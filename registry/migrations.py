@@ -182,9 +182,7 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[int]:
         con.execute("BEGIN TRANSACTION")
         try:
             fn(con)
-            con.execute(
-                "INSERT INTO migrations VALUES (?, ?, current_timestamp)", [number, name]
-            )
+            con.execute("INSERT INTO migrations VALUES (?, ?, current_timestamp)", [number, name])
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")

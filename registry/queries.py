@@ -1,0 +1,228 @@
+"""Read access to the registry: models by path, name or id; listings with filters."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+import duckdb
+
+from specreg.errors import AmbiguousModel, ModelNotFound
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """One row of the `models` table. Sizes are raw ints; strings for people are properties."""
+
+    model_id: str | None
+    status: str | None
+    path: str | None
+    paths: tuple[str, ...]
+    parts_missing: tuple[str, ...]
+    n_bytes: int | None
+    mtime_ns: int | None
+    gguf_version: int | None
+    architecture: str | None
+    name: str | None
+    basename: str | None
+    size_label: str | None
+    finetune: str | None
+    organization: str | None
+    file_type: int | None
+    quant: str | None
+    n_params: int | None
+    n_params_active: int | None
+    bits_per_weight: float | None
+    n_tensors: int | None
+    tensor_types: str | None
+    block_count: int | None
+    context_length: int | None
+    embedding_length: int | None
+    expert_count: int | None
+    expert_used_count: int | None
+    expert_used_key: str | None
+    is_moe: bool | None
+    is_recurrent: bool | None
+    is_hybrid: bool | None
+    ssm_keys: tuple[str, ...]
+    sliding_window: int | None
+    uses_mla: bool | None
+    nextn_predict_layers: int | None
+    has_mtp_tensors: bool | None
+    draft_kind: str | None
+    draft_binding: str | None
+    is_mmproj: bool | None
+    tok_model: str | None
+    tok_pre: str | None
+    vocab_type: str | None
+    n_tokens: int | None
+    tok_fingerprint: str | None
+    vocab_sha: str | None
+    bos_id: int | None
+    eos_id: int | None
+    eot_id: int | None
+    pad_id: int | None
+    bos_text: str | None
+    eos_text: str | None
+    eot_text: str | None
+    pad_text: str | None
+    add_bos_stored: bool | None
+    add_eos_stored: bool | None
+    add_bos: bool | None
+    add_eos: bool | None
+    vocab_error: str | None
+    chat_template_sha256: str | None
+    first_scan: int | None
+    last_scan: int | None
+
+    @property
+    def display_name(self) -> str:
+        return self.name or os.path.basename(self.path)
+
+    @property
+    def size_str(self) -> str:
+        return human_bytes(self.n_bytes)
+
+    @property
+    def params_str(self) -> str:
+        return human_count(self.n_params)
+
+    @property
+    def tensor_type_counts(self) -> dict[str, int]:
+        return json.loads(self.tensor_types) if self.tensor_types else {}
+
+
+_COLUMNS = [f.name for f in fields(ModelRecord)]
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM models"
+
+
+def _record(row: tuple[Any, ...]) -> ModelRecord:
+    values = dict(zip(_COLUMNS, row))
+    for name in ("paths", "parts_missing", "ssm_keys"):
+        values[name] = tuple(values[name] or ())
+    return ModelRecord(**values)
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"  # pragma: no cover
+
+
+def human_count(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.1f}{suffix}"
+    return str(n)
+
+
+def list_models(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    architecture: str | None = None,
+    tokenizer: str | None = None,
+    min_params: int | None = None,
+    max_params: int | None = None,
+    include_gone: bool = False,
+    name: str | None = None,
+) -> list[ModelRecord]:
+    where, args = [], []
+    if not include_gone:
+        where.append("status != 'gone'")
+    if architecture:
+        where.append("architecture = ?")
+        args.append(architecture)
+    if tokenizer:
+        # a tokenizer model (gpt2, llama), a pre-tokenizer (qwen2), or a fingerprint prefix
+        where.append("(tok_model = ? OR tok_pre = ? OR starts_with(tok_fingerprint, ?))")
+        args += [tokenizer, tokenizer, tokenizer]
+    if min_params is not None:
+        where.append("n_params >= ?")
+        args.append(min_params)
+    if max_params is not None:
+        where.append("n_params <= ?")
+        args.append(max_params)
+    if name:
+        where.append("(contains(lower(name), lower(?)) OR contains(lower(path), lower(?)))")
+        args += [name, name]
+    sql = _SELECT + (" WHERE " + " AND ".join(where) if where else "")
+    sql += " ORDER BY n_params NULLS LAST, path"
+    return [_record(r) for r in con.execute(sql, args).fetchall()]
+
+
+def get_model(con: duckdb.DuckDBPyConnection, model_id: str) -> ModelRecord | None:
+    row = con.execute(_SELECT + " WHERE model_id = ?", [model_id]).fetchone()
+    return _record(row) if row else None
+
+
+def resolve_model(con: duckdb.DuckDBPyConnection, ref: str | os.PathLike[str]) -> ModelRecord:
+    """A model by file path (any part or symlink), id or id prefix, or exact name/basename."""
+    ref_s = os.fspath(ref)
+    if os.path.exists(ref_s):
+        real = os.path.realpath(ref_s)
+        row = con.execute(
+            "SELECT model_id FROM files WHERE (path = ? OR list_contains(links, ?))"
+            " AND model_id IS NOT NULL ORDER BY status = 'ok' DESC LIMIT 1",
+            [real, os.path.abspath(ref_s)],
+        ).fetchone()
+        if row:
+            found = get_model(con, row[0])
+            if found:
+                return found
+        raise ModelNotFound(f"{ref_s} is not in the registry: run `specreg scan {ref_s}` first")
+    rows = con.execute(
+        _SELECT + " WHERE starts_with(model_id, ?) OR name = ? OR basename = ?"
+        " ORDER BY status = 'gone', model_id",
+        [ref_s, ref_s, ref_s],
+    ).fetchall()
+    if not rows:
+        raise ModelNotFound(
+            f"no model matches '{ref_s}': give a path, an id from `specreg models`, or a name"
+        )
+    present = [r for r in rows if _record(r).status != "gone"] or rows
+    if len(present) > 1:
+        ids = ", ".join(_record(r).model_id for r in present[:5])
+        raise AmbiguousModel(f"'{ref_s}' matches {len(present)} models ({ids}): give an id or path")
+    return _record(present[0])
+
+
+def model_kv(con: duckdb.DuckDBPyConnection, model_id: str) -> list[tuple[str, str, Any]]:
+    rows = con.execute(
+        "SELECT key, type, value FROM model_kv WHERE model_id = ? ORDER BY key", [model_id]
+    ).fetchall()
+    return [(k, t, json.loads(v) if v is not None else None) for k, t, v in rows]
+
+
+def model_files(con: duckdb.DuckDBPyConnection, model_id: str) -> list[dict[str, Any]]:
+    cur = con.execute(
+        "SELECT path, links, size, mtime_ns, status, split_no, split_count FROM files"
+        " WHERE model_id = ? ORDER BY split_no, path",
+        [model_id],
+    )
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r)) for r in cur.fetchall()]
+
+
+@dataclass(frozen=True)
+class FileProblem:
+    path: str
+    reason: str
+
+
+def file_errors(con: duckdb.DuckDBPyConnection) -> list[FileProblem]:
+    """Files currently in error, and the latest scan's other problems."""
+    rows = con.execute(
+        "SELECT path, error FROM files WHERE status = 'error' UNION ALL "
+        "SELECT path, reason FROM scan_errors WHERE scan_id = (SELECT max(scan_id) FROM scans)"
+        " AND kind IN ('broken_link', 'missing_part') ORDER BY 1"
+    ).fetchall()
+    return [FileProblem(p, r) for p, r in rows]
