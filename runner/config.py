@@ -1,0 +1,196 @@
+"""A speculative-decoding configuration and the llama-server flags that realise it.
+
+`Config` is model-agnostic: the target and draft are passed to `server_argv` as paths, so the
+recommender and the declarative registry can render the same configuration for any pair.
+Request-time knobs (temperature, seed) live in `Config` too but go into the request body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from specreg.runner.host import Host
+from specreg.runner.llama import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE
+
+from specreg.errors import UsageError
+
+SPEC_NONE = "none"
+# Methods that need a separate draft model (`-md`). draft-mtp uses the target's own NextN
+# layers; the n-gram methods need no model at all.
+DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+SPEC_TYPES = (SPEC_NONE, *DRAFT_MODEL_TYPES, "draft-mtp", *NGRAM_TYPES)
+
+DEFAULT_CTX = 4096
+DEFAULT_SEED = 42
+
+
+@dataclass(frozen=True)
+class Config:
+    """What to run: the speculative method and its knobs, the MoE budget, the sampler."""
+
+    spec_type: str = SPEC_NONE
+    k: int | None = None  # max draft length (--spec-draft-n-max; ngram-mod: its n-max)
+    k_min: int | None = None
+    p_min: float | None = None  # greedy drafting stops below this probability
+    draft_threads: int | None = None
+    experts: int | None = None  # MoE experts used per token (--override-kv)
+    expert_key: str | None = None  # e.g. "qwen3moe.expert_used_count", from the registry
+    temperature: float = 0.0
+    seed: int = DEFAULT_SEED
+    ctx: int = DEFAULT_CTX
+
+    def __post_init__(self) -> None:
+        if self.spec_type not in SPEC_TYPES:
+            raise UsageError(
+                f"unknown speculative type {self.spec_type!r}: use one of {', '.join(SPEC_TYPES)}"
+            )
+        if self.k is not None and self.k < 1:
+            raise UsageError(f"--k must be at least 1, got {self.k}")
+        if self.experts is not None and self.experts < 1:
+            raise UsageError(f"--experts must be at least 1, got {self.experts}")
+        if self.temperature < 0:
+            raise UsageError(f"--temp must be >= 0, got {self.temperature}")
+
+    @property
+    def speculative(self) -> bool:
+        return self.spec_type != SPEC_NONE
+
+    @property
+    def needs_draft(self) -> bool:
+        return self.spec_type in DRAFT_MODEL_TYPES
+
+    @property
+    def behaviour_changing(self) -> bool:
+        """Knobs that change the output distribution, unlike speculation itself."""
+        return self.experts is not None or self.temperature > 0
+
+    @property
+    def lossless(self) -> bool:
+        return not self.behaviour_changing
+
+    @property
+    def label(self) -> str:
+        parts = [self.spec_type if self.speculative else "baseline"]
+        if self.k is not None:
+            parts.append(f"k={self.k}")
+        if self.p_min is not None:
+            parts.append(f"p_min={self.p_min:g}")
+        if self.draft_threads is not None:
+            parts.append(f"td={self.draft_threads}")
+        if self.experts is not None:
+            parts.append(f"experts={self.experts}")
+        if self.temperature:
+            parts.append(f"temp={self.temperature:g}")
+        return " ".join(parts)
+
+    def baseline(self) -> Config:
+        """The full, plain reference: no speculation, all experts, greedy."""
+        return Config(seed=self.seed, ctx=self.ctx)
+
+    def with_(self, **changes: Any) -> Config:
+        return replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def request_fields(self) -> dict[str, Any]:
+        """The sampler part, sent with every /completion request."""
+        return {"temperature": self.temperature, "seed": self.seed}
+
+
+def _spec_type_flags(config: Config, draft_path: Path | None) -> list[str]:
+    if not config.speculative:
+        return []
+    flags = ["--spec-type", config.spec_type]
+    if config.needs_draft or config.spec_type == "draft-mtp" and draft_path is not None:
+        flags += ["--spec-draft-model", str(draft_path)]
+    if config.spec_type == "ngram-mod":
+        if config.k is not None:
+            k_min = config.k_min if config.k_min is not None else max(1, config.k // 4)
+            flags += ["--spec-ngram-mod-n-max", str(config.k), "--spec-ngram-mod-n-min", str(k_min)]
+    else:
+        if config.k is not None:
+            flags += ["--spec-draft-n-max", str(config.k)]
+        if config.k_min is not None:
+            flags += ["--spec-draft-n-min", str(config.k_min)]
+    if config.p_min is not None:
+        flags += ["--spec-draft-p-min", f"{config.p_min:g}"]
+    if config.draft_threads is not None:
+        flags += ["--spec-draft-threads", str(config.draft_threads)]
+    return flags
+
+
+def _draft_max_flags(config: Config, draft_path: Path | None) -> list[str]:
+    if not config.speculative:
+        return []
+    if config.spec_type != "draft-simple":
+        raise UsageError(
+            f"{config.spec_type} is not available in this llama.cpp's server (it predates "
+            "--spec-type): use a draft model, or llama.cpp from 2026 or later"
+        )
+    flags = ["-md", str(draft_path)]
+    if config.k is not None:
+        flags += ["--draft-max", str(config.k)]
+    if config.k_min is not None:
+        flags += ["--draft-min", str(config.k_min)]
+    if config.p_min is not None:
+        flags += ["--draft-p-min", f"{config.p_min:g}"]
+    if config.draft_threads is not None:
+        flags += ["-td", str(config.draft_threads)]
+    return flags
+
+
+def server_argv(
+    config: Config,
+    target_path: Path,
+    draft_path: Path | None,
+    dialect: str,
+    host: Host,
+) -> list[str]:
+    """llama-server flags for `config` (no binary, address or port): reusable in any command."""
+    if config.needs_draft and draft_path is None:
+        raise UsageError(f"{config.spec_type} needs a draft model: pass --draft PATH")
+    argv = ["-m", str(target_path), "-t", str(host.threads), "-c", str(config.ctx)]
+    if dialect == DIALECT_SPEC_TYPE:
+        argv += _spec_type_flags(config, draft_path)
+    elif dialect == DIALECT_DRAFT_MAX:
+        argv += _draft_max_flags(config, draft_path)
+    else:
+        raise UsageError(f"unknown llama.cpp flag dialect {dialect!r}")
+    if config.experts is not None:
+        if not config.expert_key:
+            raise UsageError(
+                "--experts needs the target's expert-count key; the target is not a MoE model "
+                "in the registry (run `specreg scan` on it)"
+            )
+        argv += ["--override-kv", f"{config.expert_key}=int:{config.experts}"]
+    return argv
+
+
+def server_command(
+    config: Config,
+    target_path: Path,
+    draft_path: Path | None,
+    dialect: str,
+    host: Host,
+    *,
+    server: Path | str = "llama-server",
+    port: int = 8080,
+) -> list[str]:
+    """The full command line a user would type: NUMA prefix, binary, address, flags."""
+    return [
+        *host.launch_prefix(),
+        str(server),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        # One slot: the runner sends one request at a time, and every slot costs KV memory.
+        "-np",
+        "1",
+        "--metrics",
+        *server_argv(config, target_path, draft_path, dialect, host),
+    ]

