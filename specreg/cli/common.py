@@ -56,10 +56,15 @@ def emit_json(kind: str, payload: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(doc, default=_default, indent=2, ensure_ascii=False) + "\n")
 
 
+def _width() -> int | None:
+    # Piped output keeps whole lines (paths, table rows) instead of rich's default 80 columns.
+    return None if sys.stdout.isatty() else 200
+
+
 def console() -> Console:
     # Untrusted strings from GGUF files go through rich; markup is off so `[red]` in a model
     # name prints as text instead of being interpreted.
-    return Console(highlight=False, markup=False, soft_wrap=False)
+    return Console(highlight=False, markup=False, width=_width())
 
 
 def err_console() -> Console:
