@@ -158,8 +158,92 @@ def m001_scan(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m002_runs(con: duckdb.DuckDBPyConnection) -> None:
+    # One row per measured configuration, failed runs included. Models are referenced by
+    # registry model_id; the paths are kept too because files move.
+    con.execute("CREATE SEQUENCE runs_seq START 1")
+    con.execute(
+        """
+        CREATE TABLE runs (
+            run_id            BIGINT PRIMARY KEY DEFAULT nextval('runs_seq'),
+            kind              VARCHAR NOT NULL,   -- run | baseline | verify
+            status            VARCHAR NOT NULL,   -- ok | failed
+            started_at        TIMESTAMPTZ NOT NULL,
+            seconds           DOUBLE,
+            error_kind        VARCHAR,            -- load | oom | crash | timeout | port | args | spec-init | ...
+            error             VARCHAR,            -- specreg's one-line message
+            llama_message     VARCHAR,            -- llama.cpp's own line
+            target_model_id   VARCHAR,
+            draft_model_id    VARCHAR,
+            target_path       VARCHAR,
+            draft_path        VARCHAR,
+            config            JSON NOT NULL,
+            config_label      VARCHAR NOT NULL,
+            spec_type         VARCHAR NOT NULL,
+            k                 INTEGER,
+            p_min             DOUBLE,
+            draft_threads     INTEGER,
+            experts           INTEGER,
+            temperature       DOUBLE,
+            seed              BIGINT,
+            behaviour_changing BOOLEAN,
+            llama_version     VARCHAR,
+            llama_dialect     VARCHAR,
+            llama_bin_dir     VARCHAR,
+            argv              VARCHAR[],
+            host_fingerprint  VARCHAR,
+            host              JSON,
+            threads           INTEGER,
+            task              VARCHAR,
+            prompt_set        VARCHAR,
+            n_predict         INTEGER,
+            repeats           INTEGER,
+            speculative_active BOOLEAN,          -- /slots[].speculative
+            tokens_per_s      DOUBLE,            -- median over repeats
+            tokens_per_s_lo   DOUBLE,
+            tokens_per_s_hi   DOUBLE,
+            draft_n           BIGINT,
+            draft_n_accepted  BIGINT,
+            acceptance        DOUBLE,            -- 0..1, NULL when nothing was drafted
+            baseline_run_id   BIGINT,
+            speedup           DOUBLE,
+            speedup_lo        DOUBLE,
+            speedup_hi        DOUBLE,
+            verdict           VARCHAR,           -- pass | fail (verify runs)
+            verdict_reason    VARCHAR,
+            log_path          VARCHAR
+        )
+        """
+    )
+    con.execute(
+        """
+        CREATE TABLE run_prompts (
+            run_id            BIGINT NOT NULL,
+            prompt_id         VARCHAR NOT NULL,
+            prompt_sha256     VARCHAR NOT NULL,
+            n_samples         INTEGER NOT NULL,
+            prompt_n          INTEGER,
+            predicted_n       INTEGER,
+            tokens_per_s      DOUBLE,            -- median over repeats
+            tokens_per_s_lo   DOUBLE,
+            tokens_per_s_hi   DOUBLE,
+            samples_tps       DOUBLE[],
+            foreign_cpu_s     DOUBLE[],
+            draft_n           BIGINT,
+            draft_n_accepted  BIGINT,
+            output_sha256     VARCHAR,
+            stop_type         VARCHAR,
+            verdict           VARCHAR,           -- identical | near-tie | diverged | changed
+            divergence        JSON,              -- position, both continuations, margins
+            PRIMARY KEY (run_id, prompt_id)
+        )
+        """
+    )
+
+
 MIGRATIONS: list[tuple[int, str, Migration]] = [
     (1, "scan tables", m001_scan),
+    (2, "runs tables", m002_runs),
 ]
 
 
