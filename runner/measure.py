@@ -1,0 +1,311 @@
+"""Measure one configuration: start llama-server, send the workload, collect timings, stop.
+
+Speculation is configured per server process, so every configuration gets its own server.
+A warm-up request is sent first and not counted. Samples disturbed by other processes'
+CPU use are measured again (up to `contention_retries` times) instead of being trusted.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from specreg.runner.config import Config, server_command
+from specreg.runner.host import Host
+from specreg.runner.llama import LlamaInstall
+from specreg.runner.server import (
+    REQUEST_TIMEOUT_S,
+    STARTUP_TIMEOUT_S,
+    Completion,
+    LlamaServer,
+    ServerFailed,
+    TokenProbs,
+)
+from specreg.runner.workload import Prompt, Workload
+
+from specreg.home import specreg_home
+
+log = logging.getLogger(__name__)
+
+N_PROBS = 5
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The config server's view of one position: top candidates and the text on both sides."""
+
+    position: int
+    probs: TokenProbs | None
+    reference_text: str  # the reference (baseline) continuation from `position`
+    config_text: str  # this run's continuation from `position`
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    prompt: Prompt
+    samples: tuple[Completion, ...]  # timed, warm-up excluded
+    reference: Completion | None = None  # untimed, with top probabilities (n_probs)
+    probe: Probe | None = None
+    contended: int = 0  # samples that were measured again because of foreign CPU load
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self.samples[0].tokens if self.samples else ()
+
+    @property
+    def tps(self) -> tuple[float, ...]:
+        return tuple(s.tokens_per_s for s in self.samples)
+
+    @property
+    def tps_median(self) -> float:
+        return statistics.median(self.tps) if self.samples else 0.0
+
+    @property
+    def draft_n(self) -> int:
+        return sum(s.draft_n for s in self.samples)
+
+    @property
+    def draft_n_accepted(self) -> int:
+        return sum(s.draft_n_accepted for s in self.samples)
+
+    @property
+    def stable(self) -> bool:
+        """All repeats produced the same tokens (greedy decoding should)."""
+        return len({s.tokens for s in self.samples}) <= 1
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The outcome of one configuration on one workload; `failure` set when it failed."""
+
+    config: Config
+    target: Path
+    draft: Path | None
+    install: LlamaInstall
+    host: Host
+    workload: Workload
+    n_predict: int
+    repeats: int
+    argv: tuple[str, ...]
+    started_at: datetime
+    seconds: float
+    log_path: Path
+    prompts: tuple[PromptResult, ...] = ()
+    speculative_active: bool | None = None
+    failure: ServerFailed | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    def _repeat_tps(self) -> list[float]:
+        """Aggregate throughput of each repeat: all prompts' tokens over their decode time."""
+        out = []
+        for r in range(self.repeats):
+            n = sum(p.samples[r].predicted_n for p in self.prompts if len(p.samples) > r)
+            ms = sum(p.samples[r].predicted_ms for p in self.prompts if len(p.samples) > r)
+            if ms > 0:
+                out.append(n / (ms / 1000))
+        return out
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        values = self._repeat_tps()
+        return statistics.median(values) if values else None
+
+    @property
+    def tokens_per_s_range(self) -> tuple[float, float] | None:
+        values = self._repeat_tps()
+        return (min(values), max(values)) if values else None
+
+    @property
+    def draft_n(self) -> int:
+        return sum(p.draft_n for p in self.prompts)
+
+    @property
+    def draft_n_accepted(self) -> int:
+        return sum(p.draft_n_accepted for p in self.prompts)
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.draft_n_accepted / self.draft_n if self.draft_n else None
+
+
+def logs_dir() -> Path:
+    return specreg_home() / "logs"
+
+
+def _contended(c: Completion, host: Host) -> bool:
+    if c.foreign_cpu_s is None:
+        return False
+    # More than a tenth of a core-second per second of wall time went to someone else.
+    return c.foreign_cpu_s > 0.05 + 0.1 * c.wall_s * max(1, host.logical_cpus - 1)
+
+
+def _body(prompt: Any, config: Config, n_predict: int, n_probs: int = 0) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "prompt": prompt,
+        "n_predict": n_predict,
+        "return_tokens": True,
+        # Every repeat must decode the prompt again, or later repeats time a cache hit.
+        "cache_prompt": False,
+        **config.request_fields(),
+    }
+    if n_probs:
+        body["n_probs"] = n_probs
+    return body
+
+
+def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
+    """Index of the first differing token; the shorter length if one is a prefix; None if equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _probe(
+    server: LlamaServer, config: Config, prompt: Prompt, ref: tuple[int, ...], own: tuple[int, ...]
+) -> Probe | None:
+    pos = first_divergence(ref, own)
+    if pos is None:
+        return None
+    # Re-decode the common prefix as prompt and ask for the next token's top candidates.
+    reply = server.complete(_body([prompt.text, *own[:pos]], config, 1, N_PROBS))
+
+    def text(tokens: tuple[int, ...]) -> str:
+        if not tokens:
+            return ""
+        got = server.request("POST", "/detokenize", {"tokens": list(tokens)})
+        return str(got.get("content", "")) if isinstance(got, dict) else ""
+
+    return Probe(
+        position=pos,
+        probs=reply.probs[0] if reply.probs else None,
+        reference_text=text(ref[pos : pos + 16]),
+        config_text=text(own[pos : pos + 16]),
+    )
+
+
+def measure(
+    install: LlamaInstall,
+    host: Host,
+    config: Config,
+    target: Path,
+    draft: Path | None,
+    workload: Workload,
+    *,
+    n_predict: int = 64,
+    repeats: int = 3,
+    warmup: bool = True,
+    with_probs: bool = False,
+    reference_tokens: Mapping[str, tuple[int, ...]] | None = None,
+    contention_retries: int = 2,
+    startup_timeout: float = STARTUP_TIMEOUT_S,
+    request_timeout: float = REQUEST_TIMEOUT_S,
+) -> Measurement:
+    """Run `config` on `workload`. Never raises for llama.cpp failures: they are returned.
+
+    `with_probs` adds one untimed request per prompt asking for the top probabilities at
+    every position; `reference_tokens` makes the server probe the first position where its
+    output departs from the reference.
+    """
+    started_at = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    stamp = started_at.strftime("%Y%m%dT%H%M%S%f")
+    log_path = logs_dir() / f"llama-server-{stamp}.log"
+    command = server_command(config, target, draft, install.dialect, host, server=install.server)
+    # --host/--port are chosen by LlamaServer; drop the placeholders from the rendered command.
+    i = command.index("--host")
+    command = command[:i] + command[i + 4 :]
+    common: dict[str, Any] = dict(
+        config=config,
+        target=target,
+        draft=draft,
+        install=install,
+        host=host,
+        workload=workload,
+        n_predict=n_predict,
+        repeats=repeats,
+        started_at=started_at,
+        log_path=log_path,
+    )
+    server = LlamaServer(
+        command,
+        env=host.env(),
+        log_path=log_path,
+        startup_timeout=startup_timeout,
+        request_timeout=request_timeout,
+    )
+    speculative_active: bool | None = None
+    results: list[PromptResult] = []
+    try:
+        with server:
+            if config.speculative:
+                speculative_active = server.speculative_slots()
+                message = server.spec_init_error()
+                if message or speculative_active is False:
+                    raise ServerFailed(
+                        "spec-init",
+                        f"llama-server started without speculation ({config.spec_type})",
+                        message or "no slot has a speculative context (/slots)",
+                        log_path,
+                    )
+            if warmup:
+                server.complete(_body(workload.prompts[0].text, config, WARMUP_TOKENS))
+            samples: dict[str, list[Completion]] = {p.prompt_id: [] for p in workload.prompts}
+            contended: dict[str, int] = {p.prompt_id: 0 for p in workload.prompts}
+            for _ in range(repeats):
+                for prompt in workload.prompts:
+                    best: Completion | None = None
+                    for attempt in range(contention_retries + 1):
+                        got = server.complete(_body(prompt.text, config, n_predict))
+                        if best is None or (got.foreign_cpu_s or 0) < (best.foreign_cpu_s or 0):
+                            best = got
+                        if not _contended(got, host):
+                            break
+                        if attempt < contention_retries:
+                            contended[prompt.prompt_id] += 1
+                    assert best is not None
+                    samples[prompt.prompt_id].append(best)
+            for prompt in workload.prompts:
+                reference = None
+                if with_probs:
+                    reference = server.complete(_body(prompt.text, config, n_predict, N_PROBS))
+                probe = None
+                own = samples[prompt.prompt_id][0].tokens
+                if reference_tokens is not None and prompt.prompt_id in reference_tokens:
+                    probe = _probe(server, config, prompt, reference_tokens[prompt.prompt_id], own)
+                results.append(
+                    PromptResult(
+                        prompt=prompt,
+                        samples=tuple(samples[prompt.prompt_id]),
+                        reference=reference,
+                        probe=probe,
+                        contended=contended[prompt.prompt_id],
+                    )
+                )
+    except ServerFailed as err:
+        return Measurement(
+            **common,
+            argv=tuple(server.argv or command),
+            seconds=time.monotonic() - t0,
+            prompts=tuple(results),
+            speculative_active=speculative_active,
+            failure=err,
+        )
+    return Measurement(
+        **common,
+        argv=tuple(server.argv),
+        seconds=time.monotonic() - t0,
+        prompts=tuple(results),
+        speculative_active=speculative_active,
+    )

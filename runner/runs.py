@@ -1,0 +1,286 @@
+"""Run and verify configurations for real, and record every outcome in the registry.
+
+Models are referenced by registry id: a target or draft not yet in the registry is scanned
+first. Failed runs are recorded too, with llama.cpp's own message.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import duckdb
+from specreg.registry.queries import ModelRecord, resolve_model
+from specreg.registry.runs import PromptRecord, RunRecord, record_run
+from specreg.registry.scan import scan_paths
+from specreg.runner.config import Config
+from specreg.runner.host import Host
+from specreg.runner.llama import LlamaInstall
+from specreg.runner.measure import Measurement, measure
+from specreg.runner.verify import PromptVerdict, Verification, judge
+from specreg.runner.workload import Workload
+
+from specreg.errors import ModelNotFound, UsageError
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What `specreg run` produced: the measurement and the id it was recorded under."""
+
+    run_id: int
+    measurement: Measurement
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    baseline_run_id: int
+    run_id: int
+    verification: Verification
+
+
+def model_record(con: duckdb.DuckDBPyConnection, path: Path) -> ModelRecord:
+    """The registry's record for a model file, scanning the file first if it is new."""
+    if not Path(path).is_file():
+        raise UsageError(f"no model file at {path}: give the path of a .gguf file")
+    try:
+        return resolve_model(con, path)
+    except ModelNotFound:
+        scan_paths(con, [path])
+        return resolve_model(con, path)
+
+
+def with_expert_key(config: Config, target: ModelRecord) -> Config:
+    """Fill in the exact `--override-kv` key for `--experts` from the target's record."""
+    if config.experts is None or config.expert_key:
+        return config
+    key = target.expert_used_key or (
+        f"{target.architecture}.expert_used_count" if target.architecture else None
+    )
+    if key is None:
+        raise UsageError(
+            f"{target.path} has no architecture in the registry, so the expert-count key is "
+            "unknown: rescan it with `specreg scan`"
+        )
+    return config.with_(expert_key=key)
+
+
+def _prompt_records(
+    m: Measurement, verdicts: tuple[PromptVerdict, ...] = ()
+) -> tuple[PromptRecord, ...]:
+    by_id = {v.prompt_id: v for v in verdicts}
+    out = []
+    for p in m.prompts:
+        tps = p.tps
+        v = by_id.get(p.prompt.prompt_id)
+        first = p.samples[0] if p.samples else None
+        out.append(
+            PromptRecord(
+                prompt_id=p.prompt.prompt_id,
+                prompt_sha256=p.prompt.sha256,
+                n_samples=len(p.samples),
+                prompt_n=first.prompt_n if first else None,
+                predicted_n=first.predicted_n if first else None,
+                tokens_per_s=p.tps_median if tps else None,
+                tokens_per_s_lo=min(tps) if tps else None,
+                tokens_per_s_hi=max(tps) if tps else None,
+                samples_tps=tps,
+                foreign_cpu_s=tuple(s.foreign_cpu_s or 0.0 for s in p.samples),
+                draft_n=p.draft_n,
+                draft_n_accepted=p.draft_n_accepted,
+                output_sha256=_tokens_sha(p.tokens),
+                stop_type=first.stop_type if first else None,
+                verdict=v.verdict if v else None,
+                divergence=v.to_json() if v else None,
+            )
+        )
+    return tuple(out)
+
+
+def _tokens_sha(tokens: tuple[int, ...]) -> str:
+    import hashlib
+
+    return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()
+
+
+def to_record(
+    m: Measurement,
+    kind: str,
+    target_id: str | None,
+    draft_id: str | None,
+    *,
+    task: str | None = None,
+    verification: Verification | None = None,
+    baseline_run_id: int | None = None,
+) -> RunRecord:
+    c = m.config
+    rng = m.tokens_per_s_range
+    failure = m.failure
+    verdicts = verification.prompts if verification else ()
+    return RunRecord(
+        kind=kind,
+        status="ok" if m.ok else "failed",
+        started_at=m.started_at,
+        seconds=m.seconds,
+        error_kind=failure.kind if failure else None,
+        error=str(failure) if failure else None,
+        llama_message=failure.llama_message if failure else None,
+        target_model_id=target_id,
+        draft_model_id=draft_id,
+        target_path=os.fspath(m.target),
+        draft_path=os.fspath(m.draft) if m.draft else None,
+        config=c.to_json(),
+        config_label=c.label,
+        spec_type=c.spec_type,
+        k=c.k,
+        p_min=c.p_min,
+        draft_threads=c.draft_threads,
+        experts=c.experts,
+        temperature=c.temperature,
+        seed=c.seed,
+        behaviour_changing=c.behaviour_changing,
+        llama_version=m.install.version,
+        llama_dialect=m.install.dialect,
+        llama_bin_dir=os.fspath(m.install.bin_dir),
+        argv=m.argv,
+        host_fingerprint=m.host.fingerprint,
+        host=m.host.to_json(),
+        threads=m.host.threads,
+        task=task,
+        prompt_set=m.workload.name,
+        n_predict=m.n_predict,
+        repeats=m.repeats,
+        speculative_active=m.speculative_active,
+        tokens_per_s=m.tokens_per_s,
+        tokens_per_s_lo=rng[0] if rng else None,
+        tokens_per_s_hi=rng[1] if rng else None,
+        draft_n=m.draft_n,
+        draft_n_accepted=m.draft_n_accepted,
+        acceptance=m.acceptance,
+        baseline_run_id=baseline_run_id,
+        speedup=verification.speedup if verification else None,
+        speedup_lo=verification.speedup_range[0]
+        if verification and verification.speedup_range
+        else None,
+        speedup_hi=verification.speedup_range[1]
+        if verification and verification.speedup_range
+        else None,
+        verdict=verification.verdict if verification else None,
+        verdict_reason=verification.reason if verification else None,
+        log_path=os.fspath(m.log_path),
+        prompts=_prompt_records(m, verdicts),
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a run needs, resolved: models by registry id, the config's MoE key."""
+
+    install: LlamaInstall
+    host: Host
+    target: ModelRecord
+    draft: ModelRecord | None
+    target_path: Path
+    draft_path: Path | None
+    config: Config
+    workload: Workload
+    task: str | None
+    n_predict: int
+    repeats: int
+    startup_timeout: float
+    request_timeout: float
+
+
+def plan(
+    con: duckdb.DuckDBPyConnection,
+    install: LlamaInstall,
+    host: Host,
+    target: Path,
+    draft: Path | None,
+    config: Config,
+    workload: Workload,
+    *,
+    task: str | None = None,
+    n_predict: int = 64,
+    repeats: int = 3,
+    startup_timeout: float = 180.0,
+    request_timeout: float = 600.0,
+) -> Plan:
+    if config.needs_draft and draft is None:
+        raise UsageError(f"{config.spec_type} needs a draft model: pass --draft PATH")
+    if draft is not None and not config.speculative:
+        raise UsageError("--draft given without speculation: add --spec-type draft-simple")
+    if config.speculative and not install.supports(config.spec_type):
+        raise UsageError(
+            f"this llama.cpp ({install.version}, {install.dialect} dialect) has no "
+            f"--spec-type {config.spec_type}: choose one of "
+            f"{', '.join(install.spec_types) or 'draft-simple'}"
+        )
+    target_rec = model_record(con, target)
+    draft_rec = model_record(con, draft) if draft is not None else None
+    return Plan(
+        install=install,
+        host=host,
+        target=target_rec,
+        draft=draft_rec,
+        target_path=Path(target).resolve(),
+        draft_path=Path(draft).resolve() if draft is not None else None,
+        config=with_expert_key(config, target_rec),
+        workload=workload,
+        task=task,
+        n_predict=n_predict,
+        repeats=repeats,
+        startup_timeout=startup_timeout,
+        request_timeout=request_timeout,
+    )
+
+
+def _measure(p: Plan, config: Config, draft: Path | None, **kw: object) -> Measurement:
+    return measure(
+        p.install,
+        p.host,
+        config,
+        p.target_path,
+        draft,
+        p.workload,
+        n_predict=p.n_predict,
+        repeats=p.repeats,
+        startup_timeout=p.startup_timeout,
+        request_timeout=p.request_timeout,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def run(con: duckdb.DuckDBPyConnection, p: Plan) -> RunOutcome:
+    """Measure the planned config and record it (failed or not)."""
+    m = _measure(p, p.config, p.draft_path)
+    draft_id = p.draft.model_id if p.draft else None
+    run_id = record_run(con, to_record(m, "run", p.target.model_id, draft_id, task=p.task))
+    return RunOutcome(run_id, m)
+
+
+def verify(con: duckdb.DuckDBPyConnection, p: Plan) -> VerifyOutcome:
+    """Baseline and config on the same prompts, a verdict, both runs recorded."""
+    base = _measure(p, p.config.baseline(), None, with_probs=True)
+    base_id = record_run(con, to_record(base, "baseline", p.target.model_id, None, task=p.task))
+    refs = {r.prompt.prompt_id: r.tokens for r in base.prompts} if base.ok else None
+    if base.ok:
+        cfg = _measure(p, p.config, p.draft_path, reference_tokens=refs)
+    else:
+        # No point starting the config's server when the plain model does not even run.
+        cfg = replace(base, config=p.config, draft=p.draft_path, prompts=())
+    result = judge(base, cfg)
+    draft_id = p.draft.model_id if p.draft else None
+    run_id = record_run(
+        con,
+        to_record(
+            cfg,
+            "verify",
+            p.target.model_id,
+            draft_id,
+            task=p.task,
+            verification=result,
+            baseline_run_id=base_id,
+        ),
+    )
+    return VerifyOutcome(base_id, run_id, result)

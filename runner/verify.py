@@ -1,0 +1,187 @@
+"""Compare a configuration with the plain baseline: same tokens (up to numerics), faster?
+
+On CPU, greedy speculative output need not equal the baseline token for token: verifying
+K tokens in one batch changes the arithmetic, and near-tied logits can flip. So a divergence
+is judged by the top probabilities at its position, in both runs: near-tied candidates are
+"equivalent up to numerics" (with the margin), a confident divergence fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from specreg.runner.measure import Measurement, PromptResult, first_divergence
+
+# Two candidates whose probabilities differ by at most this are a numerical near-tie.
+NEAR_TIE_MARGIN = 0.10
+
+IDENTICAL = "identical"
+NEAR_TIE = "near-tie"
+DIVERGED = "diverged"
+CHANGED = "changed"  # behaviour-changing config: divergence is expected, only measured
+
+
+@dataclass(frozen=True)
+class PromptVerdict:
+    prompt_id: str
+    verdict: str
+    position: int | None = None
+    baseline_token: int | None = None
+    config_token: int | None = None
+    baseline_probs: tuple[float | None, float | None] = (None, None)  # (base tok, cfg tok)
+    config_probs: tuple[float | None, float | None] = (None, None)
+    margin: float | None = None
+    baseline_text: str = ""
+    config_text: str = ""
+
+    def to_json(self) -> dict[str, Any] | None:
+        if self.position is None:
+            return None
+        return {
+            "position": self.position,
+            "baseline_token": self.baseline_token,
+            "config_token": self.config_token,
+            "baseline_probs": list(self.baseline_probs),
+            "config_probs": list(self.config_probs),
+            "margin": self.margin,
+            "baseline_text": self.baseline_text,
+            "config_text": self.config_text,
+        }
+
+
+@dataclass(frozen=True)
+class Verification:
+    baseline: Measurement
+    config: Measurement
+    prompts: tuple[PromptVerdict, ...]
+    verdict: str  # pass | fail
+    reason: str
+    speedup: float | None
+    speedup_range: tuple[float, float] | None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def slower(self) -> bool:
+        return self.speedup is not None and self.speedup < 1.0
+
+    @property
+    def label(self) -> str:
+        return "behaviour-changing" if self.config.config.behaviour_changing else "lossless"
+
+
+def _judge(base: PromptResult, cfg: PromptResult, lossless: bool) -> PromptVerdict:
+    pid = base.prompt.prompt_id
+    a, b = base.tokens, cfg.tokens
+    pos = first_divergence(a, b)
+    if pos is None:
+        return PromptVerdict(pid, IDENTICAL)
+    tok_a = a[pos] if pos < len(a) else None  # None: that run stopped (end of text)
+    tok_b = b[pos] if pos < len(b) else None
+    probe = cfg.probe
+    ref_probs = None
+    if base.reference is not None and pos < len(base.reference.probs):
+        ref_probs = base.reference.probs[pos]
+    cfg_probs = probe.probs if probe is not None else None
+    if tok_b is None and cfg_probs is not None:
+        tok_b = cfg_probs.token  # what the config run chose instead of continuing
+    if tok_a is None and ref_probs is not None:
+        tok_a = ref_probs.token
+
+    def pair(tp: Any) -> tuple[float | None, float | None]:
+        if tp is None:
+            return (None, None)
+        return (
+            tp.prob(tok_a) if tok_a is not None else None,
+            tp.prob(tok_b) if tok_b is not None else None,
+        )
+
+    bp, cp = pair(ref_probs), pair(cfg_probs)
+    margins = [abs(x - y) for x, y in (bp, cp) if x is not None and y is not None]
+    margin = max(margins) if margins else None
+    if not lossless:
+        verdict = CHANGED
+    elif bp[0] is not None and bp[1] is not None and margin is not None:
+        verdict = NEAR_TIE if margin <= NEAR_TIE_MARGIN else DIVERGED
+    else:
+        # The config's token is not even among the baseline's top candidates.
+        verdict = DIVERGED
+    return PromptVerdict(
+        prompt_id=pid,
+        verdict=verdict,
+        position=pos,
+        baseline_token=tok_a,
+        config_token=tok_b,
+        baseline_probs=bp,
+        config_probs=cp,
+        margin=margin,
+        baseline_text=probe.reference_text if probe else "",
+        config_text=probe.config_text if probe else "",
+    )
+
+
+def _speedup(
+    base: Measurement, cfg: Measurement
+) -> tuple[float | None, tuple[float, float] | None]:
+    b, c = base.tokens_per_s, cfg.tokens_per_s
+    br, cr = base.tokens_per_s_range, cfg.tokens_per_s_range
+    if not b or c is None or br is None or cr is None or br[0] <= 0:
+        return None, None
+    return c / b, (cr[0] / br[1], cr[1] / br[0])
+
+
+def judge(baseline: Measurement, config: Measurement) -> Verification:
+    """The verdict for `config` against `baseline`, measured on the same prompts."""
+    speedup, spread = _speedup(baseline, config)
+    if not baseline.ok:
+        assert baseline.failure is not None
+        reason = f"the baseline failed: {baseline.failure}"
+        return Verification(baseline, config, (), "fail", reason, None, None)
+    if not config.ok:
+        assert config.failure is not None
+        return Verification(baseline, config, (), "fail", str(config.failure), None, None)
+    lossless = config.config.lossless
+    by_id = {p.prompt.prompt_id: p for p in config.prompts}
+    verdicts = tuple(_judge(p, by_id[p.prompt.prompt_id], lossless) for p in baseline.prompts)
+    n = len(verdicts)
+    cfg = config.config
+    if cfg.speculative and config.draft_n == 0:
+        reason = (
+            f"speculation did not happen: {cfg.spec_type} drafted no tokens on any of {n} "
+            "prompts (draft_n = 0)"
+        )
+        return Verification(baseline, config, verdicts, "fail", reason, speedup, spread)
+    parts = []
+    diverged = [v for v in verdicts if v.verdict == DIVERGED]
+    ties = [v for v in verdicts if v.verdict == NEAR_TIE]
+    same = sum(v.verdict == IDENTICAL for v in verdicts)
+    if diverged:
+        v = diverged[0]
+        reason = (
+            f"output differs from the baseline at a confident position: prompt {v.prompt_id} "
+            f"token {v.position} (baseline p={_p(v.baseline_probs[0])} vs "
+            f"config token p={_p(v.baseline_probs[1])})"
+        )
+        return Verification(baseline, config, verdicts, "fail", reason, speedup, spread)
+    if lossless:
+        parts.append(f"identical tokens on {same}/{n} prompts")
+        if ties:
+            worst = max(v.margin or 0.0 for v in ties)
+            parts.append(f"{len(ties)} equivalent up to numerics (near-tie, margin <= {worst:.3f})")
+    else:
+        changed = [v for v in verdicts if v.verdict == CHANGED]
+        first = min((v.position or 0) for v in changed) if changed else None
+        parts.append(
+            f"behaviour-changing ({cfg.label}): differs from the full baseline on "
+            f"{len(changed)}/{n} prompts" + (f", first at token {first}" if changed else "")
+        )
+    if speedup is not None:
+        parts.append(f"{'slower than' if speedup < 1 else 'faster than'} baseline: {speedup:.2f}x")
+    return Verification(baseline, config, verdicts, "pass", "; ".join(parts), speedup, spread)
+
+
+def _p(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"

@@ -1,0 +1,81 @@
+"""Prompt sets by task, shipped with specreg, and the user's own JSONL prompts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+from specreg.errors import UsageError
+
+TASKS: tuple[str, ...] = ("code", "prose", "summarize", "json", "math", "chat")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt_id: str
+    task: str
+    text: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str  # "task:code", "tasks:code,math" or the user's file path
+    prompts: tuple[Prompt, ...]
+
+    def head(self, n: int | None) -> Workload:
+        return self if n is None else Workload(self.name, self.prompts[:n])
+
+
+def _parse(lines: list[str], source: str, default_task: str) -> tuple[Prompt, ...]:
+    prompts = []
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as err:
+            raise UsageError(f"{source}:{no} is not JSON ({err.msg}): one object per line") from err
+        if isinstance(item, str):
+            item = {"prompt": item}
+        text = item.get("prompt") if isinstance(item, dict) else None
+        if not isinstance(text, str) or not text:
+            raise UsageError(f'{source}:{no} has no "prompt" string: use {{"prompt": "..."}}')
+        prompts.append(
+            Prompt(
+                prompt_id=str(item.get("id") or f"{Path(source).stem}-{no}"),
+                task=str(item.get("task") or default_task),
+                text=text,
+            )
+        )
+    if not prompts:
+        raise UsageError(f"{source} has no prompts")
+    ids = [p.prompt_id for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise UsageError(f"{source} repeats a prompt id: ids must be unique")
+    return tuple(prompts)
+
+
+def task_prompts(task: str) -> tuple[Prompt, ...]:
+    if task not in TASKS:
+        raise UsageError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
+    text = files("specreg.runner").joinpath("prompts", f"{task}.jsonl").read_text()
+    return _parse(text.splitlines(), f"{task}.jsonl", task)
+
+
+def load_workload(tasks: tuple[str, ...] = ("code",), prompts_file: Path | None = None) -> Workload:
+    """The user's JSONL file when given, else the shipped prompts of `tasks`."""
+    if prompts_file is not None:
+        try:
+            lines = Path(prompts_file).read_text().splitlines()
+        except OSError as err:
+            raise UsageError(f"cannot read {prompts_file}: {err.strerror}") from err
+        return Workload(str(prompts_file), _parse(lines, str(prompts_file), "custom"))
+    chosen = tasks or TASKS
+    return Workload("tasks:" + ",".join(chosen), tuple(p for t in chosen for p in task_prompts(t)))

