@@ -37,6 +37,8 @@ def _register() -> None:
             cli.add_command(command)
     for command in importlib.import_module("specreg.cli.run_cmds").COMMANDS:
         cli.add_command(command)
+    for command in importlib.import_module("specreg.cli.declare_cmds").COMMANDS:
+        cli.add_command(command)
 
 
 _register()

@@ -1,0 +1,1 @@
+"""specreg.declare: specreg.yaml, the declarative registry, reconciled with disk and runs."""

@@ -1,0 +1,265 @@
+"""From a role's pinned configuration to the llama-server argv that will run, flag by flag.
+
+Each flag carries its origin: the specreg.yaml key and line it was declared at, the registry fact
+it was read from (a path, the `--override-kv` key), or the dialect rule that chose its spelling.
+Nothing is patched after rendering: what is shown is what runs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import duckdb
+from specreg.declare import deps
+from specreg.declare.spec import DRAFT_MODEL_TYPES, PinnedConfig, RoleDecl, Spec
+
+from specreg.errors import UsageError
+
+DIALECT_CURRENT = "current"
+DIALECT_LEGACY = "legacy"
+
+# What a draft config runs with when draft_max is not declared, stated rather than implied
+# (`--spec-draft-n-max` defaults to 3 in the pinned build, `--draft-max` to 16 in older ones).
+DEFAULT_DRAFT_MAX = {DIALECT_CURRENT: 3, DIALECT_LEGACY: 16}
+# models-preset keys: llama.cpp accepts any spelling without dashes; the long one reads best.
+PRESET_KEYS = {
+    "-m": "model",
+    "-t": "threads",
+    "-c": "ctx-size",
+    "-md": "spec-draft-model",
+    "-td": "spec-draft-threads",
+    "-np": "parallel",
+}
+
+
+@dataclass(frozen=True)
+class Flag:
+    flag: str
+    value: str | None
+    origin: str
+    preset_key: str
+
+    @property
+    def args(self) -> list[str]:
+        return [self.flag] if self.value is None else [self.flag, self.value]
+
+
+@dataclass(frozen=True)
+class Launch:
+    role: str
+    task: str
+    binary: str
+    prefix: tuple[Flag, ...]  # e.g. numactl, before the binary
+    flags: tuple[Flag, ...]
+    dialect: str
+
+    @property
+    def name(self) -> str:
+        return self.role if self.task == "default" else f"{self.role}-{self.task}"
+
+    @property
+    def argv(self) -> list[str]:
+        out = [a for f in self.prefix for a in f.args]
+        out.append(self.binary)
+        for f in self.flags:
+            out += f.args
+        return out
+
+    @property
+    def command(self) -> str:
+        return shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    role: str
+    task: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    dialect: str
+    dialect_origin: str
+    launches: tuple[Launch, ...]
+    skipped: tuple[Skipped, ...]
+
+
+def choose_dialect(spec: Spec, override: str | None = None) -> tuple[str, str]:
+    if override:
+        return override, "--dialect on the command line"
+    if spec.llama.dialect in (DIALECT_CURRENT, DIALECT_LEGACY):
+        return spec.llama.dialect, str(spec.llama.field_where("dialect"))
+    bin_dir = spec.resolve_path(spec.llama.bin_dir) if spec.llama.bin_dir else None
+    found = deps.detect_dialect(bin_dir)
+    if found:
+        return found, f"detected from {bin_dir}/llama-server --help"
+    return DIALECT_CURRENT, "default: the pinned llama.cpp build (no binary to ask)"
+
+
+def _model_path(con: duckdb.DuckDBPyConnection, spec: Spec, ref: str) -> tuple[Path | None, str]:
+    decl = spec.model(ref)
+    if decl is None:
+        return None, f"{ref} is not declared"
+    disk = deps.model_by_id(con, decl.id)
+    if disk is not None and disk.status == "present":
+        return Path(disk.path), f"registry path of {decl.label} ({decl.id[:12]})"
+    if disk is not None and disk.status == "incomplete":
+        return None, f"{decl.label} is missing split parts: {', '.join(disk.parts_missing)}"
+    return None, f"{decl.label} ({decl.id[:12]}) is not on disk (run `specreg plan`)"
+
+
+def build(
+    con: duckdb.DuckDBPyConnection,
+    spec: Spec,
+    *,
+    dialect: str | None = None,
+    port: str | None = "8080",
+    roles: Sequence[str] = (),
+) -> LaunchPlan:
+    """Launch configurations for every (role, task); ones that cannot run are skipped with why."""
+    dia, dia_origin = choose_dialect(spec, dialect)
+    launches: list[Launch] = []
+    skipped: list[Skipped] = []
+    for role in spec.roles:
+        if roles and role.name not in roles:
+            continue
+        configs = role.configs or (_baseline(role),)
+        for cfg in configs:
+            try:
+                launches.append(_launch(con, spec, role, cfg, dia, dia_origin, port))
+            except _Skip as s:
+                skipped.append(Skipped(role.name, cfg.task, str(s)))
+    return LaunchPlan(dia, dia_origin, tuple(launches), tuple(skipped))
+
+
+class _Skip(Exception):
+    pass
+
+
+def _baseline(role: RoleDecl) -> PinnedConfig:
+    return PinnedConfig(
+        task="default",
+        spec_types=("none",),
+        draft=None,
+        draft_max=None,
+        draft_p_min=None,
+        experts=None,
+        evidence=None,
+        where=role.where,
+    )
+
+
+def _pairs(argv: Sequence[str]) -> list[tuple[str, str | None]]:
+    out: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(argv):
+        flag = argv[i]
+        if i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            out.append((flag, argv[i + 1]))
+            i += 2
+        else:
+            out.append((flag, None))
+            i += 1
+    return out
+
+
+def _launch(
+    con: duckdb.DuckDBPyConnection,
+    spec: Spec,
+    role: RoleDecl,
+    cfg: PinnedConfig,
+    dialect: str,
+    dia_origin: str,
+    port: str | None,
+) -> Launch:
+    from specreg.runner.config import Config, server_argv
+    from specreg.runner.host import detect_host
+
+    path, why = _model_path(con, spec, role.target)
+    if path is None:
+        raise _Skip(f"target: {why}")
+    origins: dict[str, str] = {"-m": f"{role.target_where} -> {why}"}
+
+    types = [t for t in cfg.spec_types if t != "none"]
+    if "spec_type" in cfg.lines:
+        origins["--spec-type"] = str(cfg.field_where("spec_type"))
+    else:
+        origins["--spec-type"] = (
+            f"implied by {cfg.field_where('draft')}: -md needs "
+            f"--spec-type draft-simple in this dialect"
+        )
+    draft_path = None
+    k = cfg.draft_max
+    if cfg.draft is not None and any(t in DRAFT_MODEL_TYPES for t in types):
+        draft_path, dwhy = _model_path(con, spec, cfg.draft)
+        if draft_path is None:
+            raise _Skip(f"draft: {dwhy}")
+        origins["--spec-draft-model"] = origins["-md"] = f"{cfg.field_where('draft')} -> {dwhy}"
+        if k is None:
+            k = DEFAULT_DRAFT_MAX[dialect]
+            origins["k"] = f"not declared: llama.cpp's {dialect}-dialect default, stated explicitly"
+    if "k" not in origins:
+        origins["k"] = str(cfg.field_where("draft_max"))
+    for f in ("--spec-draft-n-max", "--draft-max", "--spec-ngram-mod-n-max"):
+        origins[f] = origins["k"]
+    origins["--spec-ngram-mod-n-min"] = "specreg.runner: a quarter of draft_max"
+    origins["--spec-draft-p-min"] = origins["--draft-p-min"] = str(cfg.field_where("draft_p_min"))
+
+    expert_key = None
+    if cfg.experts is not None:
+        target = spec.model(role.target)
+        disk = deps.model_by_id(con, target.id) if target else None
+        expert_key = disk.expert_used_key if disk else None
+        if not expert_key:
+            raise _Skip(f"experts: {role.target} has no expert_used_count key in its GGUF")
+        origins["--override-kv"] = f"{cfg.field_where('experts')}; key {expert_key} from the GGUF"
+
+    host = detect_host()
+    if spec.llama.threads is not None:
+        host = replace(host, physical_cores=spec.llama.threads)
+        origins["-t"] = str(spec.llama.field_where("threads"))
+    else:
+        origins["-t"] = f"not declared: physical cores of this host ({host.threads})"
+    try:
+        config = Config(
+            spec_type=types[0] if types else "none",
+            k=k,
+            p_min=cfg.draft_p_min,
+            experts=cfg.experts,
+            expert_key=expert_key,
+        )
+        argv = server_argv(config, path, draft_path, deps.DIALECT_NAMES[dialect], host)
+    except UsageError as err:
+        raise _Skip(str(err)) from err
+    origins["-c"] = f"not declared: specreg.runner's default context ({config.ctx})"
+    if len(types) > 1:
+        # llama.cpp takes a comma list; runner.Config holds one type
+        argv[argv.index("--spec-type") + 1] = ",".join(types)
+    if port is not None:
+        argv += ["--port", port]
+        origins["--port"] = "export format"
+
+    flags = tuple(
+        Flag(
+            f,
+            v,
+            origins.get(f, "specreg.runner.config.server_argv"),
+            PRESET_KEYS.get(f, f.lstrip("-")),
+        )
+        for f, v in _pairs(argv)
+    )
+    binary = "llama-server"
+    if spec.llama.bin_dir:
+        binary = str(spec.resolve_path(spec.llama.bin_dir) / "llama-server")
+    prefix: tuple[Flag, ...] = ()
+    if spec.llama.numa:
+        where = str(spec.llama.field_where("numa"))
+        prefix = (Flag("numactl", None, where, ""), Flag(f"--{spec.llama.numa}", None, where, ""))
+    elif host.launch_prefix():
+        why_numa = f"this host has {host.numa_nodes} NUMA nodes (specreg.runner)"
+        prefix = tuple(Flag(a, None, why_numa, "") for a in host.launch_prefix())
+    return Launch(role.name, cfg.task, binary, prefix, flags, dialect)

@@ -1,0 +1,715 @@
+"""specreg.yaml: the user's declaration, loaded strictly and saved without losing a comment.
+
+The file is read with ruamel.yaml in round-trip mode. `load_spec` returns both the validated,
+frozen `Spec` (what the rest of the code reasons about) and the `CommentedMap` it came from
+(what `propose`/`apply`/`import` edit in place, so comments and key order survive).
+
+Units are part of the schema: acceptance is a fraction in [0, 1], speed is tokens per second,
+and the number of drafted tokens is spelled `draft_max` only. Every error names the file, the
+line, the dotted key and what was expected.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError
+
+from specreg.errors import UsageError
+
+SPEC_FILENAME = "specreg.yaml"
+SPEC_VERSION = 1
+
+POLICIES = ("quality", "speed")
+DIALECTS = ("auto", "current", "legacy")
+STORES = ("lmstudio", "huggingface", "llama-cpp", "ollama")
+# Speculation families a role may forbid; each spec type belongs to one.
+FAMILIES = ("draft", "ngram", "mtp", "eagle3", "dflash", "dspark")
+# llama.cpp's names (common/speculative.cpp, common_speculative_type_from_name_map).
+SPEC_TYPES = {
+    "none": None,
+    "draft-simple": "draft",
+    "draft-eagle3": "eagle3",
+    "draft-mtp": "mtp",
+    "draft-dflash": "dflash",
+    "draft-dspark": "dspark",
+    "ngram-simple": "ngram",
+    "ngram-map-k": "ngram",
+    "ngram-map-k4v": "ngram",
+    "ngram-mod": "ngram",
+    "ngram-cache": "ngram",
+}
+# Types that need a separate draft GGUF (`-md`).
+DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
+
+# Spellings other tools and hand-written registries use, pointed at the one specreg accepts.
+K_SPELLINGS = ("k", "draft_k", "speculative_k", "draft-max", "spec_draft_n_max", "n_draft")
+ACCEPTANCE_SPELLINGS = ("acceptance_rate", "accept_rate", "spec_acceptance", "draft_accept_rate")
+_MODEL_ID = re.compile(r"^[0-9a-zA-Z][0-9a-zA-Z_.:-]{3,127}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+
+
+class SpecFileError(UsageError):
+    """specreg.yaml (or a proposal) does not follow the schema; the message says where and why."""
+
+    def __init__(self, file: str, line: int | None, key: str, expected: str) -> None:
+        self.file, self.line, self.key, self.expected = file, line, key, expected
+        at = f"{file}:{line}" if line is not None else file
+        super().__init__(f"{at}: {key}: {expected}")
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a value was declared: shown next to findings and as the origin of launch flags."""
+
+    file: str
+    line: int | None
+    key: str
+
+    def __str__(self) -> str:
+        return f"{self.key} ({Path(self.file).name}:{self.line})" if self.line else self.key
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The measurement a pinned configuration rests on. Units: tokens/s and a fraction."""
+
+    tokens_per_s: float | None = None
+    baseline_tokens_per_s: float | None = None
+    acceptance: float | None = None
+    runs: tuple[str, ...] = ()
+    protocol: str | None = None
+    host: str | None = None
+    date: str | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelDecl:
+    id: str  # the registry's model_id: the fingerprint of the GGUF header
+    path: str | None  # where it was last seen (a hint; the id is what identifies it)
+    aliases: tuple[str, ...]
+    where: Where
+
+    @property
+    def label(self) -> str:
+        return self.aliases[0] if self.aliases else self.id
+
+
+@dataclass(frozen=True)
+class PinnedConfig:
+    task: str
+    spec_types: tuple[str, ...]
+    draft: str | None
+    draft_max: int | None
+    draft_p_min: float | None
+    experts: int | None
+    evidence: Evidence | None
+    where: Where
+    # line of each declared field, so every launch flag can say where it came from
+    lines: Mapping[str, int | None] = field(default_factory=dict)
+
+    def field_where(self, name: str) -> Where:
+        return Where(
+            self.where.file, self.lines.get(name, self.where.line), f"{self.where.key}.{name}"
+        )
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return tuple(f for t in self.spec_types if (f := SPEC_TYPES[t]) is not None)
+
+
+@dataclass(frozen=True)
+class RoleDecl:
+    name: str
+    target: str
+    policy: str
+    forbid: tuple[str, ...]
+    configs: tuple[PinnedConfig, ...]
+    where: Where
+    target_where: Where
+
+
+@dataclass(frozen=True)
+class LlamaDecl:
+    bin_dir: str | None = None
+    dialect: str = "auto"
+    threads: int | None = None
+    numa: str | None = None
+    where: Where | None = None
+    lines: Mapping[str, int | None] = field(default_factory=dict)
+
+    def field_where(self, name: str) -> Where:
+        file = self.where.file if self.where else SPEC_FILENAME
+        return Where(file, self.lines.get(name), f"llama.{name}")
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: Path
+    llama: LlamaDecl
+    roots: tuple[str, ...]
+    stores: tuple[str, ...]
+    exclude: tuple[str, ...]
+    models: tuple[ModelDecl, ...]
+    roles: tuple[RoleDecl, ...]
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    def resolve_path(self, p: str) -> Path:
+        path = Path(p).expanduser()
+        return path if path.is_absolute() else (self.base_dir / path)
+
+    def model(self, ref: str) -> ModelDecl | None:
+        """A declared model by id, unique id prefix (8+ characters) or alias."""
+        for m in self.models:
+            if ref == m.id or ref in m.aliases:
+                return m
+        if len(ref) >= 8:
+            hits = [m for m in self.models if m.id.startswith(ref)]
+            if len(hits) == 1:
+                return hits[0]
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML plumbing
+
+
+def yaml_rt() -> YAML:
+    y = YAML()  # round-trip: comments, key order and flow style survive
+    y.preserve_quotes = True
+    y.indent(mapping=2, sequence=4, offset=2)
+    y.width = 4096  # never fold a long path onto the next line
+    return y
+
+
+def read_yaml(path: Path) -> CommentedMap:
+    if not path.exists():
+        raise UsageError(
+            f"{path}: no such file (create one with `specreg import` or `specreg init`)"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"{path}: cannot read: {err}") from err
+    try:
+        doc = yaml_rt().load(text)
+    except MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = (err.problem or "not valid YAML").strip()
+        if "duplicate key" in problem:
+            problem += " (each fact is declared once; remove one of them)"
+        raise SpecFileError(str(path), line, "(yaml)", problem) from err
+    if doc is None:
+        doc = CommentedMap()
+    if not isinstance(doc, CommentedMap):
+        raise SpecFileError(str(path), 1, "(top level)", "expected a mapping")
+    return doc
+
+
+def dump_yaml(doc: Any) -> str:
+    buf = io.StringIO()
+    yaml_rt().dump(doc, buf)
+    return buf.getvalue()
+
+
+def write_yaml(path: Path, doc: Any) -> None:
+    """Write atomically: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(dump_yaml(doc), encoding="utf-8")
+    tmp.replace(path)
+
+
+def key_line(node: Any, key: Any) -> int | None:
+    try:
+        if isinstance(node, CommentedMap):
+            return int(node.lc.key(key)[0]) + 1
+        if isinstance(node, CommentedSeq):
+            return int(node.lc.item(key)[0]) + 1
+    except (KeyError, IndexError, TypeError, AttributeError):
+        pass
+    return None
+
+
+def node_line(node: Any) -> int | None:
+    lc = getattr(node, "lc", None)
+    return int(lc.line) + 1 if lc is not None and lc.line is not None else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+class _Checker:
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, parent: Any, key: Any, dotted: str, expected: str) -> SpecFileError:
+        line = key_line(parent, key) if key is not None else node_line(parent)
+        return SpecFileError(self.file, line, dotted, expected)
+
+    def where(self, parent: Any, key: Any, dotted: str) -> Where:
+        return Where(self.file, key_line(parent, key), dotted)
+
+    def mapping(
+        self,
+        parent: Any,
+        key: Any,
+        dotted: str,
+        allowed: Mapping[str, str] | None,
+        hints: Mapping[str, str] | None = None,
+    ) -> CommentedMap:
+        node = parent[key] if key is not None else parent
+        if node is None:
+            node = CommentedMap()
+        if not isinstance(node, CommentedMap):
+            raise self.fail(parent, key, dotted, f"expected a mapping, got {_kind(node)}")
+        if allowed is not None:
+            for k in node:
+                if not isinstance(k, str):
+                    raise self.fail(node, k, f"{dotted}.{k}", "keys must be strings")
+                if k not in allowed:
+                    hint = (hints or {}).get(k)
+                    known = ", ".join(allowed)
+                    msg = (
+                        f"unknown key; {hint}"
+                        if hint
+                        else f"unknown key (expected one of: {known})"
+                    )
+                    raise self.fail(node, k, f"{dotted}.{k}" if dotted else k, msg)
+        return node
+
+    def items(self, node: CommentedMap, dotted: str) -> Iterator[tuple[str, Any, str]]:
+        for k in node:
+            yield str(k), node[k], f"{dotted}.{k}" if dotted else str(k)
+
+    def string(
+        self,
+        parent: Any,
+        key: Any,
+        dotted: str,
+        *,
+        pattern: re.Pattern[str] | None = None,
+        what: str = "a string",
+    ) -> str:
+        v = parent[key]
+        if not isinstance(v, str) or not v.strip():
+            raise self.fail(parent, key, dotted, f"expected {what}, got {_show(v)}")
+        if pattern is not None and not pattern.match(v):
+            raise self.fail(parent, key, dotted, f"expected {what}, got {_show(v)}")
+        return str(v)
+
+    def choice(self, parent: Any, key: Any, dotted: str, choices: tuple[str, ...]) -> str:
+        v = parent[key]
+        if v not in choices:
+            raise self.fail(
+                parent, key, dotted, f"expected one of {', '.join(choices)}, got {_show(v)}"
+            )
+        return str(v)
+
+    def integer(self, parent: Any, key: Any, dotted: str, lo: int, hi: int, unit: str) -> int:
+        v = parent[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise self.fail(
+                parent, key, dotted, f"expected an integer {lo}..{hi} ({unit}), got {_show(v)}"
+            )
+        return int(v)
+
+    def number(
+        self,
+        parent: Any,
+        key: Any,
+        dotted: str,
+        lo: float,
+        hi: float | None,
+        unit: str,
+        hint: str = "",
+    ) -> float:
+        v = parent[key]
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if ok and (v < lo or (hi is not None and v > hi)):
+            ok = False
+        if not ok:
+            rng = f"{lo:g}..{hi:g}" if hi is not None else f">= {lo:g}"
+            raise self.fail(
+                parent, key, dotted, f"expected a number {rng} ({unit}), got {_show(v)}{hint}"
+            )
+        return float(v)
+
+    def str_list(
+        self,
+        parent: Any,
+        key: Any,
+        dotted: str,
+        *,
+        choices: tuple[str, ...] | None = None,
+        what: str = "strings",
+    ) -> tuple[str, ...]:
+        v = parent[key]
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list):
+            raise self.fail(parent, key, dotted, f"expected a list of {what}, got {_show(v)}")
+        out = []
+        for i, item in enumerate(v):
+            if not isinstance(item, str) or not item:
+                raise self.fail(v, i, f"{dotted}[{i}]", f"expected {what}, got {_show(item)}")
+            if choices is not None and item not in choices:
+                raise self.fail(
+                    v,
+                    i,
+                    f"{dotted}[{i}]",
+                    f"expected one of {', '.join(choices)}, got {_show(item)}",
+                )
+            out.append(str(item))
+        if len(set(out)) != len(out):
+            raise self.fail(parent, key, dotted, "expected each entry once (duplicates found)")
+        return tuple(out)
+
+
+def _kind(v: Any) -> str:
+    if isinstance(v, Mapping):
+        return "a mapping"
+    if isinstance(v, list):
+        return "a list"
+    return _show(v)
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, str):
+        return repr(v)
+    if v is None:
+        return "nothing"
+    if isinstance(v, (Mapping, list)):
+        return _kind(v)
+    return f"{v!r} ({type(v).__name__})"
+
+
+TOP_KEYS = {
+    "version": "schema version",
+    "llama": "llama.cpp binaries and host settings",
+    "roots": "folders to scan",
+    "stores": "model stores to discover",
+    "exclude": "glob patterns to skip",
+    "models": "models by fingerprint",
+    "roles": "roles binding models",
+}
+LLAMA_KEYS = {"bin_dir": "", "dialect": "", "threads": "", "numa": ""}
+MODEL_KEYS = {"path": "", "aliases": "", "note": ""}
+MODEL_HINTS = {
+    "quant": "the quant is read from the GGUF header, not declared",
+    "size_gb": "the size is read from disk, not declared",
+    "architecture": "the architecture is read from the GGUF header, not declared",
+    "split_count": "split parts are read from the GGUF header (split.count), not declared",
+    "name": "use aliases: [...] for names",
+}
+ROLE_KEYS = {"target": "", "policy": "", "forbid": "", "configs": "", "note": ""}
+ROLE_HINTS = {
+    "draft": "drafts are pinned per task under configs.<task>.draft",
+    "compatible_targets": "compatibility is decided by the auditor from GGUF metadata",
+    "acceleration": "write configs.<task> with spec_type/draft/draft_max/experts",
+}
+CONFIG_KEYS = {
+    "spec_type": "",
+    "draft": "",
+    "draft_max": "",
+    "draft_p_min": "",
+    "experts": "",
+    "evidence": "",
+    "note": "",
+}
+EVIDENCE_KEYS = {
+    "tokens_per_s": "",
+    "baseline_tokens_per_s": "",
+    "acceptance": "",
+    "runs": "",
+    "protocol": "",
+    "host": "",
+    "date": "",
+    "source": "",
+}
+_K_HINT = "K is spelled draft_max (drafted tokens per step)"
+CONFIG_HINTS = (
+    {k: _K_HINT for k in K_SPELLINGS}
+    | {a: "acceptance is evidence.acceptance (a fraction)" for a in ACCEPTANCE_SPELLINGS}
+    | {
+        "lookup": "prompt lookup is spec_type: ngram-cache (or another ngram-* type)",
+        "override_key": "the key comes from the GGUF (expert_used_count); declare experts: N only",
+        "tps": "speeds go in evidence.tokens_per_s",
+    }
+)
+EVIDENCE_HINTS = {
+    a: "acceptance is spelled acceptance (a fraction in 0..1)" for a in ACCEPTANCE_SPELLINGS
+} | {
+    "tps": "spelled tokens_per_s",
+    "speed": "spelled tokens_per_s",
+    "baseline_tps": "spelled baseline_tokens_per_s",
+}
+
+
+def load_spec(path: Path) -> tuple[Spec, CommentedMap]:
+    """Read and validate specreg.yaml; a SpecFileError names file, line, key and expectation."""
+    doc = read_yaml(path)
+    return validate(doc, path), doc
+
+
+def validate(doc: CommentedMap, path: Path) -> Spec:
+    c = _Checker(str(path))
+    top = c.mapping(doc, None, "", TOP_KEYS)
+    if "version" not in top:
+        raise SpecFileError(str(path), 1, "version", f"missing (expected version: {SPEC_VERSION})")
+    if top["version"] != SPEC_VERSION:
+        raise c.fail(
+            top, "version", "version", f"expected {SPEC_VERSION}, got {_show(top['version'])}"
+        )
+
+    llama = LlamaDecl()
+    if "llama" in top:
+        ln = c.mapping(top, "llama", "llama", LLAMA_KEYS)
+        llama = LlamaDecl(
+            bin_dir=c.string(ln, "bin_dir", "llama.bin_dir", what="a folder")
+            if "bin_dir" in ln
+            else None,
+            dialect=c.choice(ln, "dialect", "llama.dialect", DIALECTS)
+            if "dialect" in ln
+            else "auto",
+            threads=c.integer(ln, "threads", "llama.threads", 1, 4096, "threads")
+            if "threads" in ln
+            else None,
+            numa=c.string(ln, "numa", "llama.numa") if "numa" in ln else None,
+            where=c.where(top, "llama", "llama"),
+            lines={k: key_line(ln, k) for k in ln},
+        )
+    roots = c.str_list(top, "roots", "roots", what="folder paths") if "roots" in top else ()
+    stores = c.str_list(top, "stores", "stores", choices=STORES) if "stores" in top else ()
+    exclude = (
+        c.str_list(top, "exclude", "exclude", what="glob patterns") if "exclude" in top else ()
+    )
+
+    models: list[ModelDecl] = []
+    seen_names: dict[str, str] = {}
+    if "models" in top:
+        mn = c.mapping(top, "models", "models", None)
+        for mid, _node, dotted in c.items(mn, "models"):
+            if not _MODEL_ID.match(mid):
+                raise c.fail(
+                    mn, mid, dotted, "expected a model id (the fingerprint `specreg show` prints)"
+                )
+            m = c.mapping(mn, mid, dotted, MODEL_KEYS, MODEL_HINTS)
+            aliases = (
+                c.str_list(m, "aliases", f"{dotted}.aliases", what="names")
+                if "aliases" in m
+                else ()
+            )
+            for a in aliases:
+                if not _NAME.match(a):
+                    raise c.fail(
+                        m,
+                        "aliases",
+                        f"{dotted}.aliases",
+                        f"expected a name of letters, digits, _.+-, got {a!r}",
+                    )
+                if a in seen_names:
+                    raise c.fail(
+                        m,
+                        "aliases",
+                        f"{dotted}.aliases",
+                        f"alias {a!r} already names models.{seen_names[a]} (one alias, one model)",
+                    )
+                seen_names[a] = mid
+            models.append(
+                ModelDecl(
+                    id=mid,
+                    path=c.string(m, "path", f"{dotted}.path", what="a file path")
+                    if "path" in m
+                    else None,
+                    aliases=aliases,
+                    where=c.where(mn, mid, dotted),
+                )
+            )
+
+    def ref(parent: Any, key: str, dotted: str) -> str:
+        r = c.string(parent, key, dotted, what="a model id or alias declared under models")
+        if not any(r == m.id or r in m.aliases for m in models) and not (
+            len(r) >= 8 and sum(m.id.startswith(r) for m in models) == 1
+        ):
+            raise c.fail(
+                parent,
+                key,
+                dotted,
+                f"expected a model id or alias declared under models, got {r!r}",
+            )
+        return r
+
+    roles: list[RoleDecl] = []
+    if "roles" in top:
+        rn = c.mapping(top, "roles", "roles", None)
+        for name, _node, dotted in c.items(rn, "roles"):
+            if not _NAME.match(name):
+                raise c.fail(rn, name, dotted, "expected a role name of letters, digits, _.+-")
+            r = c.mapping(rn, name, dotted, ROLE_KEYS, ROLE_HINTS)
+            if "target" not in r:
+                raise c.fail(rn, name, dotted, "missing target: (the model this role serves)")
+            target = ref(r, "target", f"{dotted}.target")
+            policy = (
+                c.choice(r, "policy", f"{dotted}.policy", POLICIES) if "policy" in r else "quality"
+            )
+            forbid = (
+                c.str_list(r, "forbid", f"{dotted}.forbid", choices=FAMILIES)
+                if "forbid" in r
+                else ()
+            )
+            configs: list[PinnedConfig] = []
+            if "configs" in r:
+                cn = c.mapping(r, "configs", f"{dotted}.configs", None)
+                for task, _cnode, cdot in c.items(cn, f"{dotted}.configs"):
+                    configs.append(_config(c, cn, task, cdot, policy, forbid, ref))
+            roles.append(
+                RoleDecl(
+                    name=name,
+                    target=target,
+                    policy=policy,
+                    forbid=forbid,
+                    configs=tuple(configs),
+                    where=c.where(rn, name, dotted),
+                    target_where=c.where(r, "target", f"{dotted}.target"),
+                )
+            )
+    return Spec(
+        path=path,
+        llama=llama,
+        roots=roots,
+        stores=stores,
+        exclude=exclude,
+        models=tuple(models),
+        roles=tuple(roles),
+    )
+
+
+def _config(
+    c: _Checker,
+    cn: CommentedMap,
+    task: str,
+    dotted: str,
+    policy: str,
+    forbid: tuple[str, ...],
+    ref: Any,
+) -> PinnedConfig:
+    n = c.mapping(cn, task, dotted, CONFIG_KEYS, CONFIG_HINTS)
+    if "spec_type" in n:
+        types = c.str_list(n, "spec_type", f"{dotted}.spec_type", choices=tuple(SPEC_TYPES))
+    else:
+        types = ("draft-simple",) if "draft" in n else ("none",)
+    needs_draft = [t for t in types if t in DRAFT_MODEL_TYPES]
+    if needs_draft and "draft" not in n:
+        raise c.fail(
+            cn, task, dotted, f"spec_type {needs_draft[0]} needs draft: (a declared model)"
+        )
+    if "draft" in n and not needs_draft:
+        raise c.fail(
+            n,
+            "draft",
+            f"{dotted}.draft",
+            f"a draft model needs a draft-* spec_type (draft-simple), got {', '.join(types)}",
+        )
+    draft = ref(n, "draft", f"{dotted}.draft") if "draft" in n else None
+    draft_max = (
+        c.integer(n, "draft_max", f"{dotted}.draft_max", 1, 256, "drafted tokens per step")
+        if "draft_max" in n
+        else None
+    )
+    p_min = (
+        c.number(n, "draft_p_min", f"{dotted}.draft_p_min", 0.0, 1.0, "a probability")
+        if "draft_p_min" in n
+        else None
+    )
+    experts = (
+        c.integer(n, "experts", f"{dotted}.experts", 1, 1024, "experts used per token")
+        if "experts" in n
+        else None
+    )
+    for t in types:
+        fam = SPEC_TYPES[t]
+        if fam is not None and fam in forbid:
+            raise c.fail(
+                n,
+                "spec_type" if "spec_type" in n else "draft",
+                f"{dotted}.spec_type",
+                f"{t} is forbidden for this role (forbid: {', '.join(forbid)})",
+            )
+    if policy == "quality" and experts is not None:
+        raise c.fail(
+            n,
+            "experts",
+            f"{dotted}.experts",
+            "policy quality runs all experts; remove experts or set policy: speed",
+        )
+    evidence = None
+    if "evidence" in n:
+        e = c.mapping(n, "evidence", f"{dotted}.evidence", EVIDENCE_KEYS, EVIDENCE_HINTS)
+        ed = f"{dotted}.evidence"
+        acc_hint = ""
+        if "acceptance" in e and isinstance(e["acceptance"], (int, float, str)):
+            acc_hint = _acceptance_hint(e["acceptance"])
+        evidence = Evidence(
+            tokens_per_s=c.number(e, "tokens_per_s", f"{ed}.tokens_per_s", 0.0, None, "tokens/s")
+            if "tokens_per_s" in e
+            else None,
+            baseline_tokens_per_s=c.number(
+                e, "baseline_tokens_per_s", f"{ed}.baseline_tokens_per_s", 0.0, None, "tokens/s"
+            )
+            if "baseline_tokens_per_s" in e
+            else None,
+            acceptance=c.number(
+                e, "acceptance", f"{ed}.acceptance", 0.0, 1.0, "a fraction", acc_hint
+            )
+            if "acceptance" in e
+            else None,
+            runs=c.str_list(e, "runs", f"{ed}.runs", what="run ids") if "runs" in e else (),
+            protocol=_opt_str(c, e, "protocol", ed),
+            host=_opt_str(c, e, "host", ed),
+            date=_opt_str(c, e, "date", ed),
+            source=_opt_str(c, e, "source", ed),
+        )
+    return PinnedConfig(
+        task=task,
+        spec_types=types,
+        draft=draft,
+        draft_max=draft_max,
+        draft_p_min=p_min,
+        experts=experts,
+        evidence=evidence,
+        where=c.where(cn, task, dotted),
+        lines={k: key_line(n, k) for k in n},
+    )
+
+
+def _opt_str(c: _Checker, e: CommentedMap, key: str, ed: str) -> str | None:
+    if key not in e:
+        return None
+    v = e[key]
+    if not isinstance(v, str):
+        v = str(v)  # dates written bare are parsed by YAML as dates; keep their text
+    return v
+
+
+def _acceptance_hint(v: Any) -> str:
+    if isinstance(v, str) and v.strip().endswith("%"):
+        try:
+            return f" (write {float(v.strip()[:-1]) / 100:.4g}, not {v!r})"
+        except ValueError:
+            return ""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and 1 < v <= 100:
+        return f" (if {v:g} is a percentage, write {v / 100:.4g})"
+    return ""
