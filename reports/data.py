@@ -1,0 +1,261 @@
+"""The report's data model: plain frozen dataclasses gathered once, then rendered.
+
+Nothing here knows about HTML. Every string that came from a GGUF file (names, paths, token
+texts, tokenizer names) stays a plain `str`; escaping is the templates' job (autoescape on).
+Numbers stay raw (bytes as int, tokens/s as float); strings for people are properties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from specreg.registry.queries import ModelRecord, human_bytes, human_count
+
+# Verdict codes used in the matrix and its CSS classes (v0..v4). 0: no verdict for the pair
+# (not audited, or a model paired with itself).
+VERDICT_CODES: dict[str, int] = {
+    "compatible": 1,
+    "compatible-with-warnings": 2,
+    "passes-llama-check-risky": 3,
+    "incompatible": 4,
+}
+VERDICT_LABELS: dict[int, str] = {
+    0: "not audited",
+    1: "compatible",
+    2: "compatible with warnings",
+    3: "passes llama.cpp's check, risky at run time",
+    4: "incompatible",
+}
+
+
+@dataclass(frozen=True)
+class PartStatus:
+    """Whether one part of specreg contributed to the report, and if not, why."""
+
+    part: str
+    available: bool
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class TokFamily:
+    """Models whose token texts are identical from id 5 on (same tokenizer fingerprint)."""
+
+    key: str  # the fingerprint, or "unknown"
+    index: int  # stable small number: colour and short label
+    tok_model: str | None
+    tok_pre: str | None
+    n_tokens: int | None
+    model_ids: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        kind = "/".join(x for x in (self.tok_model, self.tok_pre) if x) or "no tokenizer"
+        size = f"{self.n_tokens:,} tokens" if self.n_tokens else "? tokens"
+        return f"T{self.index} {kind} · {size}"
+
+
+@dataclass(frozen=True)
+class ModelView:
+    record: ModelRecord
+    family: int  # TokFamily.index
+    page: str  # file name of the model's target page
+
+    @property
+    def model_id(self) -> str:
+        return self.record.model_id or ""
+
+    @property
+    def name(self) -> str:
+        return self.record.display_name
+
+    @property
+    def n_params(self) -> int:
+        return self.record.n_params or 0
+
+    @property
+    def params_str(self) -> str:
+        return human_count(self.record.n_params)
+
+    @property
+    def size_str(self) -> str:
+        return human_bytes(self.record.n_bytes)
+
+
+@dataclass(frozen=True)
+class ScanView:
+    scan_id: int
+    started_at: datetime | None
+    seconds: float | None
+    roots: tuple[str, ...]
+    host: str | None
+    n_files: int | None
+    n_new: int | None
+    n_changed: int | None
+    n_removed: int | None
+    n_errors: int | None
+
+
+@dataclass(frozen=True)
+class ProblemView:
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckView:
+    name: str
+    passed: bool
+    severity: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PairView:
+    target_id: str
+    draft_id: str
+    code: int  # VERDICT_CODES
+    reason: str  # the first failing check that decides the verdict, with its numbers
+    checks: tuple[CheckView, ...]
+    remedies: tuple[str, ...]
+    spec_type: str | None
+
+    @property
+    def verdict_label(self) -> str:
+        return VERDICT_LABELS[self.code]
+
+    @property
+    def compatible(self) -> bool:
+        return self.code in (1, 2)
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """Targets by drafts. `codes[i][j]` is the verdict code of targets[i] with drafts[j]."""
+
+    targets: tuple[str, ...]  # model ids, largest first
+    drafts: tuple[str, ...]  # model ids, smallest first
+    codes: tuple[str, ...]  # one string of digits per target row
+    reasons: tuple[str, ...]  # distinct reason texts
+    reason_index: tuple[tuple[int, ...], ...]  # per row, per column; -1 when none
+
+    @property
+    def n_cells(self) -> int:
+        return len(self.targets) * len(self.drafts)
+
+
+@dataclass(frozen=True)
+class RunView:
+    run_id: int
+    kind: str  # run | baseline | verify
+    status: str  # ok | failed
+    started_at: datetime | None
+    target_id: str | None
+    draft_id: str | None
+    config: str  # the runner's label: "draft-simple K=16", "baseline", ...
+    spec_type: str  # "none" for plain decoding
+    k: int | None
+    task: str | None
+    tokens_per_s: float | None
+    baseline_tokens_per_s: float | None
+    speedup: float | None
+    acceptance: float | None  # 0..1
+    verdict: str | None  # verification verdict: pass | fail
+    detail: str  # the verdict's reason, or the failure's message
+    host: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.spec_type in ("none", "baseline")
+
+    @property
+    def outcome(self) -> str:
+        """One word for the runs table: the verification verdict, else ok or failed."""
+        return self.verdict or self.status
+
+
+@dataclass(frozen=True)
+class RecView:
+    task: str
+    label: str
+    predicted_tps: float | None
+    predicted_low: float | None
+    predicted_high: float | None
+    speedup: float | None
+    speedup_low: float | None
+    speedup_high: float | None
+    command: str
+    lossless: bool
+    why: tuple[str, ...]
+    measured_tps: float | None  # a recorded run of this exact configuration, if any
+
+
+@dataclass(frozen=True)
+class Roofline:
+    bound_tps: float | None  # plain decoding bound from memory bandwidth and model bytes
+    bandwidth_gbs: float | None
+    measured_baseline_tps: float | None
+
+    @property
+    def fraction(self) -> float | None:
+        if self.bound_tps and self.measured_baseline_tps:
+            return self.measured_baseline_tps / self.bound_tps
+        return None
+
+
+@dataclass(frozen=True)
+class TargetView:
+    model: ModelView
+    drafts: tuple[PairView, ...]  # compatible (or with warnings) drafts, best first
+    rejected: int  # drafts audited and not usable
+    recommendations: tuple[RecView, ...]
+    rec_note: str  # why there are none, when there are none
+    runs: tuple[RunView, ...]
+    roofline: Roofline | None
+    plot_svg: str  # speed and acceptance against K per task, or "" when nothing was measured
+
+
+@dataclass(frozen=True)
+class SiteData:
+    generated_at: datetime
+    db_path: str
+    models: tuple[ModelView, ...]
+    families: tuple[TokFamily, ...]
+    scans: tuple[ScanView, ...]
+    problems: tuple[ProblemView, ...]
+    parts: tuple[PartStatus, ...]
+    pairs: tuple[PairView, ...]
+    matrix: Matrix | None
+    graph_svg: str
+    targets: tuple[TargetView, ...]
+    runs: tuple[RunView, ...]
+
+    def part(self, name: str) -> PartStatus:
+        for p in self.parts:
+            if p.part == name:
+                return p
+        return PartStatus(name, False, "not gathered")
+
+
+@dataclass(frozen=True)
+class SiteResult:
+    out_dir: Path
+    pages: tuple[Path, ...]
+    n_models: int
+    n_pairs: int
+    n_runs: int
+    n_plots: int
+    n_plots_cached: int
+    seconds: float
+    seconds_gather: float
+    parts: tuple[PartStatus, ...]
+
+    @property
+    def index(self) -> Path:
+        return self.out_dir / "index.html"

@@ -1,0 +1,292 @@
+"""Figures for the report: matplotlib (Agg-free: straight to SVG) with networkx layouts.
+
+matplotlib is slow to import and slower to draw, so figures are drawn only for data that
+exists, and each SVG is cached on disk under a hash of exactly what it shows: a report of an
+unchanged registry draws nothing. No pyplot, so the caller's matplotlib state is untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+_CACHE_VERSION = "1"
+# Qualitative colours for tokenizer families (matplotlib's tab10, then greys).
+FAMILY_COLOURS = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+    "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f",
+)  # fmt: skip
+_XML_DECL = re.compile(r"^<\?xml[^>]*>\s*(<!DOCTYPE[^>]*>\s*)?", re.S)
+
+
+def family_colour(index: int) -> str:
+    return FAMILY_COLOURS[(index - 1) % len(FAMILY_COLOURS)]
+
+
+def plain(text: str) -> str:
+    """Text for matplotlib that it shows as is: `$` would start mathtext (and can raise)."""
+    return text.replace("\\", "\\\\").replace("$", r"\$")
+
+
+@dataclass
+class PlotCache:
+    """SVG files keyed by a hash of the figure's inputs; `None` disables caching."""
+
+    folder: Path | None
+    hits: int = 0
+    drawn: int = 0
+    _salt: int = field(default=0, repr=False)
+
+    def get_or_draw(self, kind: str, spec: Any, draw: Any) -> str:
+        key = hashlib.sha256(
+            json.dumps(
+                [_CACHE_VERSION, _mpl_version(), kind, spec], sort_keys=True, default=str
+            ).encode()
+        ).hexdigest()[:32]
+        path = self.folder / f"{kind}-{key}.svg" if self.folder else None
+        if path is not None and path.exists():
+            self.hits += 1
+            return path.read_text(encoding="utf-8")
+        svg = draw(key)
+        self.drawn += 1
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(svg, encoding="utf-8")
+            tmp.replace(path)
+        return svg
+
+
+def _mpl_version() -> str:
+    from importlib.metadata import version
+
+    return version("matplotlib")
+
+
+def _svg(fig: Any, salt: str) -> str:
+    """The figure as an inline <svg> element (no XML declaration), ids unique per figure."""
+    import matplotlib
+
+    buf = io.StringIO()
+    # fonttype none: text stays <text> (small, selectable, escaped by matplotlib's writer);
+    # hashsalt: ids of clip paths differ between figures inlined into the same page.
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
+        fig.savefig(buf, format="svg", metadata={"Date": None}, bbox_inches="tight")
+    return _XML_DECL.sub("", buf.getvalue()).strip()
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=72)
+    fig.patch.set_alpha(0)
+    return fig
+
+
+# --- compatibility graph --------------------------------------------------------------------
+
+
+def cluster_layout(
+    nodes: Sequence[str], family_of: Mapping[str, int]
+) -> tuple[dict[str, tuple[float, float]], dict[int, tuple[float, float, float]]]:
+    """Positions with each tokenizer family on its own circle, families packed in rows.
+
+    Returns node positions and, per family, its centre and radius (for the family label).
+    """
+    members: dict[int, list[str]] = defaultdict(list)
+    for n in sorted(nodes):
+        members[family_of.get(n, 0)].append(n)
+    order = sorted(members, key=lambda f: (-len(members[f]), f))
+    radius = {f: 0.6 + 0.35 * math.sqrt(len(members[f])) for f in order}
+    per_row = max(1, math.ceil(math.sqrt(len(order))))
+    pos: dict[str, tuple[float, float]] = {}
+    centres: dict[int, tuple[float, float, float]] = {}
+    y = 0.0
+    for row_start in range(0, len(order), per_row):
+        row = order[row_start : row_start + per_row]
+        row_r = max(radius[f] for f in row)
+        x = 0.0
+        for f in row:
+            r = radius[f]
+            cx, cy = x + r, y - row_r
+            sub = nx.circular_layout(members[f], scale=r * 0.8, center=(cx, cy))
+            if len(members[f]) == 1:
+                sub = {members[f][0]: (cx, cy)}
+            pos.update({n: (float(p[0]), float(p[1])) for n, p in sub.items()})
+            centres[f] = (cx, cy, r)
+            x += 2 * r + 0.4
+        y -= 2 * row_r + 0.9
+    return pos, centres
+
+
+def graph_svg(
+    graph: nx.Graph,
+    family_of: Mapping[str, int],
+    family_labels: Mapping[int, str],
+    names: Mapping[str, str],
+    cache: PlotCache,
+) -> str:
+    """Tokenizer families as clusters (one colour each), compatible pairs as edges."""
+    nodes = sorted(str(n) for n in graph.nodes)
+    if not nodes:
+        return ""
+    edges = sorted(
+        (str(a), str(b), str(d.get("verdict", ""))) for a, b, d in graph.edges(data=True)
+    )
+    show_names = len(nodes) <= 60
+    spec = {
+        "nodes": [(n, family_of.get(n, 0), names.get(n, n) if show_names else "") for n in nodes],
+        "edges": edges,
+        "families": sorted((int(k), v) for k, v in family_labels.items()),
+    }
+
+    def draw(salt: str) -> str:
+        from matplotlib.collections import LineCollection
+
+        pos, centres = cluster_layout(nodes, family_of)
+        xs = [p[0] for p in pos.values()]
+        ys = [p[1] for p in pos.values()]
+        span_x = max(xs) - min(xs) + 3
+        span_y = max(ys) - min(ys) + 3
+        width = min(16.0, max(6.0, span_x * 1.1))
+        fig = _figure(width, min(30.0, max(4.0, width * span_y / span_x)))
+        ax = fig.add_axes((0, 0, 1, 1))
+        ax.set_axis_off()
+        ax.set_aspect("equal")
+        warn = [(pos[a], pos[b]) for a, b, v in edges if "warn" in v]
+        good = [(pos[a], pos[b]) for a, b, v in edges if "warn" not in v]
+        ax.add_collection(LineCollection(good, colors="#2e7d32", linewidths=0.6, alpha=0.45))
+        ax.add_collection(
+            LineCollection(warn, colors="#f9a825", linewidths=0.6, alpha=0.6, linestyles="dashed")
+        )
+        for fam, (cx, cy, r) in centres.items():
+            ax.text(
+                cx,
+                cy + r + 0.15,
+                plain(family_labels.get(fam, f"T{fam}")),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                color=family_colour(fam),
+                fontweight="bold",
+            )
+        ax.scatter(
+            [pos[n][0] for n in nodes],
+            [pos[n][1] for n in nodes],
+            s=28 if len(nodes) > 60 else 60,
+            c=[family_colour(family_of.get(n, 0)) for n in nodes],
+            edgecolors="white",
+            linewidths=0.6,
+            zorder=3,
+        )
+        if show_names:
+            for n in nodes:
+                ax.text(
+                    pos[n][0],
+                    pos[n][1] - 0.12,
+                    plain(names.get(n, n))[:28],
+                    ha="center",
+                    va="top",
+                    fontsize=6,
+                    color="#333333",
+                    zorder=4,
+                )
+        ax.set_xlim(min(xs) - 1.5, max(xs) + 1.5)
+        ax.set_ylim(min(ys) - 1.2, max(ys) + 1.8)
+        return _svg(fig, salt)
+
+    return cache.get_or_draw("graph", spec, draw)
+
+
+# --- per-target measurements ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    series: str  # "code · draft NAME"
+    k: int
+    tokens_per_s: float
+    acceptance: float | None
+
+
+def sweep_svg(
+    points: Sequence[SweepPoint],
+    baseline_tps: float | None,
+    roofline_tps: float | None,
+    cache: PlotCache,
+) -> str:
+    """Speed and acceptance against K, one line per task and draft, with baseline and roofline."""
+    if not points:
+        return ""
+    spec = {
+        "points": sorted((p.series, p.k, p.tokens_per_s, p.acceptance) for p in points),
+        "baseline": baseline_tps,
+        "roofline": roofline_tps,
+    }
+
+    def draw(salt: str) -> str:
+        fig = _figure(9.5, 3.4)
+        ax_s, ax_a = fig.subplots(1, 2)
+        series: dict[str, list[SweepPoint]] = defaultdict(list)
+        for p in points:
+            series[p.series].append(p)
+        for i, (label, pts) in enumerate(sorted(series.items())):
+            pts = sorted(pts, key=lambda p: p.k)
+            colour = FAMILY_COLOURS[i % len(FAMILY_COLOURS)]
+            ax_s.plot(
+                [p.k for p in pts],
+                [p.tokens_per_s for p in pts],
+                "o-",
+                color=colour,
+                label=plain(label)[:40],
+                markersize=4,
+            )
+            acc = [p for p in pts if p.acceptance is not None]
+            if acc:
+                ax_a.plot(
+                    [p.k for p in acc],
+                    [100 * (p.acceptance or 0) for p in acc],
+                    "o-",
+                    color=colour,
+                    markersize=4,
+                )
+        if baseline_tps:
+            ax_s.axhline(
+                baseline_tps,
+                color="#555555",
+                linestyle="--",
+                linewidth=1,
+                label=f"baseline {baseline_tps:.1f} t/s",
+            )
+        if roofline_tps:
+            ax_s.axhline(
+                roofline_tps,
+                color="#c62828",
+                linestyle=":",
+                linewidth=1,
+                label=f"roofline {roofline_tps:.1f} t/s",
+            )
+        ax_s.set_xlabel("K (draft tokens)")
+        ax_s.set_ylabel("tokens/s")
+        ax_s.set_title("speed", fontsize=10)
+        ax_a.set_xlabel("K (draft tokens)")
+        ax_a.set_ylabel("acceptance %")
+        ax_a.set_ylim(0, 100)
+        ax_a.set_title("acceptance", fontsize=10)
+        for ax in (ax_s, ax_a):
+            ax.grid(alpha=0.3)
+            ax.spines[["top", "right"]].set_visible(False)
+        ax_s.legend(fontsize=7, frameon=False)
+        return _svg(fig, salt)
+
+    return cache.get_or_draw("sweep", spec, draw)

@@ -1,0 +1,325 @@
+"""`build_site`: gather the report's data once, then render every page from templates.
+
+The site is static and self-contained (CSS, scripts, figures and data inline), so it opens
+from file://, works offline, and can be copied or published as a folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import networkx as nx
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup
+from specreg.registry.queries import human_bytes, human_count
+from specreg.reports import gather, plots
+from specreg.reports.data import (
+    VERDICT_LABELS,
+    Matrix,
+    ModelView,
+    PairView,
+    RunView,
+    SiteData,
+    SiteResult,
+    TargetView,
+)
+
+log = logging.getLogger(__name__)
+
+NAV = (
+    ("index.html", "Overview"),
+    ("matrix.html", "Matrix"),
+    ("graph.html", "Graph"),
+    ("runs.html", "Runs"),
+)
+
+
+def build_site(
+    con: duckdb.DuckDBPyConnection,
+    out_dir: Path,
+    *,
+    plot_cache: Path | None = None,
+    db_label: str = "",
+) -> SiteResult:
+    """Write the report for the registry behind `con` into `out_dir`.
+
+    `plot_cache` keeps drawn figures between reports (None: draw every figure).
+    """
+    t0 = time.perf_counter()
+    cache = plots.PlotCache(plot_cache)
+    site = gather_site(con, cache, db_label=db_label)
+    t_gather = time.perf_counter() - t0
+    pages = render_site(site, Path(out_dir))
+    return SiteResult(
+        out_dir=Path(out_dir),
+        pages=tuple(pages),
+        n_models=len(site.models),
+        n_pairs=len(site.pairs),
+        n_runs=len(site.runs),
+        n_plots=cache.drawn + cache.hits,
+        n_plots_cached=cache.hits,
+        seconds=time.perf_counter() - t0,
+        seconds_gather=t_gather,
+        parts=site.parts,
+    )
+
+
+def gather_site(
+    con: duckdb.DuckDBPyConnection, cache: plots.PlotCache, *, db_label: str = ""
+) -> SiteData:
+    reg = gather.gather_registry(con)
+    pairs, graph, audit_status = gather.gather_audit(con)
+    runs, runs_status = gather.gather_runs(con)
+    models = {m.model_id: m for m in reg.models}
+    # Pairs of models the registry no longer lists (gone since the audit) are left out.
+    pairs = tuple(p for p in pairs if p.target_id in models and p.draft_id in models)
+    matrix = gather.build_matrix(reg.models, pairs)
+
+    family_of = {m.model_id: m.family for m in reg.models}
+    graph_svg = ""
+    if graph is not None and graph.number_of_nodes():
+        keep = [n for n in graph.nodes if str(n) in models]
+        graph_svg = plots.graph_svg(
+            nx.Graph(graph.subgraph(keep)),
+            family_of,
+            {f.index: f.label for f in reg.families},
+            {m.model_id: m.name for m in reg.models},
+            cache,
+        )
+
+    by_target: dict[str, list[PairView]] = defaultdict(list)
+    for p in pairs:
+        by_target[p.target_id].append(p)
+    runs_by_target: dict[str | None, list[RunView]] = defaultdict(list)
+    for r in runs:
+        runs_by_target[r.target_id].append(r)
+
+    rec_status = None
+    targets = []
+    for m in reg.models:
+        t_runs = tuple(runs_by_target.get(m.model_id, ()))
+        recs, roofline, rec_note = gather.gather_recommendations(con, m, t_runs)
+        if rec_status is None:
+            available = rec_note != gather.NO_RECOMMENDER
+            rec_status = gather.PartStatus("recommender", available, "" if available else rec_note)
+        own = by_target.get(m.model_id, [])
+        usable = sorted(
+            (p for p in own if p.compatible),
+            key=lambda p: (p.code, -models[p.draft_id].n_params, models[p.draft_id].name),
+        )
+        targets.append(
+            TargetView(
+                model=m,
+                drafts=tuple(usable),
+                rejected=len(own) - len(usable),
+                recommendations=recs,
+                rec_note=rec_note,
+                runs=t_runs,
+                roofline=roofline,
+                plot_svg=_target_plot(t_runs, models, roofline, cache),
+            )
+        )
+
+    parts = (
+        gather.PartStatus("registry", True, ""),
+        audit_status,
+        runs_status,
+        rec_status or gather.PartStatus("recommender", False, "no models"),
+    )
+    return SiteData(
+        generated_at=datetime.now(timezone.utc),
+        db_path=db_label,
+        models=reg.models,
+        families=reg.families,
+        scans=reg.scans,
+        problems=reg.problems,
+        parts=parts,
+        pairs=pairs,
+        matrix=matrix,
+        graph_svg=graph_svg,
+        targets=tuple(targets),
+        runs=runs,
+    )
+
+
+def _target_plot(
+    runs: Sequence[RunView],
+    models: dict[str, ModelView],
+    roofline: Any,
+    cache: plots.PlotCache,
+) -> str:
+    points = []
+    for r in runs:
+        if not r.ok or r.k is None or not r.tokens_per_s:
+            continue
+        draft = models[r.draft_id].name if r.draft_id in models else (r.spec_type or "?")
+        points.append(
+            plots.SweepPoint(f"{r.task or 'any'} · {draft}", int(r.k), r.tokens_per_s, r.acceptance)
+        )
+    if not points:
+        return ""
+    return plots.sweep_svg(
+        points,
+        roofline.measured_baseline_tps if roofline else None,
+        roofline.bound_tps if roofline else None,
+        cache,
+    )
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Static:
+    css: Markup
+    site_js: Markup
+    matrix_js: Markup
+
+
+def _static() -> _Static:
+    folder = files("specreg.reports") / "static"
+    return _Static(
+        Markup((folder / "site.css").read_text(encoding="utf-8")),
+        Markup((folder / "site.js").read_text(encoding="utf-8")),
+        Markup((folder / "matrix.js").read_text(encoding="utf-8")),
+    )
+
+
+def _csp_hash(script: str) -> str:
+    digest = hashlib.sha256(script.encode("utf-8")).digest()
+    return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
+
+
+def environment() -> Environment:
+    env = Environment(
+        loader=PackageLoader("specreg.reports", "templates"),
+        autoescape=True,  # every string from a GGUF file is hostile
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.globals["colour"] = plots.family_colour
+    env.globals["labels"] = VERDICT_LABELS
+    return env
+
+
+def matrix_payload(matrix: Matrix, models: dict[str, ModelView]) -> dict[str, Any]:
+    """What the matrix script needs, as JSON: names never go through HTML parsing there."""
+
+    def row(mid: str) -> list[Any]:
+        m = models[mid]
+        return [mid, m.name, m.n_params, m.page, m.family]
+
+    return {
+        "t": [row(t) for t in matrix.targets],
+        "d": [row(d) for d in matrix.drafts],
+        "c": list(matrix.codes),
+        "r": list(matrix.reasons),
+        "x": [list(r) for r in matrix.reason_index],
+        "labels": {str(k): v for k, v in VERDICT_LABELS.items()},
+    }
+
+
+def _arch_summary(models: Sequence[ModelView]) -> list[dict[str, Any]]:
+    groups: dict[str, list[ModelView]] = defaultdict(list)
+    for m in models:
+        groups[m.record.architecture or "?"].append(m)
+    out = []
+    for arch, ms in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        sizes = [m.n_params for m in ms]
+        out.append(
+            {
+                "name": arch,
+                "count": len(ms),
+                "smallest": human_count(min(sizes)),
+                "largest": human_count(max(sizes)),
+                "bytes": human_bytes(sum(m.record.n_bytes or 0 for m in ms)),
+            }
+        )
+    return out
+
+
+def render_site(site: SiteData, out_dir: Path) -> list[Path]:
+    env = environment()
+    static = _static()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    models = {m.model_id: m for m in site.models}
+    common: dict[str, Any] = {
+        "site": site,
+        "nav": NAV,
+        "css": static.css,
+        "site_js": static.site_js,
+        "names": {m.model_id: m.name for m in site.models},
+        "pages": {m.model_id: m.page for m in site.models},
+        "families": {f.index: f for f in site.families},
+        "models": models,
+        "wide": False,
+    }
+    csp_site = _csp_hash(static.site_js)
+    written: list[Path] = []
+
+    def write(name: str, template: str, scripts: Sequence[str] = (), **extra: Any) -> None:
+        csp = " ".join([csp_site, *(_csp_hash(s) for s in scripts)])
+        context = {**common, "here": name, "csp_scripts": Markup(csp), **extra}
+        html = env.get_template(template).render(context)
+        path = out_dir / name
+        path.write_text(html, encoding="utf-8")
+        written.append(path)
+
+    counts = Counter({c: 0 for c in VERDICT_LABELS})
+    if site.matrix:
+        for row in site.matrix.codes:
+            counts.update(row)
+        counts = Counter({c: counts[str(c)] for c in VERDICT_LABELS})
+    write(
+        "index.html",
+        "overview.html.j2",
+        by_arch=_arch_summary(site.models),
+        models_sorted=sorted(
+            site.models, key=lambda m: (m.record.architecture or "", -m.n_params, m.name)
+        ),
+        usable_pairs=sum(1 for p in site.pairs if p.compatible),
+    )
+    write(
+        "matrix.html",
+        "matrix.html.j2",
+        scripts=[static.matrix_js] if site.matrix else [],
+        matrix=site.matrix,
+        matrix_json=matrix_payload(site.matrix, models) if site.matrix else None,
+        matrix_js=static.matrix_js,
+        counts=counts,
+        wide=True,
+    )
+    write(
+        "graph.html",
+        "graph.html.j2",
+        graph_svg=site.graph_svg,
+        n_nodes=len(site.models),
+        n_edges=sum(1 for p in site.pairs if p.compatible),
+    )
+    write("runs.html", "runs.html.j2")
+    current = set()
+    for tv in site.targets:
+        current.add(tv.model.page)
+        write(
+            tv.model.page,
+            "target.html.j2",
+            tv=tv,
+            active_str=human_count(tv.model.record.n_params_active),
+        )
+    # Pages of models that left the registry would link to nothing: remove them.
+    for stale in out_dir.glob("target-*.html"):
+        if stale.name not in current:
+            stale.unlink()
+    return written

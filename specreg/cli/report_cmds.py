@@ -1,0 +1,50 @@
+"""`specreg report`: the static HTML site (overview, matrix, graph, targets, runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specreg.cli.common import console, db_option, emit_json, json_option, resolve_db
+from specreg.home import cache_dir, specreg_home
+from specreg.registry.db import opened
+from specreg.reports import build_site
+
+
+@click.command()
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder for the site (default: $SPECREG_HOME/report).",
+)
+@click.option("--open", "open_browser", is_flag=True, help="Open the overview in a browser.")
+@db_option
+@json_option
+def report(out_dir: Path | None, open_browser: bool, db_path: Path | None, as_json: bool) -> None:
+    """Write a static HTML report of the registry that works offline (open index.html)."""
+    db = resolve_db(db_path)
+    out = out_dir or specreg_home() / "report"
+    with opened(db) as con:
+        result = build_site(con, out, plot_cache=cache_dir() / "report-plots", db_label=str(db))
+    if as_json:
+        emit_json("report", {"index": result.index, **_summary(result)})
+    else:
+        out_c = console()
+        out_c.print(f"wrote {len(result.pages)} pages in {result.seconds:.2f} s: {result.index}")
+        for part in result.parts:
+            if part.note:
+                out_c.print(f"  {part.part}: {part.note}")
+    if open_browser:
+        click.launch(str(result.index))
+
+
+def _summary(result: object) -> dict[str, object]:
+    keys = ("out_dir", "pages", "n_models", "n_pairs", "n_runs", "n_plots", "seconds", "parts")
+    return {k: getattr(result, k) for k in keys}
+
+
+COMMANDS = [report]
