@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import duckdb
@@ -114,6 +114,11 @@ class RunRecord:
 
 _JSON_RUN = {"config", "host"}
 _RUN_COLUMNS = [f.name for f in fields(RunRecord) if f.name not in ("run_id", "prompts")]
+# TIMESTAMPTZ values come back as pytz-aware datetimes, and pytz is not a dependency:
+# read the instant as epoch seconds instead.
+_RUN_SELECT = ", ".join(
+    "epoch(started_at)" if c == "started_at" else c for c in ["run_id", *_RUN_COLUMNS]
+)
 _PROMPT_COLUMNS = [f.name for f in fields(PromptRecord)]
 
 
@@ -159,6 +164,7 @@ def _run_from_row(row: tuple[Any, ...], prompts: tuple[PromptRecord, ...] = ()) 
         if isinstance(data[name], str):
             data[name] = json.loads(data[name])
     data["argv"] = tuple(data["argv"] or ())
+    data["started_at"] = datetime.fromtimestamp(data["started_at"], timezone.utc)
     return RunRecord(**data, prompts=prompts)
 
 
@@ -196,7 +202,7 @@ def list_runs(
     if model_id is not None:
         where.append("(target_model_id = ? OR draft_model_id = ?)")
         params += [model_id, model_id]
-    sql = f"SELECT run_id, {', '.join(_RUN_COLUMNS)} FROM {RUNS}"
+    sql = f"SELECT {_RUN_SELECT} FROM {RUNS}"
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY run_id DESC"
@@ -207,9 +213,7 @@ def list_runs(
 
 
 def get_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunRecord:
-    row = con.execute(
-        f"SELECT run_id, {', '.join(_RUN_COLUMNS)} FROM {RUNS} WHERE run_id = ?", [run_id]
-    ).fetchone()
+    row = con.execute(f"SELECT {_RUN_SELECT} FROM {RUNS} WHERE run_id = ?", [run_id]).fetchone()
     if row is None:
         raise UsageError(f"no run {run_id}: see `specreg runs` for the ids")
     return _run_from_row(row, _prompts(con, run_id))

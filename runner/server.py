@@ -75,14 +75,12 @@ def llama_message(log_text: str, pattern: re.Pattern[str] | None = None) -> str:
     """The most telling line of a llama.cpp log: a match of `pattern`, else the last error."""
     lines = [strip_log_prefix(raw) for raw in log_text.splitlines()]
     lines = [line for line in lines if line]
-    if pattern is not None:
-        hits = [line for line in lines if pattern.search(line)]
+    # llama.cpp logs the cause first and a generic summary after it ("error loading model:
+    # <cause>" then "failed to load model"), so the first match is the telling one.
+    for regex in (pattern, OOM, LOAD_FAILED, ARG_ERROR):
+        hits = [line for line in lines if regex is not None and regex.search(line)]
         if hits:
-            return hits[-1][:400]
-    for regex in (OOM, LOAD_FAILED, ARG_ERROR):
-        hits = [line for line in lines if regex.search(line)]
-        if hits:
-            return hits[-1][:400]
+            return hits[0][:400]
     errors = [raw.strip() for raw in log_text.splitlines() if re.match(r"^\s*(\S+\s+)?E\s", raw)]
     if errors:
         return strip_log_prefix(errors[-1])[:400]
@@ -397,7 +395,11 @@ class LlamaServer:
                 self.log_path,
             ) from err
         except (urllib.error.URLError, ConnectionError, OSError) as err:
-            rc = self.proc.poll() if self.proc else None
+            rc = None
+            if self.proc is not None:
+                # The socket closes a moment before the crashed process is reapable.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    rc = self.proc.wait(timeout=2.0)
             if rc is not None:
                 raise self._exited(rc, f"during {path}") from err
             if isinstance(getattr(err, "reason", None), (TimeoutError, socket.timeout)):

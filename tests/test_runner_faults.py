@@ -1,0 +1,313 @@
+# ruff: noqa: E501  (the fake binary template quotes llama.cpp log lines verbatim)
+"""Faults at the process boundary: fake llama-server binaries that fail the way llama.cpp does.
+
+Each fault must give a one-line error that says what to do, record the run as failed with
+llama.cpp's message, and leave no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from specreg.registry.db import opened
+from specreg.registry.runs import list_runs
+from specreg.runner.llama import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, find_llama
+
+from specreg.cli.main import cli
+from specreg.errors import LlamaError
+
+HELP_SPEC_TYPE = """\
+----- speculative params -----
+--spec-type [none|draft-simple|draft-eagle3|draft-mtp|ngram-simple|ngram-map-k|ngram-mod|ngram-cache]
+                                        comma-separated list of types of speculative decoding
+--spec-draft-n-max N                    maximum number of tokens to draft (default: 3)
+"""
+HELP_DRAFT_MAX = "-md, --model-draft FNAME   draft model\n--draft-max, --draft, --draft-n N\n"
+HELP_UNKNOWN = "usage: llama-server [options]\n-m, --model FNAME\n"
+
+# The fake writes its pid (and a child's) so the test can check nothing outlives the run.
+FAKE = r"""#!{python}
+import http.server, json, os, signal, subprocess, sys, time
+HELP = {help!r}
+MODE = {mode!r}
+PIDS = {pids!r}
+args = sys.argv[1:]
+if "--help" in args:
+    print(HELP); sys.exit(0)
+if "--version" in args:
+    print("version: 9999 (fake)", file=sys.stderr); sys.exit(0)
+child = subprocess.Popen(["sleep", "600"])
+with open(PIDS, "a") as fh:
+    fh.write(f"{{os.getpid()}} {{child.pid}}\n")
+port = int(args[args.index("--port") + 1])
+def log(line):
+    print(line, file=sys.stderr, flush=True)
+log("0.00.010.000 I build: 9999 (fake)")
+if MODE == "load":
+    log("0.00.020.000 E llama_model_load: error loading model: tensor 'blk.0.attn_q.weight' data is not within the file bounds, model is corrupted or incomplete")
+    log("0.00.020.100 E srv    load_model: failed to load model, '/models/broken.gguf'")
+    sys.exit(1)
+if MODE == "oom":
+    log("0.00.020.000 E ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 68719476736")
+    log("terminate called after throwing an instance of 'std::bad_alloc'")
+    log("  what():  std::bad_alloc")
+    os.kill(os.getpid(), signal.SIGABRT)
+if MODE == "port":
+    log(f"0.00.020.000 E srv    start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {{port}}")
+    sys.exit(1)
+if MODE == "hang":
+    time.sleep(600)
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def _json(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def do_GET(self):
+        if self.path == "/health":
+            return self._json(200, {{"status": "ok"}})
+        if self.path == "/slots":
+            return self._json(200, [{{"id": 0, "speculative": False}}])
+        self._json(404, {{"error": {{"message": "not found"}}}})
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", 0)); self.rfile.read(n)
+        if MODE == "crash":
+            log("0.00.500.000 E ggml_abort: GGML_ASSERT(n_tokens <= n_batch) failed")
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if MODE == "stall":
+            time.sleep(600)
+        self._json(200, {{"content": "x", "tokens": [1], "stop_type": "limit",
+            "timings": {{"predicted_n": 1, "predicted_ms": 10.0, "prompt_n": 3, "prompt_ms": 1.0}}}})
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def make_fake(tmp_path: Path, mode: str, help_text: str = HELP_SPEC_TYPE) -> tuple[Path, Path]:
+    bin_dir = tmp_path / f"fake-{mode}"
+    bin_dir.mkdir()
+    pids = tmp_path / f"pids-{mode}.txt"
+    script = bin_dir / "llama-server"
+    script.write_text(
+        textwrap.dedent(FAKE).format(
+            python=sys.executable, help=help_text, mode=mode, pids=str(pids)
+        )
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return bin_dir, pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def assert_no_strays(pids_file: Path) -> None:
+    assert pids_file.exists(), "the fake server never started"
+    pids = [int(p) for line in pids_file.read_text().splitlines() for p in line.split()]
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in pids if alive(p)]
+    for pid in left:  # clean up our own fakes before failing
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"stray processes: {left}"
+
+
+@pytest.fixture
+def target(gguf_factory) -> Path:  # type: ignore[no-untyped-def]
+    return gguf_factory("target.gguf", tokens=["<s>", "</s>", "a", "b"], bos=0, eos=1)
+
+
+def run_cli(args: list[str]) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, args, standalone_mode=False, catch_exceptions=True)
+    exc = result.exception
+    if exc is not None and hasattr(exc, "exit_code"):
+        code = exc.exit_code
+        message = f"error: {exc}" if not isinstance(exc, SystemExit) else ""
+    else:
+        code = result.exit_code
+        message = ""
+    return code, message
+
+
+def failed_runs(home: Path) -> list:  # type: ignore[type-arg]
+    with opened(home / "registry.duckdb") as con:
+        return list_runs(con, with_prompts=True)
+
+
+FAULTS = [
+    ("load", "load", "error loading model: tensor 'blk.0.attn_q.weight' data is not within"),
+    ("oom", "oom", "failed to allocate buffer of size 68719476736"),
+    ("port", "port", "couldn't bind HTTP server socket"),
+    ("crash", "crash", "GGML_ASSERT(n_tokens <= n_batch) failed"),
+]
+
+
+@pytest.mark.parametrize(("mode", "kind", "llama_line"), FAULTS)
+def test_fault_is_recorded_with_llama_message(
+    tmp_path: Path, target: Path, specreg_home: Path, mode: str, kind: str, llama_line: str
+) -> None:
+    bin_dir, pids = make_fake(tmp_path, mode)
+    code, message = run_cli(
+        ["run", str(target), "--llama-bin", str(bin_dir), "--repeat", "1", "--n-predict", "4"]
+    )
+    assert code == 1
+    assert message.startswith("error: run 1 failed and was recorded: llama-server")
+    assert "\n" not in message
+    assert llama_line in message
+    runs = failed_runs(specreg_home)
+    assert len(runs) == 1
+    run = runs[0]
+    assert (run.status, run.error_kind) == ("failed", kind)
+    assert llama_line in (run.llama_message or "")
+    assert run.target_model_id is not None  # referenced by registry id, scanned on the way
+    assert_no_strays(pids)
+
+
+def test_oom_message_says_what_to_do(tmp_path: Path, target: Path) -> None:
+    bin_dir, pids = make_fake(tmp_path, "oom")
+    _, message = run_cli(["run", str(target), "--llama-bin", str(bin_dir), "--repeat", "1"])
+    assert message.endswith("; free memory, lower --ctx, or use a smaller quantization")
+    assert "was killed by signal 6 (crash) while loading" in message
+    assert_no_strays(pids)
+
+
+def test_port_taken_is_retried_then_fails(tmp_path: Path, target: Path, specreg_home: Path) -> None:
+    bin_dir, pids = make_fake(tmp_path, "port")
+    _, message = run_cli(["run", str(target), "--llama-bin", str(bin_dir)])
+    assert "llama-server could not bind 127.0.0.1 in 3 attempts" in message
+    assert len(pids.read_text().splitlines()) == 3
+    assert_no_strays(pids)
+
+
+def test_hang_at_startup_times_out(tmp_path: Path, target: Path, specreg_home: Path) -> None:
+    bin_dir, pids = make_fake(tmp_path, "hang")
+    start = time.monotonic()
+    code, message = run_cli(
+        ["run", str(target), "--llama-bin", str(bin_dir), "--timeout", "2", "--repeat", "1"]
+    )
+    assert time.monotonic() - start < 30
+    assert code == 1
+    assert "llama-server was not ready within 2 s" in message
+    assert message.endswith("raise --timeout or retry when it is idle")
+    assert failed_runs(specreg_home)[0].error_kind == "timeout"
+    assert_no_strays(pids)
+
+
+def test_hang_during_request_times_out(tmp_path: Path, target: Path, specreg_home: Path) -> None:
+    from specreg.runner.config import Config
+    from specreg.runner.host import detect_host
+    from specreg.runner.measure import measure
+    from specreg.runner.workload import load_workload
+
+    bin_dir, pids = make_fake(tmp_path, "stall")
+    m = measure(
+        find_llama(bin_dir),
+        detect_host(),
+        Config(),
+        target,
+        None,
+        load_workload(("code",)).head(1),
+        repeats=1,
+        warmup=False,
+        request_timeout=1.5,
+    )
+    assert m.failure is not None and m.failure.kind == "timeout"
+    assert "did not answer /completion within 2 s" in str(m.failure)
+    assert_no_strays(pids)
+
+
+def test_interrupt_kills_the_server(tmp_path: Path, target: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from specreg.runner import server as server_mod
+    from specreg.runner.config import Config
+    from specreg.runner.host import detect_host
+    from specreg.runner.measure import measure
+    from specreg.runner.workload import load_workload
+
+    bin_dir, pids = make_fake(tmp_path, "ok")
+
+    def interrupted(self, body):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(server_mod.LlamaServer, "complete", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        measure(
+            find_llama(bin_dir),
+            detect_host(),
+            Config(),
+            target,
+            None,
+            load_workload(("code",)).head(1),
+            repeats=1,
+        )
+    assert_no_strays(pids)
+
+
+def test_missing_binary(tmp_path: Path, target: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, message = run_cli(["run", str(target), "--llama-bin", str(empty)])
+    assert code == 1
+    assert message == (
+        f"error: no executable llama-server in {empty} (from --llama-bin); pass --llama-bin "
+        "DIR, set SPECREG_LLAMA_BIN, put llama-server on PATH, or run `specreg llama build`"
+    )
+
+
+def test_unknown_dialect(tmp_path: Path, target: Path, specreg_home: Path) -> None:
+    bin_dir, _ = make_fake(tmp_path, "ok", HELP_UNKNOWN)
+    code, message = run_cli(["llama", "info", "--llama-bin", str(bin_dir)])
+    assert code == 1
+    assert message.startswith(f"error: {bin_dir}/llama-server speaks an unknown flag dialect")
+    assert message.endswith("use llama.cpp from 2024-12 or later")
+
+
+def test_dialects_are_read_from_help(tmp_path: Path) -> None:
+    new, _ = make_fake(tmp_path, "ok")
+    old, _ = make_fake(tmp_path, "old", HELP_DRAFT_MAX)
+    current = find_llama(new)
+    assert current.dialect == DIALECT_SPEC_TYPE
+    assert "ngram-mod" in current.spec_types and current.version == "9999 (fake)"
+    legacy = find_llama(old)
+    assert legacy.dialect == DIALECT_DRAFT_MAX
+    assert legacy.supports("draft-simple") and not legacy.supports("ngram-mod")
+
+
+def test_env_var_is_used_when_no_flag(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    bin_dir, _ = make_fake(tmp_path, "ok")
+    monkeypatch.setenv("SPECREG_LLAMA_BIN", str(bin_dir))
+    install = find_llama()
+    assert (install.bin_dir, install.source) == (bin_dir, "SPECREG_LLAMA_BIN")
+
+
+def test_missing_everywhere(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("SPECREG_LLAMA_BIN", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("SPECREG_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(LlamaError, match=r"^llama.cpp not found; pass --llama-bin DIR"):
+        find_llama()
+
+
+def test_runs_json_lists_failed_run(tmp_path: Path, target: Path, specreg_home: Path) -> None:
+    bin_dir, pids = make_fake(tmp_path, "load")
+    run_cli(["run", str(target), "--llama-bin", str(bin_dir)])
+    result = CliRunner().invoke(cli, ["runs", "--json"])
+    doc = json.loads(result.output)
+    assert doc["version"] == "1" and doc["kind"] == "runs"
+    (run,) = doc["runs"]
+    assert run["status"] == "failed" and run["error_kind"] == "load"
+    assert run["argv"][run["argv"].index("-m") + 1] == str(target.resolve())
+    assert_no_strays(pids)
