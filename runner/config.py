@@ -73,7 +73,7 @@ class Config:
 
     @property
     def label(self) -> str:
-        parts = [self.spec_type if self.speculative else "baseline"]
+        parts = [self.spec_type if self.speculative else "plain"]
         if self.k is not None:
             parts.append(f"k={self.k}")
         if self.p_min is not None:
