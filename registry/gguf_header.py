@@ -272,7 +272,8 @@ def _parse(buf: bytes, file_size: int) -> GGUFHeader:
     # Each KV needs at least 8 (key length) + 4 (type) bytes, each tensor at least 8+4+4+8.
     if n_kv * 12 > file_size or n_tensors * 24 > file_size:
         raise GGUFFormatError(
-            f"header claims {n_kv} keys and {n_tensors} tensors, more than the file can hold"
+            f"header claims {n_kv} keys and {n_tensors} tensors, more than the file's "
+            f"{file_size} bytes can hold (truncated or corrupt)"
         )
 
     kv: dict[str, Any] = {}
