@@ -40,7 +40,7 @@ def _parse(lines: list[str], source: str, default_task: str) -> tuple[Prompt, ..
             continue
         try:
             item = json.loads(line)
-        except ValueError as err:
+        except json.JSONDecodeError as err:
             raise UsageError(f"{source}:{no} is not JSON ({err.msg}): one object per line") from err
         if isinstance(item, str):
             item = {"prompt": item}
@@ -65,7 +65,7 @@ def _parse(lines: list[str], source: str, default_task: str) -> tuple[Prompt, ..
 def task_prompts(task: str) -> tuple[Prompt, ...]:
     if task not in TASKS:
         raise UsageError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
-    text = files("specreg.runner").joinpath("prompts", f"{task}.jsonl").read_text()
+    text = files("specreg.runner").joinpath("prompts").joinpath(f"{task}.jsonl").read_text()
     return _parse(text.splitlines(), f"{task}.jsonl", task)
 
 

@@ -33,7 +33,7 @@ def _llama_bin_option(func: F) -> F:
 
 
 def _run_options(func: F) -> F:
-    options = [
+    options: list[Callable[[F], F]] = [
         click.argument("target", type=click.Path(dir_okay=False, path_type=Path)),
         click.option(
             "--draft", type=click.Path(dir_okay=False, path_type=Path), help="Draft GGUF."
