@@ -218,6 +218,11 @@ def plan(
         )
     target_rec = model_record(con, target)
     draft_rec = model_record(con, draft) if draft is not None else None
+    if config.spec_type == "draft-mtp" and draft is None and not target_rec.has_mtp_tensors:
+        raise UsageError(
+            f"{Path(target).name} has no MTP (NextN) layers, so draft-mtp cannot run on it: "
+            "use a draft model or an n-gram method"
+        )
     return Plan(
         install=install,
         host=host,

@@ -311,3 +311,48 @@ def test_runs_json_lists_failed_run(tmp_path: Path, target: Path, specreg_home: 
     assert run["status"] == "failed" and run["error_kind"] == "load"
     assert run["argv"][run["argv"].index("-m") + 1] == str(target.resolve())
     assert_no_strays(pids)
+
+
+def test_llama_message_picks_the_cause() -> None:
+    from specreg.runner.server import classify_exit, llama_message
+
+    log = (
+        "0.00.100.000 W spec common_specu: draft model vocab type must match target model to use "
+        "speculation but vocab_type_dft = 2 while vocab_type_tgt = 1\n"
+        "0.00.100.100 E spec common_specu: the target and draft vocabs are not compatible\n"
+        "0.00.100.200 E srv    load_model: failed to initialize speculative decoding context: "
+        "draft model vocab type must match target model to use speculation\n"
+    )
+    from specreg.runner.server import SPEC_INIT_FAILED
+
+    assert llama_message(log, SPEC_INIT_FAILED) == (
+        "srv    load_model: failed to initialize speculative decoding context: draft model "
+        "vocab type must match target model to use speculation"
+    )
+    removed = (
+        'error while handling argument "--draft": the argument has been removed. use '
+        "--spec-draft-n-max or --spec-ngram-mod-n-max\n"
+    )
+    assert classify_exit(removed, 1) == "args"
+    assert llama_message(removed).startswith('error while handling argument "--draft"')
+
+
+def test_usage_errors_exit_2(tmp_path: Path, target: Path) -> None:
+    bin_dir, _ = make_fake(tmp_path, "ok")
+    code, message = run_cli(["run", str(target), "--k", "4", "--llama-bin", str(bin_dir)])
+    assert (code, message) == (
+        2,
+        "error: --k and --p-min need speculation: add --draft or --spec-type",
+    )
+    code, message = run_cli(
+        ["run", str(target), "--spec-type", "draft-simple", "--llama-bin", str(bin_dir)]
+    )
+    assert (code, message) == (2, "error: draft-simple needs a draft model: pass --draft PATH")
+    code, message = run_cli(
+        ["run", str(target), "--spec-type", "draft-mtp", "--llama-bin", str(bin_dir)]
+    )
+    assert (code, message) == (
+        2,
+        "error: target.gguf has no MTP (NextN) layers, so draft-mtp cannot run on it: use a "
+        "draft model or an n-gram method",
+    )
