@@ -189,6 +189,7 @@ class Plan:
     repeats: int
     startup_timeout: float
     request_timeout: float
+    contention_retries: int = 2
 
 
 def plan(
@@ -205,6 +206,7 @@ def plan(
     repeats: int = 3,
     startup_timeout: float = 180.0,
     request_timeout: float = 600.0,
+    contention_retries: int = 2,
 ) -> Plan:
     if config.needs_draft and draft is None:
         raise UsageError(f"{config.spec_type} needs a draft model: pass --draft PATH")
@@ -237,6 +239,7 @@ def plan(
         repeats=repeats,
         startup_timeout=startup_timeout,
         request_timeout=request_timeout,
+        contention_retries=contention_retries,
     )
 
 
@@ -252,6 +255,7 @@ def _measure(p: Plan, config: Config, draft: Path | None, **kw: object) -> Measu
         repeats=p.repeats,
         startup_timeout=p.startup_timeout,
         request_timeout=p.request_timeout,
+        contention_retries=p.contention_retries,
         **kw,  # type: ignore[arg-type]
     )
 

@@ -32,7 +32,7 @@ def plan(con, install, target, draft=None, config=None, task="code", n=1, repeat
     workload = load_workload((task,)).head(n)
     return runs.plan(
         con, install, detect_host(), target, draft, config or Config(), workload,
-        task=task, n_predict=N_PREDICT, repeats=repeats,
+        task=task, n_predict=N_PREDICT, repeats=repeats, contention_retries=0,
     )  # fmt: skip
 
 

@@ -64,6 +64,13 @@ def _run_options(func: F) -> F:
         click.option("--n-predict", type=int, default=64, show_default=True),
         click.option("--repeat", "repeats", type=int, default=3, show_default=True),
         click.option(
+            "--retries",
+            type=int,
+            default=2,
+            show_default=True,
+            help="Measure a sample again up to N times when other processes took CPU during it.",
+        ),
+        click.option(
             "--timeout", type=float, default=180.0, show_default=True, help="Startup timeout, s."
         ),
         _llama_bin_option,
@@ -105,6 +112,7 @@ def _plan(con: Any, kw: dict[str, Any]) -> runs.Plan:
         n_predict=kw["n_predict"],
         repeats=kw["repeats"],
         startup_timeout=kw["timeout"],
+        contention_retries=kw["retries"],
     )
 
 
