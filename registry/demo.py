@@ -52,15 +52,39 @@ def qwen_vocab(family: str, padded_to: int | None = None) -> Vocab:
     """Qwen2.5 / Qwen3 / DeepSeek-R1-Distill-Qwen: 151,643 shared tokens plus family specials."""
     base = list(_base_tokens("qwen", 151643))
     if family == "deepseek-distill":
-        specials = ["<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>", "<｜User｜>",
-                    "<｜Assistant｜>", "<think>", "</think>"]
+        specials = [
+            "<｜end▁of▁sentence｜>",
+            "<｜begin▁of▁sentence｜>",
+            "<｜User｜>",
+            "<｜Assistant｜>",
+            "<think>",
+            "</think>",
+        ]
     else:
-        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
-                    "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>",
-                    "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
-                    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>",
-                    "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-                    "<|repo_name|>", "<|file_sep|>"]
+        specials = [
+            "<|endoftext|>",
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|object_ref_start|>",
+            "<|object_ref_end|>",
+            "<|box_start|>",
+            "<|box_end|>",
+            "<|quad_start|>",
+            "<|quad_end|>",
+            "<|vision_start|>",
+            "<|vision_end|>",
+            "<|vision_pad|>",
+            "<|image_pad|>",
+            "<|video_pad|>",
+            "<tool_call>",
+            "</tool_call>",
+            "<|fim_prefix|>",
+            "<|fim_middle|>",
+            "<|fim_suffix|>",
+            "<|fim_pad|>",
+            "<|repo_name|>",
+            "<|file_sep|>",
+        ]
         if family == "qwen3":
             specials += ["<tool_response>", "</tool_response>", "<think>", "</think>"]
     tokens = base + specials
@@ -73,16 +97,34 @@ def qwen_vocab(family: str, padded_to: int | None = None) -> Vocab:
         while len(tokens) < padded_to:
             tokens.append(f"[PAD{len(tokens)}]")
             types.append(int(TokenType.UNUSED))
-    template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    )
     if family == "deepseek-distill":
-        return Vocab("gpt2", "deepseek-r1-qwen", tuple(tokens), tuple(types), bos_id=151646,
-                     eos_id=151643, pad_id=151643, add_bos=True, add_eos=False,
-                     chat_template="{{ bos_token }}{% for m in messages %}<｜User｜>{{ m.content }}"
-                     "{% endfor %}")
-    return Vocab("gpt2", "qwen2", tuple(tokens), tuple(types),
-                 bos_id=151643 if family == "qwen2.5" else None,  # Qwen3 GGUFs omit BOS (11)
-                 eos_id=151645 if family == "qwen2.5" else 151645, pad_id=151643,
-                 add_bos=False, chat_template=template + ("{# qwen3 #}" if n_real > 151665 else ""))
+        return Vocab(
+            "gpt2",
+            "deepseek-r1-qwen",
+            tuple(tokens),
+            tuple(types),
+            bos_id=151646,
+            eos_id=151643,
+            pad_id=151643,
+            add_bos=True,
+            add_eos=False,
+            chat_template="{{ bos_token }}{% for m in messages %}<｜User｜>{{ m.content }}"
+            "{% endfor %}",
+        )
+    return Vocab(
+        "gpt2",
+        "qwen2",
+        tuple(tokens),
+        tuple(types),
+        bos_id=151643 if family == "qwen2.5" else None,  # Qwen3 GGUFs omit BOS (11)
+        eos_id=151645 if family == "qwen2.5" else 151645,
+        pad_id=151643,
+        add_bos=False,
+        chat_template=template + ("{# qwen3 #}" if n_real > 151665 else ""),
+    )
 
 
 def llama3_vocab() -> Vocab:
@@ -93,10 +135,18 @@ def llama3_vocab() -> Vocab:
     specials[9] = "<|eot_id|>"
     tokens += specials
     types = [int(TokenType.NORMAL)] * 128000 + [int(TokenType.CONTROL)] * 256
-    return Vocab("gpt2", "llama-bpe", tuple(tokens), tuple(types), bos_id=128000, eos_id=128009,
-                 add_bos=True, chat_template="{{ bos_token }}{% for m in messages %}"
-                 "<|start_header_id|>{{ m.role }}<|end_header_id|>{{ m.content }}<|eot_id|>"
-                 "{% endfor %}")
+    return Vocab(
+        "gpt2",
+        "llama-bpe",
+        tuple(tokens),
+        tuple(types),
+        bos_id=128000,
+        eos_id=128009,
+        add_bos=True,
+        chat_template="{{ bos_token }}{% for m in messages %}"
+        "<|start_header_id|>{{ m.role }}<|end_header_id|>{{ m.content }}<|eot_id|>"
+        "{% endfor %}",
+    )
 
 
 def gemma3_vocab() -> Vocab:
@@ -107,10 +157,20 @@ def gemma3_vocab() -> Vocab:
     types = [int(TokenType.NORMAL)] * n
     for i in (0, 1, 2, 106, 107):
         types[i] = int(TokenType.CONTROL)
-    return Vocab("llama", "default", tuple(tokens), tuple(types), bos_id=2, eos_id=1,
-                 eot_id=106, pad_id=0, add_bos=True, add_eos=False,
-                 chat_template="{{ bos_token }}{% for m in messages %}<start_of_turn>"
-                 "{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}")
+    return Vocab(
+        "llama",
+        "default",
+        tuple(tokens),
+        tuple(types),
+        bos_id=2,
+        eos_id=1,
+        eot_id=106,
+        pad_id=0,
+        add_bos=True,
+        add_eos=False,
+        chat_template="{{ bos_token }}{% for m in messages %}<start_of_turn>"
+        "{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}",
+    )
 
 
 @dataclass(frozen=True)
@@ -139,7 +199,10 @@ class Arch:
         return self.n_embd // self.n_head
 
 
-def tensor_table(arch: Arch, weight_type: Q, ) -> list[tuple[str, tuple[int, ...], Q]]:
+def tensor_table(
+    arch: Arch,
+    weight_type: Q,
+) -> list[tuple[str, tuple[int, ...], Q]]:
     """(name, numpy-order shape, type) for every tensor, in llama.cpp's naming."""
     e, v, hd = arch.n_embd, arch.n_vocab, arch.head_dim
     big = Q.Q6_K if weight_type in (Q.Q4_K, Q.Q5_K) else weight_type
@@ -184,9 +247,13 @@ def _nbytes(shape: Sequence[int], qtype: Q) -> int:
     return n // block * size
 
 
-_FTYPE = {Q.Q4_K: LlamaFileType.MOSTLY_Q4_K_M, Q.Q8_0: LlamaFileType.MOSTLY_Q8_0,
-          Q.Q4_0: LlamaFileType.MOSTLY_Q4_0, Q.Q6_K: LlamaFileType.MOSTLY_Q6_K,
-          Q.F16: LlamaFileType.MOSTLY_F16}
+_FTYPE = {
+    Q.Q4_K: LlamaFileType.MOSTLY_Q4_K_M,
+    Q.Q8_0: LlamaFileType.MOSTLY_Q8_0,
+    Q.Q4_0: LlamaFileType.MOSTLY_Q4_0,
+    Q.Q6_K: LlamaFileType.MOSTLY_Q6_K,
+    Q.F16: LlamaFileType.MOSTLY_F16,
+}
 
 
 @dataclass(frozen=True)
@@ -335,17 +402,31 @@ def write_demo_model(root: Path, m: DemoModel) -> list[Path]:
     }
     if m.n_split == 1:
         path = root / m.filename
-        write_sparse_gguf(path, m.arch.name, list(m.extra_kv), table, vocab=m.vocab,
-                          arch_shape=m.arch, general=general)
+        write_sparse_gguf(
+            path,
+            m.arch.name,
+            list(m.extra_kv),
+            table,
+            vocab=m.vocab,
+            arch_shape=m.arch,
+            general=general,
+        )
         return [path]
     paths = []
     stem = m.filename.removesuffix(".gguf")
     chunks = np.array_split(np.arange(len(table)), m.n_split)
     for no, idx in enumerate(chunks):
         path = root / f"{stem}-{no + 1:05d}-of-{m.n_split:05d}.gguf"
-        write_sparse_gguf(path, m.arch.name, list(m.extra_kv), [table[i] for i in idx],
-                          vocab=m.vocab if no == 0 else None, arch_shape=m.arch,
-                          split=(no, m.n_split, len(table)), general=general)
+        write_sparse_gguf(
+            path,
+            m.arch.name,
+            list(m.extra_kv),
+            [table[i] for i in idx],
+            vocab=m.vocab if no == 0 else None,
+            arch_shape=m.arch,
+            split=(no, m.n_split, len(table)),
+            general=general,
+        )
         paths.append(path)
     return paths
 
@@ -358,71 +439,248 @@ def demo_models() -> list[tuple[str, DemoModel]]:
     l3, g3 = llama3_vocab(), gemma3_vocab()
     lm = "lmstudio-community"
     return [
-        (f"{lm}/Qwen2.5-Coder-32B-Instruct-GGUF", DemoModel(
-            "Qwen2.5-Coder-32B-Instruct-Q4_K_M.gguf", "Qwen2.5 Coder 32B Instruct",
-            Arch("qwen2", 64, 5120, 27648, 40, 8, 152064), q25p, size_label="32B",
-            basename="Qwen2.5-Coder", organization="Qwen")),
-        (f"{lm}/Qwen2.5-7B-Instruct-GGUF", DemoModel(
-            "Qwen2.5-7B-Instruct-Q4_K_M.gguf", "Qwen2.5 7B Instruct",
-            Arch("qwen2", 28, 3584, 18944, 28, 4, 152064), q25p, size_label="7B",
-            basename="Qwen2.5", organization="Qwen")),
-        (f"{lm}/Qwen2.5-Coder-0.5B-Instruct-GGUF", DemoModel(
-            "Qwen2.5-Coder-0.5B-Instruct-Q8_0.gguf", "Qwen2.5 Coder 0.5B Instruct",
-            Arch("qwen2", 24, 896, 4864, 14, 2, 151936), q25, Q.Q8_0, size_label="0.5B",
-            basename="Qwen2.5-Coder", organization="Qwen")),
-        (f"{lm}/Qwen3-Coder-480B-A35B-Instruct-GGUF", DemoModel(
-            "Qwen3-Coder-480B-A35B-Instruct-Q4_K_M.gguf", "Qwen3 Coder 480B A35B Instruct",
-            Arch("qwen3moe", 62, 6144, 8192, 96, 8, 151936, context=262144, n_expert=160,
-                 n_expert_used=8, n_ff_exp=2560), q3, n_split=8, size_label="480B-A35B",
-            basename="Qwen3-Coder", organization="Qwen")),
-        (f"{lm}/Qwen3-Coder-30B-A3B-Instruct-GGUF", DemoModel(
-            "Qwen3-Coder-30B-A3B-Instruct-Q4_K_M.gguf", "Qwen3 Coder 30B A3B Instruct",
-            Arch("qwen3moe", 48, 2048, 6144, 32, 4, 151936, context=262144, n_expert=128,
-                 n_expert_used=8, n_ff_exp=768), q3, size_label="30B-A3B",
-            basename="Qwen3-Coder", organization="Qwen")),
-        (f"{lm}/Qwen3-Next-80B-A3B-Instruct-GGUF", DemoModel(
-            "Qwen3-Next-80B-A3B-Instruct-Q4_K_M.gguf", "Qwen3 Next 80B A3B Instruct",
-            Arch("qwen3next", 48, 2048, 5120, 16, 2, 151936, context=262144, n_expert=512,
-                 n_expert_used=10, n_ff_exp=512, shared_expert=True, ssm=True), q3,
-            size_label="80B-A3B", basename="Qwen3-Next", organization="Qwen")),
-        ("jukofyork/Qwen3-Coder-Instruct-DRAFT-0.75B-GGUF", DemoModel(
-            "Qwen3-Coder-Instruct-DRAFT-0.75B-32k-Q4_0.gguf", "Qwen3 Coder Instruct DRAFT 0.75B",
-            Arch("qwen3", 28, 1024, 3072, 16, 8, 151936), q3, Q.Q4_0, size_label="0.75B")),
-        ("bartowski/DeepSeek-R1-Distill-Qwen-32B-GGUF", DemoModel(
-            "DeepSeek-R1-Distill-Qwen-32B-Q4_K_M.gguf", "DeepSeek R1 Distill Qwen 32B",
-            Arch("qwen2", 64, 5120, 27648, 40, 8, 152064), ds_big, size_label="32B",
-            organization="Deepseek Ai")),
-        ("bartowski/DeepSeek-R1-Distill-Qwen-1.5B-GGUF", DemoModel(
-            "DeepSeek-R1-Distill-Qwen-1.5B-Q8_0.gguf", "DeepSeek R1 Distill Qwen 1.5B",
-            Arch("qwen2", 28, 1536, 8960, 12, 2, 151936), ds_small, Q.Q8_0, size_label="1.5B",
-            organization="Deepseek Ai")),
-        (f"{lm}/Meta-Llama-3.1-8B-Instruct-GGUF", DemoModel(
-            "Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf", "Meta Llama 3.1 8B Instruct",
-            Arch("llama", 32, 4096, 14336, 32, 8, 128256, context=131072), l3,
-            size_label="8B", organization="Meta Llama")),
-        (f"{lm}/Llama-3.2-1B-Instruct-GGUF", DemoModel(
-            "Llama-3.2-1B-Instruct-Q8_0.gguf", "Llama 3.2 1B Instruct",
-            Arch("llama", 16, 2048, 8192, 32, 8, 128256, context=131072), l3, Q.Q8_0,
-            size_label="1B", organization="Meta Llama")),
-        ("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B-GGUF", DemoModel(
-            "EAGLE3-LLaMA3.1-Instruct-8B-F16.gguf", "EAGLE3 LLaMA3.1 Instruct 8B",
-            Arch("eagle3", 1, 4096, 14336, 32, 8, 128256,
-                 extra_kv=(("eagle3.target_hidden_size", 4096),
-                           ("eagle3.target_layers", [2, 16, 29]))), l3, Q.F16,
-            extra_kv=(("general.base_model.0.name", "Meta Llama 3.1 8B Instruct"),))),
-        (f"{lm}/gemma-3-27b-it-GGUF", DemoModel(
-            "gemma-3-27b-it-Q4_K_M.gguf", "Gemma 3 27b It",
-            Arch("gemma3", 62, 5376, 21504, 32, 16, 262144, context=131072,
-                 sliding_window=1024), g3, size_label="27B", organization="Google")),
-        (f"{lm}/gemma-3-1b-it-GGUF", DemoModel(
-            "gemma-3-1b-it-Q8_0.gguf", "Gemma 3 1b It",
-            Arch("gemma3", 26, 1152, 6912, 4, 1, 262144, context=32768, sliding_window=512),
-            g3, Q.Q8_0, size_label="1B", organization="Google")),
-        (f"{lm}/GLM-4.5-Air-GGUF", DemoModel(
-            "GLM-4.5-Air-Q4_K_M.gguf", "GLM 4.5 Air",
-            Arch("glm4moe", 46, 4096, 10944, 96, 8, 151552, context=131072, n_expert=128,
-                 n_expert_used=8, n_ff_exp=1408, shared_expert=True, nextn_layers=1),
-            qwen_vocab("qwen2.5"), size_label="106B-A12B", organization="Zai Org")),
+        (
+            f"{lm}/Qwen2.5-Coder-32B-Instruct-GGUF",
+            DemoModel(
+                "Qwen2.5-Coder-32B-Instruct-Q4_K_M.gguf",
+                "Qwen2.5 Coder 32B Instruct",
+                Arch("qwen2", 64, 5120, 27648, 40, 8, 152064),
+                q25p,
+                size_label="32B",
+                basename="Qwen2.5-Coder",
+                organization="Qwen",
+            ),
+        ),
+        (
+            f"{lm}/Qwen2.5-7B-Instruct-GGUF",
+            DemoModel(
+                "Qwen2.5-7B-Instruct-Q4_K_M.gguf",
+                "Qwen2.5 7B Instruct",
+                Arch("qwen2", 28, 3584, 18944, 28, 4, 152064),
+                q25p,
+                size_label="7B",
+                basename="Qwen2.5",
+                organization="Qwen",
+            ),
+        ),
+        (
+            f"{lm}/Qwen2.5-Coder-0.5B-Instruct-GGUF",
+            DemoModel(
+                "Qwen2.5-Coder-0.5B-Instruct-Q8_0.gguf",
+                "Qwen2.5 Coder 0.5B Instruct",
+                Arch("qwen2", 24, 896, 4864, 14, 2, 151936),
+                q25,
+                Q.Q8_0,
+                size_label="0.5B",
+                basename="Qwen2.5-Coder",
+                organization="Qwen",
+            ),
+        ),
+        (
+            f"{lm}/Qwen3-Coder-480B-A35B-Instruct-GGUF",
+            DemoModel(
+                "Qwen3-Coder-480B-A35B-Instruct-Q4_K_M.gguf",
+                "Qwen3 Coder 480B A35B Instruct",
+                Arch(
+                    "qwen3moe",
+                    62,
+                    6144,
+                    8192,
+                    96,
+                    8,
+                    151936,
+                    context=262144,
+                    n_expert=160,
+                    n_expert_used=8,
+                    n_ff_exp=2560,
+                ),
+                q3,
+                n_split=8,
+                size_label="480B-A35B",
+                basename="Qwen3-Coder",
+                organization="Qwen",
+            ),
+        ),
+        (
+            f"{lm}/Qwen3-Coder-30B-A3B-Instruct-GGUF",
+            DemoModel(
+                "Qwen3-Coder-30B-A3B-Instruct-Q4_K_M.gguf",
+                "Qwen3 Coder 30B A3B Instruct",
+                Arch(
+                    "qwen3moe",
+                    48,
+                    2048,
+                    6144,
+                    32,
+                    4,
+                    151936,
+                    context=262144,
+                    n_expert=128,
+                    n_expert_used=8,
+                    n_ff_exp=768,
+                ),
+                q3,
+                size_label="30B-A3B",
+                basename="Qwen3-Coder",
+                organization="Qwen",
+            ),
+        ),
+        (
+            f"{lm}/Qwen3-Next-80B-A3B-Instruct-GGUF",
+            DemoModel(
+                "Qwen3-Next-80B-A3B-Instruct-Q4_K_M.gguf",
+                "Qwen3 Next 80B A3B Instruct",
+                Arch(
+                    "qwen3next",
+                    48,
+                    2048,
+                    5120,
+                    16,
+                    2,
+                    151936,
+                    context=262144,
+                    n_expert=512,
+                    n_expert_used=10,
+                    n_ff_exp=512,
+                    shared_expert=True,
+                    ssm=True,
+                ),
+                q3,
+                size_label="80B-A3B",
+                basename="Qwen3-Next",
+                organization="Qwen",
+            ),
+        ),
+        (
+            "jukofyork/Qwen3-Coder-Instruct-DRAFT-0.75B-GGUF",
+            DemoModel(
+                "Qwen3-Coder-Instruct-DRAFT-0.75B-32k-Q4_0.gguf",
+                "Qwen3 Coder Instruct DRAFT 0.75B",
+                Arch("qwen3", 28, 1024, 3072, 16, 8, 151936),
+                q3,
+                Q.Q4_0,
+                size_label="0.75B",
+            ),
+        ),
+        (
+            "bartowski/DeepSeek-R1-Distill-Qwen-32B-GGUF",
+            DemoModel(
+                "DeepSeek-R1-Distill-Qwen-32B-Q4_K_M.gguf",
+                "DeepSeek R1 Distill Qwen 32B",
+                Arch("qwen2", 64, 5120, 27648, 40, 8, 152064),
+                ds_big,
+                size_label="32B",
+                organization="Deepseek Ai",
+            ),
+        ),
+        (
+            "bartowski/DeepSeek-R1-Distill-Qwen-1.5B-GGUF",
+            DemoModel(
+                "DeepSeek-R1-Distill-Qwen-1.5B-Q8_0.gguf",
+                "DeepSeek R1 Distill Qwen 1.5B",
+                Arch("qwen2", 28, 1536, 8960, 12, 2, 151936),
+                ds_small,
+                Q.Q8_0,
+                size_label="1.5B",
+                organization="Deepseek Ai",
+            ),
+        ),
+        (
+            f"{lm}/Meta-Llama-3.1-8B-Instruct-GGUF",
+            DemoModel(
+                "Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf",
+                "Meta Llama 3.1 8B Instruct",
+                Arch("llama", 32, 4096, 14336, 32, 8, 128256, context=131072),
+                l3,
+                size_label="8B",
+                organization="Meta Llama",
+            ),
+        ),
+        (
+            f"{lm}/Llama-3.2-1B-Instruct-GGUF",
+            DemoModel(
+                "Llama-3.2-1B-Instruct-Q8_0.gguf",
+                "Llama 3.2 1B Instruct",
+                Arch("llama", 16, 2048, 8192, 32, 8, 128256, context=131072),
+                l3,
+                Q.Q8_0,
+                size_label="1B",
+                organization="Meta Llama",
+            ),
+        ),
+        (
+            "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B-GGUF",
+            DemoModel(
+                "EAGLE3-LLaMA3.1-Instruct-8B-F16.gguf",
+                "EAGLE3 LLaMA3.1 Instruct 8B",
+                Arch(
+                    "eagle3",
+                    1,
+                    4096,
+                    14336,
+                    32,
+                    8,
+                    128256,
+                    extra_kv=(
+                        ("eagle3.target_hidden_size", 4096),
+                        ("eagle3.target_layers", [2, 16, 29]),
+                    ),
+                ),
+                l3,
+                Q.F16,
+                extra_kv=(("general.base_model.0.name", "Meta Llama 3.1 8B Instruct"),),
+            ),
+        ),
+        (
+            f"{lm}/gemma-3-27b-it-GGUF",
+            DemoModel(
+                "gemma-3-27b-it-Q4_K_M.gguf",
+                "Gemma 3 27b It",
+                Arch(
+                    "gemma3", 62, 5376, 21504, 32, 16, 262144, context=131072, sliding_window=1024
+                ),
+                g3,
+                size_label="27B",
+                organization="Google",
+            ),
+        ),
+        (
+            f"{lm}/gemma-3-1b-it-GGUF",
+            DemoModel(
+                "gemma-3-1b-it-Q8_0.gguf",
+                "Gemma 3 1b It",
+                Arch("gemma3", 26, 1152, 6912, 4, 1, 262144, context=32768, sliding_window=512),
+                g3,
+                Q.Q8_0,
+                size_label="1B",
+                organization="Google",
+            ),
+        ),
+        (
+            f"{lm}/GLM-4.5-Air-GGUF",
+            DemoModel(
+                "GLM-4.5-Air-Q4_K_M.gguf",
+                "GLM 4.5 Air",
+                Arch(
+                    "glm4moe",
+                    46,
+                    4096,
+                    10944,
+                    96,
+                    8,
+                    151552,
+                    context=131072,
+                    n_expert=128,
+                    n_expert_used=8,
+                    n_ff_exp=1408,
+                    shared_expert=True,
+                    nextn_layers=1,
+                ),
+                qwen_vocab("qwen2.5"),
+                size_label="106B-A12B",
+                organization="Zai Org",
+            ),
+        ),
     ]
 
 

@@ -12,7 +12,6 @@ from gguf import GGUFReader
 from gguf.constants import GGUFValueType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from specreg.registry.gguf_header import (
     GGUFFormatError,
     StringArray,
@@ -59,9 +58,7 @@ def _ours(path: Path) -> dict:
         elif isinstance(value, str):
             value = value.encode()
         fields[key] = (int(vtype), value)
-    tensors = [
-        (t.name, t.shape, t.ggml_type, h.data_offset + t.offset) for t in h.tensors
-    ]
+    tensors = [(t.name, t.shape, t.ggml_type, h.data_offset + t.offset) for t in h.tensors]
     return {"fields": fields, "tensors": tensors, "data_offset": h.data_offset}
 
 
@@ -101,11 +98,7 @@ def _valid_header() -> bytes:
     kv = [
         s("general.architecture") + struct.pack("<I", 8) + s("llama"),
         s("llama.block_count") + struct.pack("<II", 4, 2),
-        s("tokenizer.ggml.tokens")
-        + struct.pack("<IIQ", 9, 8, 3)
-        + s("a")
-        + s("bb")
-        + s("ccc"),
+        s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 3) + s("a") + s("bb") + s("ccc"),
         s("tokenizer.ggml.token_type") + struct.pack("<IIQ", 9, 5, 3) + struct.pack("<3i", 1, 1, 3),
     ]
     tensor = s("token_embd.weight") + struct.pack("<I", 2) + struct.pack("<QQ", 4, 3)
@@ -133,7 +126,10 @@ def test_the_handmade_header_parses() -> None:
         (lambda b: b[:4] + struct.pack(">I", 3) + b[8:], "big-endian GGUF"),
         (lambda b: b[:40], "truncated"),
         (lambda b: b"", "truncated"),
-        (lambda b: b[:16] + struct.pack("<Q", 10**12) + b[24:], "claims 1000000000000 keys and 1 tensors"),
+        (
+            lambda b: b[:16] + struct.pack("<Q", 10**12) + b[24:],
+            "claims 1000000000000 keys and 1 tensors",
+        ),
     ],
 )
 def test_bad_headers_raise_one_line_reasons(mutate, reason: str) -> None:
