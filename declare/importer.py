@@ -180,6 +180,7 @@ def import_registry(
             cx.bad(
                 model, "path", f"{dotted}.model.path", f"no file at {p}: the model is not on disk"
             )
+            cx.bad(roles_src, rid, dotted, "role not imported: its model is not on disk")
             continue
         disk = deps.model_at_path(con, p)
         if disk is None:
@@ -189,6 +190,7 @@ def import_registry(
                 f"{dotted}.model.path",
                 f"{p} is not a readable GGUF (see `specreg scan {p.parent}`)",
             )
+            cx.bad(roles_src, rid, dotted, "role not imported: its model could not be read")
             continue
         _check_facts(cx, model, dotted, disk)
         if disk.model_id not in alias_of:
@@ -203,6 +205,8 @@ def import_registry(
                 f"from {source.name}:{key_line(roles_src, rid)} ({rid})", disk.model_id
             )
         role_model[str(rid)] = alias_of[disk.model_id]
+        if "name" in model:
+            cx.ok(model, "name", f"{dotted}.model.name", f"alias {alias_of[disk.model_id]}")
         cx.ok(model, "path", f"{dotted}.model.path", f"models.{disk.model_id}")
 
     # 2. roles (drafts, tier D, are models only)
@@ -365,11 +369,14 @@ def _role(
                 )
             elif fam not in forbid:
                 forbid.append(fam)
+        if forbid:
+            cx.ok(cons, "forbid", f"{dotted}.constraints.forbid", f"forbid: {', '.join(forbid)}")
         for k in cons:
             if k not in ("forbid", "reason"):
                 cx.bad(cons, k, f"{dotted}.constraints.{k}", "not part of specreg.yaml v1")
         if cons.get("reason"):
             out["note"] = str(cons["reason"])
+            cx.ok(cons, "reason", f"{dotted}.constraints.reason", "note")
 
     cfg = CommentedMap()
     acc = role.get("acceleration")
@@ -386,9 +393,15 @@ def _role(
                 f"{adot}.type",
                 f"{atype}: no llama-server equivalent specreg v1 renders; role imported without it",
             )
+            for k in acc:
+                if k != "type":
+                    cx.bad(acc, k, f"{adot}.{k}", f"part of the {atype} block, not imported")
             acc = CommentedMap()
-        elif ACCEL_TYPES[atype]:
-            spec_types += list(ACCEL_TYPES[atype] or ())
+        else:
+            if ACCEL_TYPES[atype]:
+                spec_types += list(ACCEL_TYPES[atype] or ())
+            if atype != "prompt_lookup" and "type" in acc:
+                cx.ok(acc, "type", f"{adot}.type", f"configs.default ({atype})")
         if atype == "speculative_decoding":
             draft_node, draft_dot = acc, adot
         if atype == "prompt_lookup":
@@ -399,6 +412,8 @@ def _role(
         if isinstance(nested, dict):
             draft_node, draft_dot = nested, f"{adot}.speculative_decoding"
             spec_types.append("draft-simple")
+            if "type" in nested:
+                cx.ok(nested, "type", f"{draft_dot}.type", "configs.default.spec_type draft-simple")
         if atype == "moe_expert_reduction" or "experts" in acc:
             _experts(cx, acc, adot, cfg)
             policy = "speed"
@@ -609,6 +624,7 @@ def _cross_check(cx: _Ctx, src: Any, roles: CommentedMap) -> None:
     if isinstance(op, dict):
         for name in op:
             if name == "_meta":
+                cx.bad(op, name, "optimized_params._meta", "metadata of optimizer output")
                 continue
             entry = op[name]
             for k in entry if isinstance(entry, dict) else ():

@@ -199,8 +199,9 @@ def _role_findings(
         if cfg.draft is None:
             continue
         draft = spec.model(cfg.draft)
-        if draft is None or by_id.get(draft.id) is None:
-            continue
+        d = by_id.get(draft.id) if draft else None
+        if draft is None or d is None or d.status == "gone":
+            continue  # the model finding already says so
         verdict = deps.check_pair(con, target.id, draft.id)
         if not verdict.compatible:
             incompatible = True

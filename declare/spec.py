@@ -393,7 +393,13 @@ def _show(v: Any) -> str:
         return "nothing"
     if isinstance(v, (Mapping, list)):
         return _kind(v)
-    return f"{v!r} ({type(v).__name__})"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(int(v))
+    if isinstance(v, float):
+        return f"{float(v):g}"
+    return f"{v} ({type(v).__name__})"
 
 
 TOP_KEYS = {

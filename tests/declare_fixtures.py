@@ -272,26 +272,47 @@ def _link_tree(src: Path, dst: Path) -> None:
         shutil.copytree(src, dst, copy_function=os.link)
 
 
-@pytest.fixture
-def site(_collection_template: Path, tmp_path: Path) -> Iterator[Site]:
-    """A private copy of the collection, the sample registry, scanned and imported."""
+def _make_site(template: Path, root: Path, db: Path) -> Site:
     from specreg.declare.importer import import_registry
     from specreg.declare.spec import write_yaml
 
-    root = tmp_path / "site"
-    _link_tree(_collection_template, root)
+    _link_tree(template, root)
     s = Site(
         root,
         root / "models",
         root / "spare",
         write_registry(root / "orchestration" / "model_registry.yaml", root / "models"),
-        tmp_path / "registry.duckdb",
+        db,
         root / "specreg.yaml",
     )
     with opened(s.db) as con:
         result = import_registry(con, s.registry_yaml, s.spec)
     write_yaml(s.spec, result.doc)
-    yield s
+    return s
+
+
+@pytest.fixture(scope="session")
+def _site_template(_collection_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Site:
+    base = tmp_path_factory.mktemp("declare-site")
+    return _make_site(_collection_template, base / "site", base / "registry.duckdb")
+
+
+@pytest.fixture
+def site(_site_template: Site, tmp_path: Path) -> Iterator[Site]:
+    """The imported site with a private registry and specreg.yaml; the collection is shared,
+    so tests using it must not touch the model files (use `private_site` for that)."""
+    db = tmp_path / "registry.duckdb"
+    spec = tmp_path / "specreg.yaml"
+    shutil.copy(_site_template.db, db)
+    shutil.copy(_site_template.spec, spec)
+    t = _site_template
+    yield Site(t.root, t.models, t.spare, t.registry_yaml, db, spec)
+
+
+@pytest.fixture
+def private_site(_collection_template: Path, tmp_path: Path) -> Iterator[Site]:
+    """A private copy of the collection, the sample registry, scanned and imported."""
+    yield _make_site(_collection_template, tmp_path / "site", tmp_path / "registry.duckdb")
 
 
 def record_run(
@@ -338,3 +359,23 @@ def record_run(
     )
     with opened(db) as con:
         return _record(con, run)
+
+
+def run_cli(args: list[str]) -> tuple[int, str, str]:
+    """Invoke the CLI as `specreg` would: (exit code, stdout, the one-line error or "")."""
+    import click
+    from click.testing import CliRunner
+
+    from specreg.cli.main import cli
+    from specreg.errors import SpecregError
+
+    result = CliRunner().invoke(cli, args, standalone_mode=False)
+    exc = result.exception
+    if isinstance(exc, SpecregError):
+        return exc.exit_code, result.output, f"error: {exc}"
+    if isinstance(exc, click.ClickException):
+        return 2, result.output, exc.format_message()
+    if exc is not None and not isinstance(exc, SystemExit):
+        raise exc
+    code = result.return_value if isinstance(result.return_value, int) else result.exit_code
+    return code, result.output, ""
