@@ -241,9 +241,68 @@ def m002_runs(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m003_audit(con: duckdb.DuckDBPyConnection) -> None:
+    """The auditor's verdicts: one row per audit, its vocabulary classes and verdicts between
+    them, and the ordered pairs those verdicts do not settle (the compatibility graph's edges)."""
+    con.execute(
+        """
+        CREATE TABLE audit_runs (
+            audit_id           BIGINT PRIMARY KEY,
+            created_at         TIMESTAMPTZ NOT NULL,
+            rules_label        VARCHAR NOT NULL,
+            llama_build        INTEGER NOT NULL,
+            n_models           BIGINT NOT NULL,
+            n_pairs            BIGINT NOT NULL,
+            counts             JSON,
+            refusals           JSON,
+            vocab_comparisons  BIGINT,
+            seconds            DOUBLE
+        )
+        """
+    )
+    con.execute(
+        """
+        CREATE TABLE audit_classes (
+            audit_id  BIGINT NOT NULL,
+            class_id  INTEGER NOT NULL,
+            model_id  VARCHAR NOT NULL,
+            family    VARCHAR,   -- tokenizer family: models sharing a token-text fingerprint
+            PRIMARY KEY (audit_id, model_id)
+        )
+        """
+    )
+    con.execute(
+        """
+        CREATE TABLE audit_class_verdicts (
+            audit_id      BIGINT NOT NULL,
+            target_class  INTEGER NOT NULL,
+            draft_class   INTEGER NOT NULL,
+            accepts       BOOLEAN NOT NULL,
+            failed        VARCHAR[],
+            n_pairs       BIGINT NOT NULL,
+            PRIMARY KEY (audit_id, target_class, draft_class)
+        )
+        """
+    )
+    con.execute(
+        """
+        CREATE TABLE audit_pairs (
+            audit_id       BIGINT NOT NULL,
+            target_id      VARCHAR NOT NULL,
+            draft_id       VARCHAR NOT NULL,
+            verdict        VARCHAR NOT NULL,
+            llama_accepts  BOOLEAN,
+            findings       VARCHAR[],
+            PRIMARY KEY (audit_id, target_id, draft_id)
+        )
+        """
+    )
+
+
 MIGRATIONS: list[tuple[int, str, Migration]] = [
     (1, "scan tables", m001_scan),
     (2, "runs tables", m002_runs),
+    (3, "audit tables", m003_audit),
 ]
 
 

@@ -1,0 +1,245 @@
+"""Every ordered pair of the registry, bucketed so the expensive work runs once per bucket.
+
+llama.cpp's vocabulary check reads only a model's vocabulary signature (type, effective
+add_bos/add_eos, BOS/EOS ids, token count, token list). Models with one signature form a class;
+the check runs once per pair of classes, and the token texts are compared once per pair of
+distinct token lists (none at all for equal lists). The other checks read a handful of model
+facts, so a pair's verdict is memoised on those facts too. Only pairs of classes the vocabulary
+check accepts are expanded to model pairs; a refused class pair counts |A| x |B| pairs at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+from specreg.auditor.checks import (
+    MIN_USEFUL_SIZE_RATIO,
+    VocabOutcome,
+    vocab_checks,
+    vocab_signature,
+)
+from specreg.auditor.pairs import VocabCache, judge
+from specreg.auditor.rules import PINNED_RULES, RuleSet
+from specreg.auditor.verdict import Verdict
+from specreg.registry.queries import ModelRecord, list_models
+
+
+@dataclass(frozen=True)
+class PairSummary:
+    """One ordered pair the vocabulary check lets through (or a bound draft), compactly."""
+
+    target_id: str
+    draft_id: str
+    verdict: Verdict
+    llama_accepts: bool | None
+    findings: tuple[str, ...]
+    """Names of the failed checks (warnings and risks included)."""
+
+
+@dataclass(frozen=True)
+class ClassVerdict:
+    """The vocabulary check between two classes of models."""
+
+    target_class: int
+    draft_class: int
+    accepts: bool
+    failed: tuple[str, ...]
+    n_pairs: int
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    rules_label: str
+    llama_build: int
+    n_models: int
+    classes: tuple[tuple[int, tuple[str, ...]], ...]
+    """Vocabulary classes: (class id, model ids)."""
+    class_verdicts: tuple[ClassVerdict, ...]
+    pairs: tuple[PairSummary, ...]
+    """Every ordered pair whose verdict is not settled by a refused class pair."""
+    counts: dict[str, int]
+    """Ordered pairs per verdict value."""
+    refusals: dict[str, int]
+    """Ordered pairs refused, per first failed vocabulary check."""
+    seconds: float
+    vocab_comparisons: int
+    """Distinct token lists compared text by text (the expensive step)."""
+
+    @property
+    def n_pairs(self) -> int:
+        return self.n_models * (self.n_models - 1)
+
+    @property
+    def findings(self) -> tuple[PairSummary, ...]:
+        """Pairs llama.cpp accepts that fail at run time: what `audit --fail-on-findings` counts."""
+        return tuple(p for p in self.pairs if p.verdict is Verdict.RISKY)
+
+    def summary(self, target_id: str, draft_id: str) -> PairSummary | None:
+        for p in self.pairs:
+            if p.target_id == target_id and p.draft_id == draft_id:
+                return p
+        return None
+
+
+def _cap_signature(m: ModelRecord) -> tuple[Any, ...]:
+    return (
+        bool(m.is_mmproj),
+        m.draft_kind,
+        bool(m.is_recurrent),
+        bool(m.is_hybrid),
+        bool(m.sliding_window),
+        bool(m.uses_mla),
+        m.architecture if (m.is_recurrent or m.is_hybrid) else None,
+        m.tok_pre,
+        bool(m.nextn_predict_layers) or bool(m.has_mtp_tensors),
+    )
+
+
+def _size(m: ModelRecord) -> int | None:
+    return m.n_params_active or m.n_params or None
+
+
+def audit_all(
+    con: duckdb.DuckDBPyConnection,
+    rules: RuleSet | None = None,
+    models: list[ModelRecord] | None = None,
+) -> AuditResult:
+    """Every ordered (target, draft) pair of the registry's present models."""
+    rules = rules or PINNED_RULES
+    t0 = time.perf_counter()
+    models = list_models(con) if models is None else models
+    vocabs = VocabCache(con)
+
+    plain = [m for m in models if not m.draft_kind]
+    bound = [m for m in models if m.draft_kind]
+    class_of_sig: dict[tuple[Any, ...], int] = {}
+    members: dict[int, list[ModelRecord]] = defaultdict(list)
+    for m in plain:
+        cid = class_of_sig.setdefault(vocab_signature(m), len(class_of_sig))
+        members[cid].append(m)
+
+    # The vocabulary check is symmetric, so compute it once per unordered class pair; texts are
+    # compared once per unordered pair of distinct token lists.
+    text_cache: dict[tuple[str, str], bool] = {}
+    n_text = 0
+    class_verdicts: list[ClassVerdict] = []
+    outcomes: dict[tuple[int, int], VocabOutcome] = {}
+    reps = {cid: ms[0] for cid, ms in members.items()}
+    cids = sorted(reps)
+    for a in cids:
+        for b in cids:
+            ta, tb = reps[a], reps[b]
+            outcome = None
+            failed = _scalar_failures(ta, tb, rules)
+            if not failed:
+                key = tuple(sorted((ta.vocab_sha or "", tb.vocab_sha or "")))
+                if ta.vocab_sha == tb.vocab_sha:
+                    text_ok = True
+                elif key in text_cache:
+                    text_ok = text_cache[key]
+                else:
+                    outcome = vocab_checks(
+                        ta, tb, vocabs.get(ta.vocab_sha), vocabs.get(tb.vocab_sha), rules
+                    )
+                    text_ok = outcome.checks[-1].passed
+                    text_cache[key] = text_ok
+                    n_text += 1
+                if not text_ok:
+                    failed = ("token_text",)
+            n_pairs = len(members[a]) * len(members[b]) - (len(members[a]) if a == b else 0)
+            class_verdicts.append(ClassVerdict(a, b, not failed, failed, n_pairs))
+            if not failed:
+                outcomes[(a, b)] = outcome or vocab_checks(
+                    ta, tb, vocabs.get(ta.vocab_sha), vocabs.get(tb.vocab_sha), rules
+                )
+
+    counts: Counter[str] = Counter()
+    refusals: Counter[str] = Counter()
+    pairs: list[PairSummary] = []
+    memo: dict[tuple[Any, ...], tuple[Verdict, tuple[str, ...]]] = {}
+    for cv in class_verdicts:
+        if not cv.accepts:
+            counts[Verdict.INCOMPATIBLE.value] += cv.n_pairs
+            refusals[cv.failed[0]] += cv.n_pairs
+            continue
+        outcome = outcomes[(cv.target_class, cv.draft_class)]
+        for t in members[cv.target_class]:
+            cap_t, size_t, tpl_t = _cap_signature(t), _size(t), t.chat_template_sha256
+            for d in members[cv.draft_class]:
+                if d is t:
+                    continue
+                size_d = _size(d)
+                ratio_ok = (size_t / size_d >= MIN_USEFUL_SIZE_RATIO) if size_t and size_d else None
+                tpl_d = d.chat_template_sha256
+                key = (
+                    cv.target_class,
+                    cv.draft_class,
+                    cap_t,
+                    bool(d.is_mmproj),
+                    d.tok_pre,
+                    bool(tpl_t and tpl_d and tpl_t != tpl_d),
+                    ratio_ok,
+                )
+                hit = memo.get(key)
+                if hit is None:
+                    pv = judge(t, d, rules, vocabs, outcome)
+                    hit = memo[key] = (pv.verdict, tuple(c.name for c in pv.failed))
+                counts[hit[0].value] += 1
+                pairs.append(PairSummary(t.model_id or "", d.model_id or "", hit[0], True, hit[1]))
+
+    # Bound drafts (EAGLE-3, DFlash, DSpark) skip the vocabulary check: judge them directly.
+    for d in bound:
+        for t in models:
+            if t is d:
+                continue
+            pv = judge(t, d, rules, vocabs)
+            counts[pv.verdict.value] += 1
+            pairs.append(
+                PairSummary(
+                    t.model_id or "",
+                    d.model_id or "",
+                    pv.verdict,
+                    None,
+                    tuple(c.name for c in pv.failed),
+                )
+            )
+    for t in bound:
+        for d in plain:
+            counts[Verdict.INCOMPATIBLE.value] += 1
+            refusals["target_is_language_model"] += 1
+
+    return AuditResult(
+        rules_label=rules.label,
+        llama_build=rules.since_build,
+        n_models=len(models),
+        classes=tuple((cid, tuple(m.model_id or "" for m in members[cid])) for cid in cids),
+        class_verdicts=tuple(class_verdicts),
+        pairs=tuple(pairs),
+        counts=dict(counts),
+        refusals=dict(refusals),
+        seconds=time.perf_counter() - t0,
+        vocab_comparisons=n_text,
+    )
+
+
+def _scalar_failures(t: ModelRecord, d: ModelRecord, rules: RuleSet) -> tuple[str, ...]:
+    """The vocabulary checks that need no token texts, in llama.cpp's order."""
+    out = []
+    if t.vocab_type != d.vocab_type:
+        out.append("vocab_type")
+    for kind in ("bos", "eos"):
+        add_t, add_d = bool(getattr(t, f"add_{kind}")), bool(getattr(d, f"add_{kind}"))
+        id_t = getattr(t, f"{kind}_id")
+        id_d = getattr(d, f"{kind}_id")
+        id_t = -1 if id_t is None else id_t
+        id_d = -1 if id_d is None else id_d
+        compare = add_t if rules.special_ids_only_when_added else True
+        if add_t != add_d or (compare and id_t != id_d):
+            out.append(kind)
+    if abs((t.n_tokens or 0) - (d.n_tokens or 0)) > rules.vocab_max_size_difference:
+        out.append("vocab_size")
+    return tuple(out)

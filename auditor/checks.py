@@ -1,0 +1,469 @@
+"""The checks of one ordered (target, draft) pair, from registry facts and stored vocabularies.
+
+Pure functions of two model records, their vocabularies and a `RuleSet`; no database access,
+so `audit_all` can run them once per vocabulary class instead of once per pair.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from specreg.auditor.rules import RuleSet
+from specreg.auditor.verdict import Check, Severity
+from specreg.auditor.vocab import ExtraTokens, extra_tokens, first_text_difference
+from specreg.registry.gguf_header import StringArray
+
+# llama_vocab_type numbers (include/llama.h), for the evidence: users compare them with logs.
+VOCAB_TYPE_IDS = {
+    "NONE": 0,
+    "SPM": 1,
+    "BPE": 2,
+    "WPM": 3,
+    "UGM": 4,
+    "RWKV": 5,
+    "PLAMO2": 6,
+    "TEST": 7,
+}
+# A draft must be this many times smaller than the target's active weights to pay for itself;
+# the reference host's self-speculative runs (ratio 1-2) ran slower than no speculation.
+MIN_USEFUL_SIZE_RATIO = 4.0
+NULL_TOKEN = -1
+
+
+class VocabLike(Protocol):
+    tokens: StringArray
+    token_types: np.ndarray | None
+
+
+VocabLoader = Callable[[str], "VocabLike | None"]
+
+
+def _get(m: Any, name: str, default: Any = None) -> Any:
+    v = getattr(m, name, default)
+    return default if v is None else v
+
+
+def _tok(v: Any) -> int:
+    return NULL_TOKEN if v is None else int(v)
+
+
+def vocab_signature(m: Any) -> tuple[Any, ...]:
+    """Everything common_speculative_are_compatible reads from one side."""
+    return (
+        _get(m, "vocab_type", ""),
+        bool(_get(m, "add_bos", False)),
+        _tok(getattr(m, "bos_id", None)),
+        bool(_get(m, "add_eos", False)),
+        _tok(getattr(m, "eos_id", None)),
+        int(_get(m, "n_tokens", 0)),
+        _get(m, "vocab_sha", None),
+        getattr(m, "add_bos_stored", None),
+        getattr(m, "add_eos_stored", None),
+        getattr(m, "tok_model", None),
+    )
+
+
+@dataclass(frozen=True)
+class VocabOutcome:
+    checks: tuple[Check, ...]
+    accepts: bool
+    first_diff: int | None
+    extra: ExtraTokens | None
+
+
+def _special_check(kind: str, t: Any, d: Any, rules: RuleSet) -> Check:
+    add_t = bool(_get(t, f"add_{kind}", False))
+    add_d = bool(_get(d, f"add_{kind}", False))
+    id_t = _tok(getattr(t, f"{kind}_id", None))
+    id_d = _tok(getattr(d, f"{kind}_id", None))
+    compare_ids = add_t if rules.special_ids_only_when_added else True
+    passed = add_t == add_d and (not compare_ids or id_t == id_d)
+    values = {
+        "target_add": add_t,
+        "draft_add": add_d,
+        "target_add_stored": getattr(t, f"add_{kind}_stored", None),
+        "draft_add_stored": getattr(d, f"add_{kind}_stored", None),
+        "target_id": id_t,
+        "draft_id": id_d,
+        "target_text": getattr(t, f"{kind}_text", None),
+        "draft_text": getattr(d, f"{kind}_text", None),
+        "ids_compared": compare_ids,
+    }
+    up = kind.upper()
+    if passed:
+        msg = f"add_{kind} {str(add_t).lower()} on both" + (
+            f", same {up} id {id_t}" if compare_ids else f" ({up} ids not compared)"
+        )
+    elif add_t != add_d:
+        msg = f"add_{kind} differs: target {str(add_t).lower()}, draft {str(add_d).lower()}"
+    else:
+        msg = (
+            f"{up} ids differ: target {id_t} {values['target_text']!r}, "
+            f"draft {id_d} {values['draft_text']!r}"
+        )
+    return Check(kind, passed, Severity.BLOCKS, msg, values, llama_check=True)
+
+
+def vocab_checks(
+    t: Any, d: Any, vt: VocabLike | None, vd: VocabLike | None, rules: RuleSet
+) -> VocabOutcome:
+    """common_speculative_are_compatible, every check evaluated (llama.cpp stops at the first)."""
+    checks: list[Check] = []
+    type_t, type_d = _get(t, "vocab_type", "?"), _get(d, "vocab_type", "?")
+    checks.append(
+        Check(
+            "vocab_type",
+            type_t == type_d,
+            Severity.BLOCKS,
+            f"vocab type {type_t}" + (" on both" if type_t == type_d else f" vs {type_d}"),
+            {
+                "target": type_t,
+                "draft": type_d,
+                "target_id": VOCAB_TYPE_IDS.get(type_t),
+                "draft_id": VOCAB_TYPE_IDS.get(type_d),
+                "target_tok_model": getattr(t, "tok_model", None),
+                "draft_tok_model": getattr(d, "tok_model", None),
+            },
+            llama_check=True,
+        )
+    )
+    checks.append(_special_check("bos", t, d, rules))
+    checks.append(_special_check("eos", t, d, rules))
+
+    n_t, n_d = int(_get(t, "n_tokens", 0)), int(_get(d, "n_tokens", 0))
+    diff = abs(n_t - n_d)
+    size_ok = diff <= rules.vocab_max_size_difference
+    checks.append(
+        Check(
+            "vocab_size",
+            size_ok,
+            Severity.BLOCKS,
+            f"{n_t} vs {n_d} tokens, difference {diff} "
+            + ("<=" if size_ok else ">")
+            + f" {rules.vocab_max_size_difference}",
+            {
+                "target_n_tokens": n_t,
+                "draft_n_tokens": n_d,
+                "difference": diff,
+                "max_difference": rules.vocab_max_size_difference,
+            },
+            llama_check=True,
+        )
+    )
+
+    start = rules.vocab_check_start_token_id
+    stop = min(n_t, n_d)
+    first: int | None = None
+    if vt is not None and vd is not None:
+        first = first_text_difference(vt.tokens, vd.tokens, start)
+    elif (vt is None) != (vd is None) and stop > start:
+        first = start  # one side has token texts, the other only dummies ("")
+    text_values: dict[str, Any] = {"start_id": start, "stop_id": stop, "first_differing_id": first}
+    if first is not None:
+        text_values["target_text"] = vt.tokens[first] if vt is not None else ""
+        text_values["draft_text"] = vd.tokens[first] if vd is not None else ""
+        msg = (
+            f"token {first} differs: target {text_values['target_text']!r}, "
+            f"draft {text_values['draft_text']!r}"
+        )
+    else:
+        msg = f"token texts identical for ids {start}..{max(stop - 1, start)}"
+    checks.append(
+        Check("token_text", first is None, Severity.BLOCKS, msg, text_values, llama_check=True)
+    )
+
+    extra: ExtraTokens | None = None
+    # Classify the extra ids only when the size rule can let them through (or nearly): the
+    # question is whether llama.cpp's accepted pair is safe, and it bounds the work.
+    if (
+        n_t != n_d
+        and diff <= 4 * rules.vocab_max_size_difference
+        and vt is not None
+        and vd is not None
+    ):
+        big, side = (vt, "target") if n_t > n_d else (vd, "draft")
+        extra = extra_tokens(big.tokens, big.token_types, stop, side)
+    accepts = all(c.passed for c in checks)
+    return VocabOutcome(tuple(checks), accepts, first, extra)
+
+
+def extra_tokens_check(outcome: VocabOutcome, n_t: int, n_d: int) -> Check | None:
+    """The size rule lets real tokens through; name them (risky at run time)."""
+    ex = outcome.extra
+    if ex is None:
+        return None
+    values = {
+        "side": ex.side,
+        "first_id": ex.first_id,
+        "stop_id": ex.stop_id,
+        "count": ex.count,
+        "padding": ex.n_padding,
+        "only_padding": ex.only_padding,
+        "real_examples": [list(e) for e in ex.real_examples],
+    }
+    if ex.only_padding:
+        msg = f"the {ex.count} extra {ex.side} ids {ex.first_id}..{ex.stop_id - 1} are padding"
+        return Check("extra_tokens", True, Severity.RISK, msg, values)
+    real = ex.count - ex.n_padding
+    who = (
+        "the target can emit ids the draft does not have"
+        if ex.side == "target"
+        else "the draft can propose ids the target does not have"
+    )
+    examples = ", ".join(f"{i} {txt!r}" for i, txt in ex.real_examples[:3])
+    msg = (
+        f"{real} of the {ex.count} extra {ex.side} ids {ex.first_id}..{ex.stop_id - 1} are "
+        f"real tokens ({examples}): {who}"
+    )
+    return Check("extra_tokens", False, Severity.RISK, msg, values)
+
+
+def _binding(m: Any) -> dict[str, Any]:
+    raw = getattr(m, "draft_binding", None)
+    if not raw:
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    try:
+        val = json.loads(raw)
+    except (TypeError, ValueError):
+        return {}
+    return val if isinstance(val, dict) else {}
+
+
+def _binding_value(binding: dict[str, Any], suffix: str) -> Any:
+    for key, value in binding.items():
+        if key.endswith(suffix):
+            return value
+    return None
+
+
+def binding_check(t: Any, d: Any) -> Check:
+    """EAGLE-3 / DFlash / DSpark drafts read the target's hidden states: they fit one target."""
+    kind = getattr(d, "draft_kind", None)
+    binding = _binding(d)
+    hidden = _binding_value(binding, "target_hidden_size")
+    layers = _binding_value(binding, "target_layers")
+    emb = getattr(t, "embedding_length", None)
+    blocks = getattr(t, "block_count", None)
+    values: dict[str, Any] = {
+        "draft_kind": kind,
+        "binding": binding,
+        "target_embedding_length": emb,
+        "target_block_count": blocks,
+    }
+    problems = []
+    if hidden is not None and emb is not None and int(hidden) != int(emb):
+        problems.append(f"trained on hidden size {hidden}, target has {emb}")
+    if isinstance(layers, list) and layers and blocks is not None and max(layers) >= int(blocks):
+        problems.append(f"reads target layer {max(layers)}, target has {blocks} blocks")
+    if kind == "eagle3" and isinstance(layers, list) and len(layers) != 3:
+        problems.append(f"eagle3.target_layers has {len(layers)} entries, llama.cpp needs 3")
+    if problems:
+        return Check(
+            "draft_binding",
+            False,
+            Severity.BLOCKS,
+            f"{kind} draft built for another target: " + "; ".join(problems),
+            values,
+        )
+    if hidden is None and not layers:
+        return Check(
+            "draft_binding",
+            False,
+            Severity.RISK,
+            f"{kind} draft names no target (no target_hidden_size/target_layers); "
+            "it fits only the model it was trained for",
+            values,
+        )
+    return Check(
+        "draft_binding",
+        True,
+        Severity.BLOCKS,
+        f"{kind} draft's binding matches the target's shape",
+        values,
+    )
+
+
+def capability_checks(t: Any, d: Any, rules: RuleSet) -> list[Check]:
+    checks: list[Check] = []
+    for role, m in (("target", t), ("draft", d)):
+        if getattr(m, "is_mmproj", False):
+            checks.append(
+                Check(
+                    f"{role}_is_language_model",
+                    False,
+                    Severity.BLOCKS,
+                    f"the {role} is a vision projector (mmproj), not a language model",
+                    {"is_mmproj": True},
+                )
+            )
+    if getattr(t, "draft_kind", None):
+        checks.append(
+            Check(
+                "target_is_language_model",
+                False,
+                Severity.BLOCKS,
+                f"the target is a {t.draft_kind} draft head, not a model to serve",
+                {"draft_kind": t.draft_kind},
+            )
+        )
+
+    recurrent = bool(getattr(t, "is_recurrent", False))
+    hybrid = bool(getattr(t, "is_hybrid", False))
+    if recurrent or hybrid:
+        kind = "recurrent" if recurrent else "hybrid"
+        ok = rules.recurrent_targets_speculate
+        msg = (
+            f"{kind} target ({t.architecture}): this build speculates with context checkpoints"
+            if ok
+            else f"{kind} target ({t.architecture}): this build cannot roll back "
+            "recurrent state, so it cannot speculate on it"
+        )
+        checks.append(
+            Check(
+                "recurrent_target",
+                ok,
+                Severity.BLOCKS,
+                msg,
+                {
+                    "architecture": getattr(t, "architecture", None),
+                    "is_recurrent": recurrent,
+                    "is_hybrid": hybrid,
+                    "build_speculates_with_checkpoints": ok,
+                },
+            )
+        )
+    for flag, attr, what in (
+        ("swa_target", "swa_targets_speculate", "sliding-window attention"),
+        ("mla_target", "mla_targets_speculate", "MLA attention"),
+    ):
+        present = (
+            bool(getattr(t, "sliding_window", None))
+            if flag == "swa_target"
+            else bool(getattr(t, "uses_mla", False))
+        )
+        if present:
+            ok = bool(getattr(rules, attr))
+            checks.append(
+                Check(
+                    flag,
+                    ok,
+                    Severity.RISK,
+                    f"{what} target: "
+                    + (
+                        "this build speculates on it"
+                        if ok
+                        else "this build's cache cannot drop drafted tokens reliably"
+                    ),
+                    {
+                        "sliding_window": getattr(t, "sliding_window", None),
+                        "uses_mla": getattr(t, "uses_mla", None),
+                    },
+                )
+            )
+    return checks
+
+
+def risk_checks(t: Any, d: Any, outcome: VocabOutcome | None, rules: RuleSet) -> list[Check]:
+    checks: list[Check] = []
+    if outcome is not None:
+        ex = extra_tokens_check(outcome, int(_get(t, "n_tokens", 0)), int(_get(d, "n_tokens", 0)))
+        if ex is not None:
+            checks.append(ex)
+    missing = [
+        role
+        for role, m in (("target", t), ("draft", d))
+        if _tok(getattr(m, "bos_id", None)) == NULL_TOKEN
+    ]
+    if missing:
+        checks.append(
+            Check(
+                "bos_present",
+                False,
+                Severity.RISK,
+                f"no BOS id in the {' and '.join(missing)}: the legacy llama-speculative demands "
+                "matching special tokens and refuses such a pair",
+                {
+                    "target_bos_id": getattr(t, "bos_id", None),
+                    "draft_bos_id": getattr(d, "bos_id", None),
+                },
+            )
+        )
+    return checks
+
+
+def advisory_checks(t: Any, d: Any, outcome: VocabOutcome | None) -> list[Check]:
+    checks: list[Check] = []
+    pre_t, pre_d = getattr(t, "tok_pre", None), getattr(d, "tok_pre", None)
+    if outcome is not None and outcome.accepts and pre_t != pre_d:
+        checks.append(
+            Check(
+                "pre_tokenizer",
+                False,
+                Severity.WARNS,
+                f"pre-tokenizers differ ({pre_t} vs {pre_d}) over identical tokens: the draft may "
+                "split text differently from the target",
+                {"target": pre_t, "draft": pre_d},
+            )
+        )
+    if outcome is not None and outcome.accepts:
+        # llama.cpp compares the effective add_bos; a draft whose own metadata says otherwise
+        # (the key absent and defaulted, or overridden as for Gemma 4) was trained on the other.
+        add = bool(_get(t, "add_bos", False))
+        declared = getattr(d, "add_bos_stored", None)
+        if declared is not None and bool(declared) != add:
+            checks.append(
+                Check(
+                    "bos_training",
+                    False,
+                    Severity.WARNS,
+                    f"the target {'adds' if add else 'does not add'} BOS but the draft's GGUF "
+                    f"declares add_bos_token={str(bool(declared)).lower()}: the draft sees prompts "
+                    "unlike those it was trained on",
+                    {
+                        "target_add_bos": add,
+                        "draft_add_bos_stored": declared,
+                        "target_add_bos_stored": getattr(t, "add_bos_stored", None),
+                    },
+                )
+            )
+    tpl_t, tpl_d = (
+        getattr(t, "chat_template_sha256", None),
+        getattr(d, "chat_template_sha256", None),
+    )
+    if tpl_t and tpl_d and tpl_t != tpl_d:
+        checks.append(
+            Check(
+                "chat_template",
+                False,
+                Severity.WARNS,
+                "chat templates differ: chat prompts look different to the draft",
+                {"target_sha256": tpl_t, "draft_sha256": tpl_d},
+            )
+        )
+    size_t = _get(t, "n_params_active", None) or _get(t, "n_params", None)
+    size_d = _get(d, "n_params_active", None) or _get(d, "n_params", None)
+    if size_t and size_d:
+        ratio = float(size_t) / float(size_d)
+        ok = ratio >= MIN_USEFUL_SIZE_RATIO
+        checks.append(
+            Check(
+                "size_ratio",
+                ok,
+                Severity.WARNS,
+                f"target active weights / draft weights = {ratio:.1f}"
+                + ("" if ok else f" (< {MIN_USEFUL_SIZE_RATIO:g}: little or no speedup possible)"),
+                {
+                    "target_params": int(size_t),
+                    "draft_params": int(size_d),
+                    "ratio": ratio,
+                    "min_useful_ratio": MIN_USEFUL_SIZE_RATIO,
+                },
+            )
+        )
+    return checks

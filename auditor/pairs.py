@@ -1,0 +1,221 @@
+"""One pair, or one target against every draft in the registry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import duckdb
+from specreg.auditor.checks import (
+    VocabOutcome,
+    advisory_checks,
+    binding_check,
+    capability_checks,
+    risk_checks,
+    vocab_checks,
+    vocab_signature,
+)
+from specreg.auditor.rules import PINNED_RULES, RuleSet
+from specreg.auditor.verdict import Check, ModelRef, PairVerdict, Severity, Verdict, verdict_of
+from specreg.registry.queries import ModelRecord, list_models, resolve_model
+from specreg.registry.vocab_store import Vocab, load_vocab
+
+
+class VocabCache:
+    """Vocabularies by sha, loaded once per audit."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self._con = con
+        self._vocabs: dict[str, Vocab | None] = {}
+
+    def get(self, sha: str | None) -> Vocab | None:
+        if not sha:
+            return None
+        if sha not in self._vocabs:
+            self._vocabs[sha] = load_vocab(self._con, sha)
+        return self._vocabs[sha]
+
+
+def ref(m: ModelRecord) -> ModelRef:
+    return ModelRef(m.model_id or "", m.display_name, m.path or "")
+
+
+def has_mtp(m: Any) -> bool:
+    return bool(getattr(m, "nextn_predict_layers", None)) or bool(
+        getattr(m, "has_mtp_tensors", False)
+    )
+
+
+def pair_checks(
+    t: Any,
+    d: Any,
+    rules: RuleSet,
+    vocab: VocabOutcome | None,
+) -> tuple[tuple[Check, ...], str | None]:
+    """All checks of (t, d) given the vocabulary outcome; also the --spec-type to use."""
+    checks: list[Check] = []
+    kind = getattr(d, "draft_kind", None)
+    if kind:
+        spec_type = f"draft-{kind}"
+        if kind not in rules.bound_draft_kinds:
+            checks.append(
+                Check(
+                    "draft_kind",
+                    False,
+                    Severity.BLOCKS,
+                    f"this build has no --spec-type {spec_type}",
+                    {"draft_kind": kind},
+                )
+            )
+        else:
+            checks.append(binding_check(t, d))
+    else:
+        spec_type = rules.draft_simple_type or "draft"
+        assert vocab is not None
+        checks.extend(vocab.checks)
+    checks.extend(capability_checks(t, d, rules))
+    checks.extend(risk_checks(t, d, None if kind else vocab, rules))
+    checks.extend(advisory_checks(t, d, None if kind else vocab))
+    return tuple(checks), spec_type
+
+
+def remedies_for(
+    t: ModelRecord,
+    verdict: Verdict,
+    checks: tuple[Check, ...],
+    rules: RuleSet,
+    alternatives: Iterable[ModelRecord] = (),
+) -> tuple[str, ...]:
+    """Only remedies that exist: other drafts in the registry, MTP heads, n-gram modes."""
+    if verdict is Verdict.COMPATIBLE:
+        return ()
+    failed = {c.name for c in checks if not c.passed}
+    out: list[str] = []
+    alts = [a for a in alternatives if a.model_id != t.model_id]
+    if alts:
+        names = ", ".join(a.display_name for a in alts[:3])
+        more = f" (and {len(alts) - 3} more)" if len(alts) > 3 else ""
+        out.append(f"a draft with this tokenizer fingerprint exists: {names}{more}")
+    if has_mtp(t) and rules.draft_mtp:
+        out.append("use the target's MTP heads: --spec-type draft-mtp, no draft file")
+    if "recurrent_target" in failed:
+        out.append(
+            "use a llama.cpp build whose server speculates with context checkpoints "
+            f"(the pinned build {PINNED_RULES.since_build} does)"
+        )
+    if verdict is Verdict.INCOMPATIBLE or verdict is Verdict.RISKY:
+        if rules.ngram_spec_types:
+            out.append("use an n-gram mode, no draft needed: --spec-type ngram-mod")
+        else:
+            out.append("use prompt lookup, no draft needed: llama-lookup")
+    return tuple(out)
+
+
+def judge(
+    t: ModelRecord,
+    d: ModelRecord,
+    rules: RuleSet,
+    vocabs: VocabCache,
+    outcome: VocabOutcome | None = None,
+    alternatives: Iterable[ModelRecord] = (),
+) -> PairVerdict:
+    if outcome is None and not getattr(d, "draft_kind", None):
+        outcome = vocab_checks(t, d, vocabs.get(t.vocab_sha), vocabs.get(d.vocab_sha), rules)
+    checks, spec_type = pair_checks(t, d, rules, outcome)
+    verdict = verdict_of(checks)
+    accepts = None if getattr(d, "draft_kind", None) else (outcome.accepts if outcome else None)
+    flags: tuple[str, ...] = ()
+    if verdict is not Verdict.INCOMPATIBLE:
+        if getattr(d, "draft_kind", None):
+            flags = (*rules.spec_type_flags(spec_type or ""), rules.draft_model_flag, d.path or "")
+        else:
+            flags = (*rules.draft_flags, d.path or "")
+    return PairVerdict(
+        target=ref(t),
+        draft=ref(d),
+        verdict=verdict,
+        llama_accepts=accepts,
+        checks=checks,
+        remedies=remedies_for(t, verdict, checks, rules, alternatives),
+        rules_label=rules.label,
+        llama_build=rules.since_build,
+        spec_type=spec_type if verdict is not Verdict.INCOMPATIBLE else None,
+        flags=flags,
+    )
+
+
+def _alternatives(
+    target: ModelRecord, models: list[ModelRecord], rules: RuleSet, vocabs: VocabCache
+) -> list[ModelRecord]:
+    """Smaller models the target's vocabulary check accepts, smallest first."""
+    out = []
+    size_t = target.n_params_active or target.n_params or 0
+    seen: dict[tuple[Any, ...], bool] = {}
+    for m in models:
+        if m.model_id == target.model_id or m.draft_kind or m.is_mmproj:
+            continue
+        if size_t and (m.n_params or 0) >= size_t:
+            continue
+        sig = vocab_signature(m)
+        if sig not in seen:
+            seen[sig] = vocab_checks(
+                target, m, vocabs.get(target.vocab_sha), vocabs.get(m.vocab_sha), rules
+            ).accepts
+        if seen[sig]:
+            out.append(m)
+    return out
+
+
+def check_pair(
+    con: duckdb.DuckDBPyConnection,
+    target: str | ModelRecord,
+    draft: str | ModelRecord,
+    rules: RuleSet | None = None,
+) -> PairVerdict:
+    """Will `draft` speculate for `target` with this llama.cpp, and if not, exactly why."""
+    rules = rules or PINNED_RULES
+    t = target if isinstance(target, ModelRecord) else resolve_model(con, target)
+    d = draft if isinstance(draft, ModelRecord) else resolve_model(con, draft)
+    vocabs = VocabCache(con)
+    pv = judge(t, d, rules, vocabs)
+    if pv.verdict is not Verdict.COMPATIBLE and pv.remedies:
+        alts = [
+            a for a in _alternatives(t, list_models(con), rules, vocabs) if a.model_id != d.model_id
+        ]
+        pv = judge(t, d, rules, vocabs, alternatives=alts)
+    return pv
+
+
+def compatible_drafts(
+    con: duckdb.DuckDBPyConnection,
+    target: str | ModelRecord,
+    rules: RuleSet | None = None,
+    include_rejected: bool = False,
+) -> list[PairVerdict]:
+    """Every other model as a draft for `target`, best first: verdict, then smallest draft."""
+    rules = rules or PINNED_RULES
+    t = target if isinstance(target, ModelRecord) else resolve_model(con, target)
+    vocabs = VocabCache(con)
+    models = list_models(con)
+    by_id = {m.model_id: m for m in models}
+    outcomes: dict[tuple[Any, ...], VocabOutcome] = {}
+    results = []
+    for d in models:
+        if d.model_id == t.model_id:
+            continue
+        outcome = None
+        if not d.draft_kind:
+            # Models with the same vocabulary signature get the same vocabulary outcome.
+            sig = vocab_signature(d)
+            if sig not in outcomes:
+                outcomes[sig] = vocab_checks(
+                    t, d, vocabs.get(t.vocab_sha), vocabs.get(d.vocab_sha), rules
+                )
+            outcome = outcomes[sig]
+        pv = judge(t, d, rules, vocabs, outcome)
+        if include_rejected or pv.compatible:
+            results.append(pv)
+    results.sort(
+        key=lambda pv: (pv.verdict.rank, by_id[pv.draft.model_id].n_params or 0, pv.draft.label)
+    )
+    return results
