@@ -152,7 +152,10 @@ def audit_all(
                     failed = ("token_text",)
             n_pairs = len(members[a]) * len(members[b]) - (len(members[a]) if a == b else 0)
             class_verdicts.append(ClassVerdict(a, b, not failed, failed, n_pairs))
-            if not failed:
+            if not failed and n_pairs:
+                if outcome is None and ta.vocab_sha == tb.vocab_sha:
+                    # One token list: equal texts and no extra ids, nothing to load.
+                    outcome = vocab_checks(ta, tb, None, None, rules)
                 outcomes[(a, b)] = outcome or vocab_checks(
                     ta, tb, vocabs.get(ta.vocab_sha), vocabs.get(tb.vocab_sha), rules
                 )
@@ -165,6 +168,8 @@ def audit_all(
         if not cv.accepts:
             counts[Verdict.INCOMPATIBLE.value] += cv.n_pairs
             refusals[cv.failed[0]] += cv.n_pairs
+            continue
+        if not cv.n_pairs:
             continue
         outcome = outcomes[(cv.target_class, cv.draft_class)]
         for t in members[cv.target_class]:
@@ -207,10 +212,10 @@ def audit_all(
                     tuple(c.name for c in pv.failed),
                 )
             )
-    for t in bound:
-        for d in plain:
-            counts[Verdict.INCOMPATIBLE.value] += 1
-            refusals["target_is_language_model"] += 1
+    # A draft head as the target is never servable.
+    if bound and plain:
+        counts[Verdict.INCOMPATIBLE.value] += len(bound) * len(plain)
+        refusals["target_is_language_model"] += len(bound) * len(plain)
 
     return AuditResult(
         rules_label=rules.label,

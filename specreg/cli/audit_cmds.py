@@ -1,0 +1,202 @@
+"""`specreg compat`, `drafts`, `audit`, `graph export`: what goes with what."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from specreg import auditor
+from specreg.auditor.graph import dumps_json, to_graphml
+from specreg.auditor.verdict import PairVerdict, Severity, Verdict
+from specreg.cli.common import console, db_option, emit_json, json_option, resolve_db
+from specreg.errors import EXIT_FINDINGS
+from specreg.registry.db import opened
+
+
+def build_option(func):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--llama-build",
+        type=int,
+        default=None,
+        help="Apply the rules of this llama.cpp build number (default: the pinned build).",
+    )(func)
+
+
+def _exit_findings() -> None:
+    # SystemExit rather than click's Exit: `main()` runs click with standalone_mode=False, where
+    # click returns an Exit's code instead of raising it.
+    sys.exit(EXIT_FINDINGS)
+
+
+def _mark(passed: bool, severity: Severity) -> str:
+    if passed:
+        return "ok"
+    return {Severity.BLOCKS: "FAIL", Severity.RISK: "RISK", Severity.WARNS: "warn"}.get(
+        severity, "info"
+    )
+
+
+def _print_verdict(pv: PairVerdict) -> None:
+    out = console()
+    out.print(f"{pv.verdict.text}: {pv.draft.label} as draft for {pv.target.label}")
+    out.print(f"rules: llama.cpp {pv.rules_label}")
+    table = Table(show_header=True, header_style="bold")
+    for col in ("check", "result", "evidence"):
+        table.add_column(col)
+    for c in pv.checks:
+        table.add_row(c.name, _mark(c.passed, c.severity), c.message)
+    out.print(table)
+    for remedy in pv.remedies:
+        out.print(f"remedy: {remedy}")
+    if pv.flags:
+        out.print("flags: " + " ".join(pv.flags))
+
+
+@click.command()
+@click.argument("target")
+@click.argument("draft")
+@build_option
+@db_option
+@json_option
+def compat(
+    target: str, draft: str, llama_build: int | None, db_path: Path | None, as_json: bool
+) -> None:
+    """Will DRAFT speculate for TARGET with llama.cpp, and if not, exactly why.
+
+    Models by path, name or id. Exit 0 if compatible (warnings allowed), 1 if llama.cpp refuses
+    the pair or it is risky at run time.
+    """
+    with opened(resolve_db(db_path), read_only=True) as con:
+        pv = auditor.check_pair(con, target, draft, auditor.rules_for_build(llama_build))
+    if as_json:
+        emit_json("compat", pv.as_dict())
+    else:
+        _print_verdict(pv)
+    if not pv.compatible:
+        _exit_findings()
+
+
+@click.command()
+@click.argument("target")
+@click.option("--rejected", is_flag=True, help="Also list the refused drafts and why.")
+@build_option
+@db_option
+@json_option
+def drafts(
+    target: str, rejected: bool, llama_build: int | None, db_path: Path | None, as_json: bool
+) -> None:
+    """Drafts in the registry for TARGET, best first (verdict, then size)."""
+    with opened(resolve_db(db_path), read_only=True) as con:
+        found = auditor.compatible_drafts(
+            con, target, auditor.rules_for_build(llama_build), include_rejected=rejected
+        )
+    if as_json:
+        emit_json("drafts", {"target": target, "drafts": [pv.as_dict() for pv in found]})
+        return
+    if not found:
+        console().print("no compatible draft in the registry (--rejected shows why)")
+        return
+    table = Table(show_header=True, header_style="bold")
+    for col in ("draft", "verdict", "why / warnings", "path"):
+        table.add_column(col)
+    for pv in found:
+        why = "; ".join(pv.reasons if pv.verdict is not Verdict.WARNINGS else pv.warnings)
+        table.add_row(pv.draft.label, pv.verdict.text, why, pv.draft.path)
+    console().print(table)
+
+
+@click.command()
+@click.option(
+    "--fail-on-findings",
+    is_flag=True,
+    help="Exit 1 if a pair passes llama.cpp's check but is risky at run time.",
+)
+@build_option
+@db_option
+@json_option
+def audit(
+    fail_on_findings: bool, llama_build: int | None, db_path: Path | None, as_json: bool
+) -> None:
+    """Audit every ordered pair of the registry and save the verdicts (the graph's edges)."""
+    with opened(resolve_db(db_path)) as con:
+        result, audit_id = auditor.audit_and_save(con, auditor.rules_for_build(llama_build))
+    findings = result.findings
+    if as_json:
+        emit_json(
+            "audit",
+            {
+                "audit_id": audit_id,
+                "rules": result.rules_label,
+                "llama_build": result.llama_build,
+                "n_models": result.n_models,
+                "n_pairs": result.n_pairs,
+                "counts": result.counts,
+                "refusals": result.refusals,
+                "seconds": result.seconds,
+                "pairs": [
+                    {
+                        "target": p.target_id,
+                        "draft": p.draft_id,
+                        "verdict": p.verdict.value,
+                        "compatible": p.verdict in (Verdict.COMPATIBLE, Verdict.WARNINGS),
+                        "findings": list(p.findings),
+                    }
+                    for p in result.pairs
+                ],
+            },
+        )
+    else:
+        out = console()
+        out.print(
+            f"audit {audit_id}: {result.n_models} models, {result.n_pairs} ordered pairs in "
+            f"{result.seconds:.2f} s (llama.cpp {result.rules_label})"
+        )
+        for verdict in Verdict:
+            out.print(f"  {verdict.text}: {result.counts.get(verdict.value, 0)}")
+        for name, n in sorted(result.refusals.items(), key=lambda kv: -kv[1]):
+            out.print(f"  refused by {name}: {n}")
+        if findings:
+            out.print(
+                f"{len(findings)} pairs pass llama.cpp's check but are risky; "
+                "see `specreg compat TARGET DRAFT`"
+            )
+    if fail_on_findings and findings:
+        _exit_findings()
+
+
+@click.group()
+def graph() -> None:
+    """The compatibility graph of the registry."""
+
+
+@graph.command("export")
+@click.option(
+    "--format", "fmt", type=click.Choice(["graphml", "json"]), default="json", show_default=True
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write to this file instead of stdout.",
+)
+@db_option
+def graph_export(fmt: str, output: Path | None, db_path: Path | None) -> None:
+    """Export the graph of the latest saved audit (auditing now if there is none)."""
+    with opened(resolve_db(db_path)) as con:
+        g = auditor.stored_graph(con)
+        if g is None:
+            auditor.audit_and_save(con)
+            g = auditor.stored_graph(con)
+    assert g is not None
+    text = to_graphml(g) if fmt == "graphml" else dumps_json(g)
+    if output:
+        output.write_text(text + "\n")
+    else:
+        sys.stdout.write(text + "\n")
+
+
+COMMANDS = [compat, drafts, audit, graph]
