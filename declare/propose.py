@@ -192,12 +192,13 @@ def apply_proposal(proposal_path: Path, spec_path: Path | None = None) -> Applie
                 entry = CommentedMap()
                 entry["aliases"] = CommentedSeq(am.get("aliases") or [])
                 models[am["id"]] = entry
-        now = ch.get("now") or {}
-        for k in CONFIG_FIELDS:
-            if k in now:
-                _set(node, k, now[k])
-            elif k in node and k != "evidence":
-                del node[k]  # the measured config does not have it (e.g. all experts)
+        now = dict(ch.get("now") or {})
+        if "evidence" not in now and "evidence" in node:
+            now["evidence"] = _plain(node["evidence"])
+        # keys the measured config does not have (e.g. all experts) go; others keep their place
+        new_cfg = {k: now[k] for k in CONFIG_FIELDS if k in now}
+        new_cfg.update({k: _plain(node[k]) for k in node if k not in CONFIG_FIELDS})  # note
+        _update_map(node, new_cfg)
         keys.append(key)
     validate(doc, target)  # never write a file that would not load
     write_yaml(target, doc)
@@ -207,14 +208,35 @@ def apply_proposal(proposal_path: Path, spec_path: Path | None = None) -> Applie
     )
 
 
+def _update_map(cur: CommentedMap, value: dict[str, Any]) -> None:
+    """Make `cur` hold `value` in `value`'s order, editing in place so comments stay.
+
+    ruamel keeps a comment that follows a mapping (e.g. the next section's heading) on the
+    mapping's last key; it is moved to whichever key ends up last.
+    """
+    keys = list(cur)
+    trailing = cur.ca.items.pop(keys[-1], None) if keys else None
+    for k in keys:
+        if k not in value:
+            del cur[k]
+    prev = -1
+    for k, v in value.items():
+        if k in cur:
+            if isinstance(v, dict) and isinstance(cur[k], CommentedMap):
+                _update_map(cur[k], v)
+            else:
+                cur[k] = v
+            prev = list(cur).index(k)
+        else:
+            prev += 1
+            cur.insert(prev, k, v)
+    if trailing is not None and len(cur):
+        cur.ca.items[list(cur)[-1]] = trailing
+
+
 def _set(node: CommentedMap, key: str, value: Any) -> None:
     """Assign in place; a mapping is updated key by key so comments inside it stay."""
     if isinstance(value, dict) and isinstance(node.get(key), CommentedMap):
-        cur = node[key]
-        for k in list(cur):
-            if k not in value:
-                del cur[k]
-        for k, v in value.items():
-            cur[k] = v
+        _update_map(node[key], value)
     else:
         node[key] = value
