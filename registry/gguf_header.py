@@ -415,8 +415,10 @@ def _string_offsets_vectorised(buf: bytes, start: int, count: int) -> np.ndarray
             return None
         arr = np.frombuffer(buf, dtype=np.uint8, count=window, offset=start)
         z = arr == 0
-        run6 = z[:-6] & z[1:-5] & z[2:-4] & z[3:-3] & z[4:-2] & z[5:-1]
-        ends = np.flatnonzero(run6 & ~z[6:]) + 6  # index just past six zeros, at non-zero
+        z2 = z[:-1] & z[1:]  # zeros at i, i+1
+        z4 = z2[:-2] & z2[2:]  # zeros at i..i+3
+        z6 = z4[: window - 6] & z2[4 : window - 2]  # zeros at i..i+5
+        ends = np.flatnonzero(z6 & ~z[6:]) + 6  # index just past six zeros, at non-zero
         if len(ends) >= count:
             break
         if start + window >= blen:
