@@ -224,6 +224,11 @@ def _launch(
         origins["-t"] = str(spec.llama.field_where("threads"))
     else:
         origins["-t"] = f"not declared: physical cores of this host ({host.threads})"
+    if len(types) > 1 and dialect == DIALECT_LEGACY:
+        raise _Skip(
+            f"{', '.join(types)}: this llama.cpp's server predates --spec-type and runs only a "
+            "draft model; use llama.cpp from 2026 or later, or pin one draft config"
+        )
     try:
         config = Config(
             spec_type=types[0] if types else "none",
