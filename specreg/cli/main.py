@@ -50,7 +50,10 @@ _register()
 
 def main() -> None:
     try:
-        cli.main(standalone_mode=False)
+        # Without standalone mode click returns a command's `Exit(code)` instead of exiting.
+        code = cli.main(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except SpecregError as err:
         if os.environ.get("SPECREG_DEBUG"):
             raise

@@ -85,7 +85,8 @@ def _scan_with_progress(con, paths, all_files) -> ScanResult:  # type: ignore[no
     try:
         return scan_paths(con, paths, all_files=all_files, progress=on_progress)
     finally:
-        progress.stop()
+        if task is not None:
+            progress.stop()
 
 
 def _print_scan(r: ScanResult, verbose: bool) -> None:

@@ -1,0 +1,89 @@
+"""The scan commands as a user meets them: exit codes, exact error lines, versioned JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def specreg(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "specreg", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+def test_scan_json_is_versioned_and_exit_0_when_clean(gguf_factory) -> None:
+    path = gguf_factory("a.gguf")
+    r = specreg("scan", str(path.parent), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["version"] == "1" and doc["kind"] == "scan"
+    assert doc["n_models"] == 1 and doc["new"] == [str(path)]
+
+
+def test_scan_with_a_bad_file_exits_1_and_names_it(gguf_factory) -> None:
+    good = gguf_factory("good.gguf")
+    (good.parent / "bad.gguf").write_bytes(b"GGUF" + (7).to_bytes(4, "little") + b"\0" * 40)
+    r = specreg("scan", str(good.parent))
+    assert r.returncode == 1
+    assert f"format: {good.parent / 'bad.gguf'}: unknown GGUF version 7 (supported: 2, 3)" in (
+        r.stdout
+    )
+    assert "1 problem(s); the rest of the scan was recorded:" in r.stdout
+
+
+def test_scan_of_a_missing_folder_is_a_usage_error(tmp_path: Path) -> None:
+    r = specreg("scan", str(tmp_path / "nope"))
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        f"error: {tmp_path / 'nope'} does not exist: give a folder or .gguf file to scan"
+    )
+
+
+def test_show_unknown_model_is_a_usage_error_with_a_next_step(gguf_factory) -> None:
+    specreg("scan", str(gguf_factory("a.gguf").parent))
+    r = specreg("show", "no-such-model")
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        "error: no model matches 'no-such-model': give a path, an id from `specreg models`,"
+        " or a name"
+    )
+
+
+def test_models_filters_and_show_by_name(tmp_path: Path, sparse_tree: Path) -> None:
+    db = tmp_path / "r.duckdb"
+    assert specreg("scan", str(sparse_tree), "--db", str(db)).returncode == 0
+    r = specreg("models", "--db", str(db), "--max-params", "2B", "--json")
+    names = {m["name"] for m in json.loads(r.stdout)["models"]}
+    assert "Qwen2.5 Coder 0.5B Instruct" in names
+    assert "Qwen2.5 Coder 32B Instruct" not in names
+    r = specreg("models", "--db", str(db), "--arch", "qwen3moe")
+    assert "Qwen3 Coder 480B A35B Instruct" in r.stdout and "Gemma" not in r.stdout
+    r = specreg("show", "Qwen3 Coder 480B A35B Instruct", "--db", str(db), "--json")
+    doc = json.loads(r.stdout)
+    assert doc["model"]["expert_used_key"] == "qwen3moe.expert_used_count"
+    assert len(doc["files"]) == 8
+    assert any(kv["key"] == "qwen3moe.expert_count" and kv["value"] == 160 for kv in doc["kv"])
+
+
+def test_bad_parameter_count_is_a_usage_error(gguf_factory) -> None:
+    specreg("scan", str(gguf_factory("a.gguf").parent))
+    r = specreg("models", "--max-params", "lots")
+    assert r.returncode == 2
+    assert "'LOTS' is not a parameter count like 500M or 32B" in r.stderr
+
+
+@pytest.mark.parametrize("name", ["<script>alert(1)</script>", "[bold red]x[/]"])
+def test_hostile_names_print_as_text(gguf_factory, name: str) -> None:
+    specreg("scan", str(gguf_factory("a.gguf", general_name=name).parent))
+    r = specreg("models")
+    assert name in r.stdout
