@@ -22,7 +22,7 @@ VERDICT_CODES: dict[str, int] = {
     "incompatible": 4,
 }
 VERDICT_LABELS: dict[int, str] = {
-    0: "not audited",
+    0: "no verdict (same model)",
     1: "compatible",
     2: "compatible with warnings",
     3: "passes llama.cpp's check, risky at run time",
@@ -54,7 +54,7 @@ class TokFamily:
     def label(self) -> str:
         kind = "/".join(x for x in (self.tok_model, self.tok_pre) if x) or "no tokenizer"
         size = f"{self.n_tokens:,} tokens" if self.n_tokens else "? tokens"
-        return f"T{self.index} {kind} · {size}"
+        return f"{kind} · {size}"
 
 
 @dataclass(frozen=True)
@@ -105,20 +105,11 @@ class ProblemView:
 
 
 @dataclass(frozen=True)
-class CheckView:
-    name: str
-    passed: bool
-    severity: str
-    message: str
-
-
-@dataclass(frozen=True)
 class PairView:
     target_id: str
     draft_id: str
     code: int  # VERDICT_CODES
     reason: str  # the first failing check that decides the verdict, with its numbers
-    checks: tuple[CheckView, ...]
     remedies: tuple[str, ...]
     spec_type: str | None
 
@@ -219,6 +210,7 @@ class TargetView:
     runs: tuple[RunView, ...]
     roofline: Roofline | None
     plot_svg: str  # speed and acceptance against K per task, or "" when nothing was measured
+    chat_template: str | None
 
 
 @dataclass(frozen=True)
@@ -233,6 +225,7 @@ class SiteData:
     pairs: tuple[PairView, ...]
     matrix: Matrix | None
     graph_svg: str
+    graph_edges: int
     targets: tuple[TargetView, ...]
     runs: tuple[RunView, ...]
 

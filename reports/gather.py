@@ -7,6 +7,7 @@ nothing to say yet (no runs recorded, no audit possible) yields an empty section
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections import defaultdict
@@ -19,7 +20,6 @@ import duckdb
 from specreg.registry.queries import ModelRecord, file_errors, list_models
 from specreg.reports.data import (
     VERDICT_CODES,
-    CheckView,
     Matrix,
     ModelView,
     PairView,
@@ -105,6 +105,20 @@ def scan_history(con: duckdb.DuckDBPyConnection, limit: int = 20) -> tuple[ScanV
     )
 
 
+def chat_templates(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """Each model's chat template text (shown on its page; hostile like every GGUF string)."""
+    # One query for all models: queries.model_kv per model costs ~2 ms each at 200 models.
+    rows = con.execute(
+        "SELECT model_id, value FROM model_kv WHERE key = 'tokenizer.chat_template'"
+    ).fetchall()
+    out = {}
+    for model_id, value in rows:
+        text = json.loads(value) if value is not None else None
+        if isinstance(text, str):
+            out[model_id] = text
+    return out
+
+
 def _utc(epoch: float | None) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc)
 
@@ -112,67 +126,163 @@ def _utc(epoch: float | None) -> datetime | None:
 # --- auditor --------------------------------------------------------------------------------
 
 
-def gather_audit(con: duckdb.DuckDBPyConnection) -> tuple[tuple[PairView, ...], Any, PartStatus]:
-    """All audited pairs and the auditor's compatibility graph (None when unavailable)."""
+@dataclass(frozen=True)
+class AuditPart:
+    pairs: tuple[PairView, ...]  # pairs whose vocabularies agree (the rest is refused)
+    matrix: Matrix | None
+    graph: Any  # networkx.Graph of compatible pairs, or None
+    status: PartStatus
+
+
+def gather_audit(con: duckdb.DuckDBPyConnection, models: Sequence[ModelView]) -> AuditPart:
+    """Audit every ordered pair once; explain each verdict with its first failing check."""
     try:
-        from specreg.auditor import audit_all, build_graph
+        from specreg.auditor import audit_all
+        from specreg.auditor.graph import graph_from_audit
     except ImportError as err:
         log.info("auditor unavailable: %s", err)
-        return (), None, PartStatus("auditor", False, "the auditor is not available")
-    result = audit_all(con)
-    pairs = tuple(pair_view(p) for p in getattr(result, "pairs", result))
-    graph = build_graph(con)
-    note = "" if pairs else "fewer than two models with a tokenizer: no pairs to audit"
-    return pairs, graph, PartStatus("auditor", True, note)
+        return AuditPart((), None, None, PartStatus("auditor", False, "the auditor is missing"))
+    records = [m.record for m in models]
+    result = audit_all(con, None, records)
+    # The graph from this audit: build_graph(con) would audit the registry a second time.
+    graph = graph_from_audit(records, result)
+    explain = Explainer(con, records, result)
+    pairs = tuple(explain.pair(p) for p in result.pairs)
+    matrix = build_matrix(models, pairs, explain)
+    note = "" if len(models) > 1 else "fewer than two models: no pairs to audit"
+    status = PartStatus("auditor", True, note or f"rules of {result.rules_label}")
+    return AuditPart(pairs, matrix, graph, status)
+
+
+class Explainer:
+    """Turns the auditor's compact verdicts into reasons with their numbers.
+
+    `audit_all` settles most pairs per vocabulary class and keeps only check names; the
+    messages (with both sides' values) come from the auditor's own `judge`, run once per
+    refused class pair and once per accepted pair that is not plainly compatible.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, models: Sequence[ModelRecord],
+                 result: Any) -> None:  # fmt: skip
+        from specreg.auditor.pairs import VocabCache
+        from specreg.auditor.rules import rules_for_build
+
+        self.by_id = {m.model_id: m for m in models}
+        self.rules = rules_for_build(result.llama_build)
+        self.vocabs = VocabCache(con)
+        self.class_of = {mid: cid for cid, mids in result.classes for mid in mids}
+        self.reps = {cid: self.by_id[mids[0]] for cid, mids in result.classes if mids}
+        self.refused = {
+            (cv.target_class, cv.draft_class): cv for cv in result.class_verdicts if not cv.accepts
+        }
+        self._class_reason: dict[tuple[int, int], str] = {}
+        self._outcomes: dict[tuple[int, int], Any] = {}
+
+    def class_key(self, model_id: str) -> str:
+        """Cells of two models with the same key get the same class-level refusal."""
+        cid = self.class_of.get(model_id)
+        return f"c{cid}" if cid is not None else f"m{model_id}"
+
+    def refusal(self, target_id: str, draft_id: str) -> str | None:
+        """The reason a class-level refusal covers this pair, or None if it does not."""
+        key = (self.class_of.get(target_id, -1), self.class_of.get(draft_id, -1))
+        cv = self.refused.get(key)
+        if cv is None:
+            return None
+        if key not in self._class_reason:
+            from specreg.auditor.pairs import judge
+
+            pv = judge(self.reps[key[0]], self.reps[key[1]], self.rules, self.vocabs)
+            first = next((c for c in pv.failed if c.name == cv.failed[0]), None)
+            self._class_reason[key] = (first.message if first else "") or cv.failed[0]
+        return self._class_reason[key]
+
+    def pair(self, p: Any) -> PairView:
+        verdict = str(getattr(p.verdict, "value", p.verdict))
+        code = VERDICT_CODES.get(verdict, 0)
+        if code == 1:
+            return PairView(p.target_id, p.draft_id, code, "", (), None)
+        from specreg.auditor.checks import vocab_checks
+        from specreg.auditor.pairs import judge
+
+        t, d = self.by_id[p.target_id], self.by_id[p.draft_id]
+        outcome = None
+        if not d.draft_kind:
+            key = (self.class_of[t.model_id], self.class_of[d.model_id])
+            if key not in self._outcomes:
+                vt, vd = self.reps[key[0]], self.reps[key[1]]
+                self._outcomes[key] = vocab_checks(
+                    vt, vd, self.vocabs.get(vt.vocab_sha), self.vocabs.get(vd.vocab_sha),
+                    self.rules,
+                )  # fmt: skip
+            outcome = self._outcomes[key]
+        pv = judge(t, d, self.rules, self.vocabs, outcome)
+        return pair_view(pv)
 
 
 def pair_view(p: Any) -> PairView:
+    """A PairView of the auditor's full PairVerdict."""
     verdict = getattr(p.verdict, "value", p.verdict)
-    code = VERDICT_CODES.get(str(verdict), 0)
-    checks = tuple(
-        CheckView(c.name, bool(c.passed), str(getattr(c.severity, "value", c.severity)), c.message)
-        for c in p.checks
-    )
     reasons = tuple(p.reasons) or tuple(p.warnings)
     return PairView(
         target_id=p.target.model_id,
         draft_id=p.draft.model_id,
-        code=code,
+        code=VERDICT_CODES.get(str(verdict), 0),
         reason=reasons[0] if reasons else "",
-        checks=checks,
         remedies=tuple(p.remedies),
         spec_type=p.spec_type,
     )
 
 
-def build_matrix(models: Sequence[ModelView], pairs: Iterable[PairView]) -> Matrix | None:
-    """Targets (largest first) by drafts (smallest first), over the pairs the auditor judged."""
-    by_pair: dict[tuple[str, str], PairView] = {}
-    for p in pairs:
-        by_pair[(p.target_id, p.draft_id)] = p
-    if not by_pair:
+def build_matrix(
+    models: Sequence[ModelView], pairs: Iterable[PairView], explain: Explainer
+) -> Matrix | None:
+    """Targets (largest first) by drafts (smallest first): every present model on both axes,
+    except that draft heads (EAGLE-3, DFlash) are never targets."""
+    if len(models) < 2:
         return None
-    size = {m.model_id: m.n_params for m in models}
-    name = {m.model_id: m.name for m in models}
-    t_ids = {t for t, _ in by_pair}
-    d_ids = {d for _, d in by_pair}
-    targets = sorted(t_ids, key=lambda i: (-size.get(i, 0), name.get(i, ""), i))
-    drafts = sorted(d_ids, key=lambda i: (size.get(i, 0), name.get(i, ""), i))
+    by_pair = {(p.target_id, p.draft_id): p for p in pairs}
+    targets = sorted(
+        (m for m in models if not m.record.draft_kind),
+        key=lambda m: (-m.n_params, m.name, m.model_id),
+    )
+    drafts = sorted(models, key=lambda m: (m.n_params, m.name, m.model_id))
     reasons: dict[str, int] = {}
+
+    def reason_index(reason: str) -> int:
+        return reasons.setdefault(reason, len(reasons)) if reason else -1
+
+    # Most cells are settled by a refused vocabulary class pair: one reason per class pair.
+    by_class: dict[tuple[str, str], tuple[str, int]] = {}
     codes, index = [], []
+    draft_keys = [(d.model_id, explain.class_key(d.model_id)) for d in drafts]
     for t in targets:
+        tid, tkey = t.model_id, explain.class_key(t.model_id)
         row_codes, row_index = [], []
-        for d in drafts:
-            p = by_pair.get((t, d))
-            if p is None:
-                row_codes.append("0")
-                row_index.append(-1)
-                continue
-            row_codes.append(str(p.code))
-            row_index.append(reasons.setdefault(p.reason, len(reasons)) if p.reason else -1)
+        for did, dkey in draft_keys:
+            p = by_pair.get((tid, did))
+            if p is not None:
+                cell = (str(p.code), reason_index(p.reason))
+            elif tid == did:
+                cell = ("0", -1)
+            else:
+                key = (tkey, dkey)
+                cell = by_class.get(key)  # type: ignore[assignment]
+                if cell is None:
+                    refused = explain.refusal(tid, did)
+                    cell = ("4", reason_index(refused)) if refused is not None else ("0", -1)
+                    by_class[key] = cell
+            row_codes.append(cell[0])
+            row_index.append(cell[1])
         codes.append("".join(row_codes))
         index.append(tuple(row_index))
-    return Matrix(tuple(targets), tuple(drafts), tuple(codes), tuple(reasons), tuple(index))
+    return Matrix(
+        tuple(m.model_id for m in targets),
+        tuple(m.model_id for m in drafts),
+        tuple(codes),
+        tuple(reasons),
+        tuple(index),
+    )
 
 
 # --- runner (recorded runs) -----------------------------------------------------------------

@@ -7,6 +7,7 @@ unchanged registry draws nothing. No pyplot, so the caller's matplotlib state is
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -26,6 +27,7 @@ FAMILY_COLOURS = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
     "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f",
 )  # fmt: skip
+_LABEL_WIDTH = 2.8  # layout units a family label needs at the graph's font size
 _XML_DECL = re.compile(r"^<\?xml[^>]*>\s*(<!DOCTYPE[^>]*>\s*)?", re.S)
 
 
@@ -67,6 +69,7 @@ class PlotCache:
         return svg
 
 
+@functools.lru_cache(maxsize=1)
 def _mpl_version() -> str:
     from importlib.metadata import version
 
@@ -81,7 +84,8 @@ def _svg(fig: Any, salt: str) -> str:
     # fonttype none: text stays <text> (small, selectable, escaped by matplotlib's writer);
     # hashsalt: ids of clip paths differ between figures inlined into the same page.
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
-        fig.savefig(buf, format="svg", metadata={"Date": None}, bbox_inches="tight")
+        # No bbox_inches="tight": it draws the figure twice; layouts set their margins.
+        fig.savefig(buf, format="svg", metadata={"Date": None})
     return _XML_DECL.sub("", buf.getvalue()).strip()
 
 
@@ -118,14 +122,18 @@ def cluster_layout(
         x = 0.0
         for f in row:
             r = radius[f]
-            cx, cy = x + r, y - row_r
-            sub = nx.circular_layout(members[f], scale=r * 0.8, center=(cx, cy))
+            slot = max(2 * r, _LABEL_WIDTH)  # room for the family's label above it
+            cx, cy = x + slot / 2, y - row_r
             if len(members[f]) == 1:
-                sub = {members[f][0]: (cx, cy)}
-            pos.update({n: (float(p[0]), float(p[1])) for n, p in sub.items()})
+                pos[members[f][0]] = (cx, cy)
+            else:
+                sub = nx.circular_layout(members[f], scale=r * 0.8)
+                # a quarter turn: two-model families stand upright instead of lining up
+                # with their neighbours' nodes and edges
+                pos.update({n: (cx - float(p[1]), cy + float(p[0])) for n, p in sub.items()})
             centres[f] = (cx, cy, r)
-            x += 2 * r + 0.4
-        y -= 2 * row_r + 0.9
+            x += slot + 0.6
+        y -= 2 * row_r + 1.2
     return pos, centres
 
 
@@ -151,7 +159,14 @@ def graph_svg(
     }
 
     def draw(salt: str) -> str:
-        from matplotlib.collections import LineCollection
+        from matplotlib.patches import PathPatch
+        from matplotlib.path import Path as MplPath
+
+        def segments(pairs: list[tuple[str, str]]) -> MplPath:
+            # One compound path per edge style: thousands of edges become one SVG element.
+            verts = [p for a, b in pairs for p in (pos[a], pos[b])]
+            codes = [c for _ in pairs for c in (MplPath.MOVETO, MplPath.LINETO)]
+            return MplPath(verts or [(0, 0)], codes or [MplPath.MOVETO])
 
         pos, centres = cluster_layout(nodes, family_of)
         xs = [p[0] for p in pos.values()]
@@ -163,17 +178,26 @@ def graph_svg(
         ax = fig.add_axes((0, 0, 1, 1))
         ax.set_axis_off()
         ax.set_aspect("equal")
-        warn = [(pos[a], pos[b]) for a, b, v in edges if "warn" in v]
-        good = [(pos[a], pos[b]) for a, b, v in edges if "warn" not in v]
-        ax.add_collection(LineCollection(good, colors="#2e7d32", linewidths=0.6, alpha=0.45))
-        ax.add_collection(
-            LineCollection(warn, colors="#f9a825", linewidths=0.6, alpha=0.6, linestyles="dashed")
+        warn = [(a, b) for a, b, v in edges if "warn" in v]
+        good = [(a, b) for a, b, v in edges if "warn" not in v]
+        ax.add_patch(
+            PathPatch(segments(good), fill=False, edgecolor="#2e7d32", linewidth=0.6, alpha=0.45)
+        )
+        ax.add_patch(
+            PathPatch(
+                segments(warn),
+                fill=False,
+                edgecolor="#f9a825",
+                linewidth=0.6,
+                alpha=0.7,
+                linestyle="--",
+            )
         )
         for fam, (cx, cy, r) in centres.items():
             ax.text(
                 cx,
                 cy + r + 0.15,
-                plain(family_labels.get(fam, f"T{fam}")),
+                plain(f"T{fam} {family_labels.get(fam, '')}"),
                 ha="center",
                 va="bottom",
                 fontsize=8,
@@ -202,7 +226,7 @@ def graph_svg(
                     zorder=4,
                 )
         ax.set_xlim(min(xs) - 1.5, max(xs) + 1.5)
-        ax.set_ylim(min(ys) - 1.2, max(ys) + 1.8)
+        ax.set_ylim(min(ys) - 1.0, max(ys) + 1.1)
         return _svg(fig, salt)
 
     return cache.get_or_draw("graph", spec, draw)
@@ -237,6 +261,7 @@ def sweep_svg(
     def draw(salt: str) -> str:
         fig = _figure(9.5, 3.4)
         ax_s, ax_a = fig.subplots(1, 2)
+        fig.subplots_adjust(left=0.07, right=0.99, bottom=0.15, top=0.9, wspace=0.22)
         series: dict[str, list[SweepPoint]] = defaultdict(list)
         for p in points:
             series[p.series].append(p)
@@ -286,7 +311,7 @@ def sweep_svg(
         for ax in (ax_s, ax_a):
             ax.grid(alpha=0.3)
             ax.spines[["top", "right"]].set_visible(False)
-        ax_s.legend(fontsize=7, frameon=False)
+        ax_s.legend(fontsize=7, frameon=False, loc="upper left")  # "best" costs a search
         return _svg(fig, salt)
 
     return cache.get_or_draw("sweep", spec, draw)

@@ -20,7 +20,7 @@ from typing import Any
 
 import duckdb
 import networkx as nx
-from jinja2 import Environment, PackageLoader, StrictUndefined
+from jinja2 import Environment, FileSystemBytecodeCache, PackageLoader, StrictUndefined
 from markupsafe import Markup
 from specreg.registry.queries import human_bytes, human_count
 from specreg.reports import gather, plots
@@ -49,26 +49,27 @@ def build_site(
     con: duckdb.DuckDBPyConnection,
     out_dir: Path,
     *,
-    plot_cache: Path | None = None,
+    cache: Path | None = None,
     db_label: str = "",
 ) -> SiteResult:
     """Write the report for the registry behind `con` into `out_dir`.
 
-    `plot_cache` keeps drawn figures between reports (None: draw every figure).
+    `cache` is a folder that keeps drawn figures and compiled templates between reports
+    (None: draw and compile everything).
     """
     t0 = time.perf_counter()
-    cache = plots.PlotCache(plot_cache)
-    site = gather_site(con, cache, db_label=db_label)
+    figures = plots.PlotCache(cache / "figures" if cache else None)
+    site = gather_site(con, figures, db_label=db_label)
     t_gather = time.perf_counter() - t0
-    pages = render_site(site, Path(out_dir))
+    pages = render_site(site, Path(out_dir), template_cache=cache)
     return SiteResult(
         out_dir=Path(out_dir),
         pages=tuple(pages),
         n_models=len(site.models),
         n_pairs=len(site.pairs),
         n_runs=len(site.runs),
-        n_plots=cache.drawn + cache.hits,
-        n_plots_cached=cache.hits,
+        n_plots=figures.drawn + figures.hits,
+        n_plots_cached=figures.hits,
         seconds=time.perf_counter() - t0,
         seconds_gather=t_gather,
         parts=site.parts,
@@ -79,19 +80,19 @@ def gather_site(
     con: duckdb.DuckDBPyConnection, cache: plots.PlotCache, *, db_label: str = ""
 ) -> SiteData:
     reg = gather.gather_registry(con)
-    pairs, graph, audit_status = gather.gather_audit(con)
+    audit = gather.gather_audit(con, reg.models)
+    pairs, graph, audit_status, matrix = audit.pairs, audit.graph, audit.status, audit.matrix
     runs, runs_status = gather.gather_runs(con)
     models = {m.model_id: m for m in reg.models}
-    # Pairs of models the registry no longer lists (gone since the audit) are left out.
-    pairs = tuple(p for p in pairs if p.target_id in models and p.draft_id in models)
-    matrix = gather.build_matrix(reg.models, pairs)
 
     family_of = {m.model_id: m.family for m in reg.models}
-    graph_svg = ""
+    graph_svg, graph_edges = "", 0
     if graph is not None and graph.number_of_nodes():
         keep = [n for n in graph.nodes if str(n) in models]
+        shown = nx.Graph(graph.subgraph(keep))
+        graph_edges = shown.number_of_edges()
         graph_svg = plots.graph_svg(
-            nx.Graph(graph.subgraph(keep)),
+            shown,
             family_of,
             {f.index: f.label for f in reg.families},
             {m.model_id: m.name for m in reg.models},
@@ -105,6 +106,7 @@ def gather_site(
     for r in runs:
         runs_by_target[r.target_id].append(r)
 
+    templates = gather.chat_templates(con)
     rec_status = None
     targets = []
     for m in reg.models:
@@ -113,21 +115,21 @@ def gather_site(
         if rec_status is None:
             available = rec_note != gather.NO_RECOMMENDER
             rec_status = gather.PartStatus("recommender", available, "" if available else rec_note)
-        own = by_target.get(m.model_id, [])
         usable = sorted(
-            (p for p in own if p.compatible),
+            (p for p in by_target.get(m.model_id, []) if p.compatible),
             key=lambda p: (p.code, -models[p.draft_id].n_params, models[p.draft_id].name),
         )
         targets.append(
             TargetView(
                 model=m,
                 drafts=tuple(usable),
-                rejected=len(own) - len(usable),
+                rejected=len(models) - 1 - len(usable) if audit_status.available else 0,
                 recommendations=recs,
                 rec_note=rec_note,
                 runs=t_runs,
                 roofline=roofline,
                 plot_svg=_target_plot(t_runs, models, roofline, cache),
+                chat_template=templates.get(m.model_id),
             )
         )
 
@@ -148,6 +150,7 @@ def gather_site(
         pairs=pairs,
         matrix=matrix,
         graph_svg=graph_svg,
+        graph_edges=graph_edges,
         targets=tuple(targets),
         runs=runs,
     )
@@ -201,9 +204,16 @@ def _csp_hash(script: str) -> str:
     return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
 
 
-def environment() -> Environment:
+def environment(template_cache: Path | None = None) -> Environment:
+    bytecode = None
+    if template_cache is not None:
+        # Compiling the templates costs ~0.4 s; the compiled code is cached by source hash.
+        folder = template_cache / "jinja"
+        folder.mkdir(parents=True, exist_ok=True)
+        bytecode = FileSystemBytecodeCache(str(folder))
     env = Environment(
         loader=PackageLoader("specreg.reports", "templates"),
+        bytecode_cache=bytecode,
         autoescape=True,  # every string from a GGUF file is hostile
         undefined=StrictUndefined,
         trim_blocks=True,
@@ -250,8 +260,8 @@ def _arch_summary(models: Sequence[ModelView]) -> list[dict[str, Any]]:
     return out
 
 
-def render_site(site: SiteData, out_dir: Path) -> list[Path]:
-    env = environment()
+def render_site(site: SiteData, out_dir: Path, *, template_cache: Path | None = None) -> list[Path]:
+    env = environment(template_cache)
     static = _static()
     out_dir.mkdir(parents=True, exist_ok=True)
     models = {m.model_id: m for m in site.models}
@@ -274,7 +284,9 @@ def render_site(site: SiteData, out_dir: Path) -> list[Path]:
         context = {**common, "here": name, "csp_scripts": Markup(csp), **extra}
         html = env.get_template(template).render(context)
         path = out_dir / name
-        path.write_text(html, encoding="utf-8")
+        # Unchanged pages are left alone: rewriting 200 files costs more than comparing them.
+        if not (path.exists() and path.read_text(encoding="utf-8") == html):
+            path.write_text(html, encoding="utf-8")
         written.append(path)
 
     counts = Counter({c: 0 for c in VERDICT_LABELS})
@@ -306,7 +318,7 @@ def render_site(site: SiteData, out_dir: Path) -> list[Path]:
         "graph.html.j2",
         graph_svg=site.graph_svg,
         n_nodes=len(site.models),
-        n_edges=sum(1 for p in site.pairs if p.compatible),
+        n_edges=site.graph_edges,
     )
     write("runs.html", "runs.html.j2")
     current = set()

@@ -1,6 +1,6 @@
-// The compatibility matrix: reasons on hover (pinned on click), sorting and filtering of
-// targets and drafts. Cells carry only a class; everything else lives in #matrix-data, and
-// every text is written with textContent, never parsed as HTML.
+// The compatibility matrix, built from #matrix-data: reasons on hover (pinned on click),
+// sorting and filtering of targets and drafts. Cells carry only a class; every text is
+// written with textContent, never parsed as HTML.
 (function () {
   "use strict";
   var data = JSON.parse(document.getElementById("matrix-data").textContent);
@@ -8,10 +8,37 @@
   var body = table.tBodies[0];
   var head = table.tHead.rows[0];
   var panel = document.getElementById("reason");
+  var nT = data.t.length, nD = data.d.length;
+  data.d.forEach(function (m) {
+    var th = document.createElement("th");
+    th.textContent = m[1];
+    th.title = m[1];
+    head.appendChild(th);
+  });
+  var frag = document.createDocumentFragment();
+  data.t.forEach(function (m, i) {
+    var tr = document.createElement("tr");
+    tr.setAttribute("data-i", String(i));
+    var th = document.createElement("th");
+    var a = document.createElement("a");
+    a.href = m[3];
+    a.textContent = m[1];
+    a.title = m[1];
+    th.appendChild(a);
+    tr.appendChild(th);
+    var codes = data.c[i];
+    for (var j = 0; j < nD; j++) {
+      var td = document.createElement("td");
+      var c = codes.charAt(j);
+      if (c !== "0") { td.className = "v" + c; }
+      tr.appendChild(td);
+    }
+    frag.appendChild(tr);
+  });
+  body.appendChild(frag);
   var rows = Array.prototype.slice.call(body.rows);
   var cells = rows.map(function (r) { return Array.prototype.slice.call(r.cells, 1); });
   var heads = Array.prototype.slice.call(head.cells, 1);
-  var nT = data.t.length, nD = data.d.length;
   var colOrder = data.d.map(function (_, j) { return j; });
   var usableRow = new Array(nT).fill(0), usableCol = new Array(nD).fill(0);
   data.c.forEach(function (codes, i) {

@@ -29,7 +29,7 @@ def report(out_dir: Path | None, open_browser: bool, db_path: Path | None, as_js
     db = resolve_db(db_path)
     out = out_dir or specreg_home() / "report"
     with opened(db) as con:
-        result = build_site(con, out, plot_cache=cache_dir() / "report-plots", db_label=str(db))
+        result = build_site(con, out, cache=cache_dir() / "report", db_label=str(db))
     if as_json:
         emit_json("report", {"index": result.index, **_summary(result)})
     else:

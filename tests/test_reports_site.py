@@ -1,0 +1,171 @@
+"""The static site: every page written, hostile GGUF strings inert, parts that have no data yet
+degrade to a note, figures cached, and `specreg report` as a thin command."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from reports_fixtures import (
+    HOSTILE_MARKERS,
+    HOSTILE_NAME,
+    HOSTILE_TEMPLATE,
+    HOSTILE_TOKEN,
+    scanned_registry,
+)
+
+from specreg.cli.main import cli
+from specreg.registry.db import opened
+from specreg.registry.queries import list_models
+from specreg.reports import build_site
+from specreg.reports.site import gather_site
+from specreg.reports.plots import PlotCache
+
+
+class Page(HTMLParser):
+    """Tags, attributes and text of one page, as a browser's tokenizer would see them."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.scripts: list[str] = []
+        self.texts: dict[str, list[str]] = {}
+        self._stack: list[str] = []
+        self._buf: list[str] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        if tag in ("script", "a", "pre", "h1", "td", "th", "option", "code"):
+            self._stack.append(tag)
+            self._buf.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._stack and self._stack[-1] == tag:
+            self._stack.pop()
+            text = self._buf.pop()
+            self.texts.setdefault(tag, []).append(text)
+            if tag == "script":
+                self.scripts.append(text)
+
+    def handle_data(self, data: str) -> None:
+        if self._buf:
+            self._buf[-1] += data
+
+
+@pytest.fixture(scope="module")
+def report_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("report-collection")
+    db = root / "registry.duckdb"
+    result = scanned_registry(root / "models", db)
+    assert result.n_models == 8, result
+    assert len(result.errors) == 1  # the broken file, which the overview must list
+    return db
+
+
+@pytest.fixture(scope="module")
+def site_dir(report_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    with opened(report_db) as con:
+        build_site(con, out, cache=None, db_label="registry.duckdb")
+    return out
+
+
+def read(site_dir: Path, name: str) -> str:
+    return (site_dir / name).read_text(encoding="utf-8")
+
+
+def model_id(db: Path, name: str) -> str:
+    with opened(db) as con:
+        return next(m.model_id for m in list_models(con) if m.name == name)  # type: ignore[misc]
+
+
+def test_every_page_is_written_and_links_resolve(site_dir: Path, report_db: Path) -> None:
+    names = {p.name for p in site_dir.glob("*.html")}
+    assert {"index.html", "matrix.html", "graph.html", "runs.html"} <= names
+    assert len([n for n in names if n.startswith("target-")]) == 8
+    for name in names:
+        page = Page(read(site_dir, name))
+        for tag, attrs in page.tags:
+            href = attrs.get("href")
+            if tag == "a" and href:
+                assert (site_dir / href).exists(), f"{name} links to missing {href}"
+            # Offline: nothing may be fetched from anywhere.
+            for attr in ("src", "href"):
+                assert not re.match(r"^(https?:)?//", attrs.get(attr) or ""), (name, tag, attrs)
+
+
+def test_hostile_strings_stay_text(site_dir: Path, report_db: Path) -> None:
+    evil_page = "target-" + model_id(report_db, HOSTILE_NAME) + ".html"
+    for name in sorted(p.name for p in site_dir.glob("*.html")):
+        html = read(site_dir, name)
+        for marker in HOSTILE_MARKERS:
+            # The marker may appear as escaped text, never next to a live tag opener.
+            assert f"<script>{marker}" not in html, name
+            assert f"onerror=\"{marker}" not in html, name
+        page = Page(html)
+        for tag, attrs in page.tags:
+            events = [a for a in attrs if a.startswith("on")]
+            assert not events, f"{name}: <{tag}> got event handler attributes {events}"
+        # The only scripts are specreg's own: the shared one, and on the matrix its data
+        # block and its code. The code holds no hostile text; the data block is inert JSON
+        # with every "<" escaped, so no string can close it.
+        scripts = [a for t, a in page.tags if t == "script"]
+        code = [s for s, a in zip(page.scripts, scripts) if a.get("type") != "application/json"]
+        data = [s for s, a in zip(page.scripts, scripts) if a.get("type") == "application/json"]
+        assert len(code) == (2 if name == "matrix.html" else 1), name
+        assert not any("__pwned" in s for s in code), name
+        for block in data:
+            assert "<" not in block
+            decoded = json.loads(block)
+            assert HOSTILE_NAME in [row[1] for row in decoded["t"] + decoded["d"]]
+
+    overview = Page(read(site_dir, "index.html"))
+    assert HOSTILE_NAME in overview.texts["a"]  # the whole name survived as one link text
+    target = Page(read(site_dir, evil_page))
+    assert target.texts["h1"] == [HOSTILE_NAME]
+    assert HOSTILE_TEMPLATE in target.texts["pre"]
+    assert HOSTILE_TOKEN in target.texts["code"]  # the BOS token's text
+
+
+def test_overview_lists_families_scans_and_problems(site_dir: Path) -> None:
+    html = read(site_dir, "index.html")
+    page = Page(html)
+    assert "not-a-model.gguf" in " ".join(page.texts["td"])
+    assert "truncated or corrupt" in html
+    # alpha (600 tokens, shared by 5 models), alpha padded to 728, beta, gamma
+    assert html.count('class="chip fam') >= 4
+    assert "728 tokens" in html and "500 tokens" in html
+
+
+def test_missing_parts_degrade_to_a_note(site_dir: Path) -> None:
+    runs = read(site_dir, "runs.html")
+    assert "no runs recorded yet" in runs.lower()
+    assert "No K sweep measured for this target yet." in read(
+        site_dir, next(p.name for p in site_dir.glob("target-*.html"))
+    )
+
+
+def test_site_data_is_plain_and_complete(report_db: Path) -> None:
+    with opened(report_db) as con:
+        site = gather_site(con, PlotCache(None))
+    assert len(site.models) == 8
+    assert len(site.targets) == 8
+    assert {f.n_tokens for f in site.families} == {600, 728, 500, 700}
+    assert site.scans[0].n_errors == 1
+    assert site.generated_at.tzinfo is timezone.utc or site.generated_at <= datetime.now(
+        timezone.utc
+    )
+
+
+def test_report_command(report_db: Path, tmp_path: Path) -> None:
+    out = tmp_path / "site"
+    result = CliRunner().invoke(cli, ["report", "--db", str(report_db), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert re.match(r"wrote \d+ pages in \d+\.\d\d s: .*index\.html", result.output)
+    assert (out / "index.html").exists()
