@@ -54,7 +54,6 @@ print(json.dumps({"seconds": r.seconds, "gather": r.seconds_gather, "pages": len
 def make_collection(root: Path, n_models: int) -> None:
     from gguf.constants import GGMLQuantizationType as Q
     from gguf.constants import TokenType
-
     from specreg.registry.demo import Arch, DemoModel, Vocab, write_demo_model
 
     families = []
@@ -146,7 +145,7 @@ def main() -> int:
         cold = build(db, work / "site", cache)
         warm = build(db, work / "site", cache)
     print(f"registry: {cold['models']} models, {cold['pairs']} audited pairs, {cold['runs']} runs")
-    for part, ok, note in cold["parts"]:  # type: ignore[union-attr]
+    for part, _ok, note in cold["parts"]:  # type: ignore[union-attr]
         if note:
             print(f"  {part}: {note}")
     if cold["audit_alone"] is not None:

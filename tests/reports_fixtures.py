@@ -12,7 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from gguf.constants import GGMLQuantizationType, TokenType
-
 from specreg.registry.db import opened
 from specreg.registry.demo import Arch, DemoModel, Vocab, write_demo_model
 from specreg.registry.scan import ScanResult, scan_paths
@@ -20,9 +19,9 @@ from specreg.registry.scan import ScanResult, scan_paths
 Q = GGMLQuantizationType
 
 # Each sets window.__pwned if it ever runs; a quote first, to break out of attributes.
-HOSTILE_NAME = "Evil\"' onmouseover=\"window.__pwned=1\" <script>window.__pwned=1</script> $x$ 7B"
+HOSTILE_NAME = 'Evil"\' onmouseover="window.__pwned=1" <script>window.__pwned=1</script> $x$ 7B'
 HOSTILE_TEMPLATE = (
-    "</pre></details><script>window.__pwned=2</script><img src=x onerror=\"window.__pwned=3\">"
+    '</pre></details><script>window.__pwned=2</script><img src=x onerror="window.__pwned=3">'
     "{% for m in messages %}'\"{{ m.content }}{% endfor %}"
 )
 HOSTILE_TOKEN = "<script>window.__pwned=4</script>"
@@ -41,9 +40,9 @@ def family_vocab(
     if pad_to:
         tokens += [f"[PAD{i}]" for i in range(len(tokens), pad_to)]
         types += [int(TokenType.UNUSED)] * (pad_to - len(types))
+    template = template or "{% for m in messages %}{{ m.content }}{% endfor %}"
     return Vocab(model, pre, tuple(tokens), tuple(types), bos_id=bos, eos_id=2,
-                 add_bos=add_bos, add_eos=False,
-                 chat_template=template or "{% for m in messages %}{{ m.content }}{% endfor %}")  # fmt: skip
+                 add_bos=add_bos, add_eos=False, chat_template=template)  # fmt: skip
 
 
 def _arch(name: str, layers: int, embd: int, n_vocab: int) -> Arch:

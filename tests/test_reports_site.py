@@ -18,13 +18,13 @@ from reports_fixtures import (
     HOSTILE_TOKEN,
     scanned_registry,
 )
-
-from specreg.cli.main import cli
 from specreg.registry.db import opened
 from specreg.registry.queries import list_models
 from specreg.reports import build_site
-from specreg.reports.site import gather_site
 from specreg.reports.plots import PlotCache
+from specreg.reports.site import gather_site
+
+from specreg.cli.main import cli
 
 
 class Page(HTMLParser):
@@ -107,7 +107,7 @@ def test_hostile_strings_stay_text(site_dir: Path, report_db: Path) -> None:
         for marker in HOSTILE_MARKERS:
             # The marker may appear as escaped text, never next to a live tag opener.
             assert f"<script>{marker}" not in html, name
-            assert f"onerror=\"{marker}" not in html, name
+            assert f'onerror="{marker}' not in html, name
         page = Page(html)
         for tag, attrs in page.tags:
             events = [a for a in attrs if a.startswith("on")]
@@ -115,9 +115,10 @@ def test_hostile_strings_stay_text(site_dir: Path, report_db: Path) -> None:
         # The only scripts are specreg's own: the shared one, and on the matrix its data
         # block and its code. The code holds no hostile text; the data block is inert JSON
         # with every "<" escaped, so no string can close it.
-        scripts = [a for t, a in page.tags if t == "script"]
-        code = [s for s, a in zip(page.scripts, scripts) if a.get("type") != "application/json"]
-        data = [s for s, a in zip(page.scripts, scripts) if a.get("type") == "application/json"]
+        kinds = [a.get("type") for t, a in page.tags if t == "script"]
+        typed = list(zip(page.scripts, kinds, strict=True))
+        code = [s for s, kind in typed if kind != "application/json"]
+        data = [s for s, kind in typed if kind == "application/json"]
         assert len(code) == (2 if name == "matrix.html" else 1), name
         assert not any("__pwned" in s for s in code), name
         for block in data:
