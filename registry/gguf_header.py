@@ -162,7 +162,9 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
                 f.seek(0)
                 buf = f.read(want)
                 if len(buf) < want:
-                    raise GGUFFormatError("file shrank while being read (still being written?)")
+                    raise GGUFFormatError(
+                        "file shrank while being read (still being written?)"
+                    ) from None
 
 
 def parse_header_bytes(buf: bytes, file_size: int | None = None) -> GGUFHeader:
@@ -228,7 +230,8 @@ class _Cursor:
         n = self.u64(f"length of {what}")
         if n > self.file_size - self.pos:
             raise GGUFFormatError(
-                f"{what} claims {n} bytes at byte {self.pos - 8}, beyond the file's end (truncated or corrupt)"
+                f"{what} claims {n} bytes at byte {self.pos - 8}, beyond the file's end "
+                "(truncated or corrupt)"
             )
         self.need(n, what)
         s = self.buf[self.pos : self.pos + n]
@@ -354,7 +357,8 @@ def _read_array(cur: _Cursor, key: str, etype: GGUFValueType, count: int) -> Any
     nbytes = count * st.size
     if nbytes > remaining:
         raise GGUFFormatError(
-            f"array '{key}' claims {count} elements ({nbytes} bytes), beyond the file's end (truncated or corrupt)"
+            f"array '{key}' claims {count} elements ({nbytes} bytes), beyond the file's "
+            "end (truncated or corrupt)"
         )
     cur.need(nbytes, f"array '{key}'")
     values = np.frombuffer(cur.buf, dtype=dtype, count=count, offset=cur.pos).copy()
@@ -391,7 +395,8 @@ def _string_offsets_loop(cur: _Cursor, key: str, count: int) -> np.ndarray:
         if pos > blen:
             if pos > size:
                 raise GGUFFormatError(
-                    f"element {i} of '{key}' claims {n} bytes, beyond the file's end (truncated or corrupt)"
+                    f"element {i} of '{key}' claims {n} bytes, beyond the file's end "
+                    "(truncated or corrupt)"
                 )
             raise _NeedMore(pos)
     offsets[count] = pos

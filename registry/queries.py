@@ -16,9 +16,9 @@ from specreg.errors import AmbiguousModel, ModelNotFound
 class ModelRecord:
     """One row of the `models` table. Sizes are raw ints; strings for people are properties."""
 
-    model_id: str | None
-    status: str | None
-    path: str | None
+    model_id: str
+    status: str
+    path: str
     paths: tuple[str, ...]
     parts_missing: tuple[str, ...]
     n_bytes: int | None
@@ -99,7 +99,7 @@ _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM models"
 
 
 def _record(row: tuple[Any, ...]) -> ModelRecord:
-    values = dict(zip(_COLUMNS, row))
+    values = dict(zip(_COLUMNS, row, strict=True))
     for name in ("paths", "parts_missing", "ssm_keys"):
         values[name] = tuple(values[name] or ())
     return ModelRecord(**values)
@@ -135,7 +135,8 @@ def list_models(
     include_gone: bool = False,
     name: str | None = None,
 ) -> list[ModelRecord]:
-    where, args = [], []
+    where: list[str] = []
+    args: list[Any] = []
     if not include_gone:
         where.append("status != 'gone'")
     if architecture:
@@ -209,7 +210,7 @@ def model_files(con: duckdb.DuckDBPyConnection, model_id: str) -> list[dict[str,
         [model_id],
     )
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, r)) for r in cur.fetchall()]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
 @dataclass(frozen=True)
