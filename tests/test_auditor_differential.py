@@ -80,14 +80,14 @@ def differential(
 
 def test_harness_loads_every_file(differential) -> None:  # type: ignore[no-untyped-def]
     models, result, _, _ = differential
-    failed = [m.path for m, h in zip(models, result.models) if not h.loaded]
+    failed = [m.path for m, h in zip(models, result.models, strict=True) if not h.loaded]
     assert failed == []
 
 
 def test_llama_facts_equal_registry_facts(differential) -> None:  # type: ignore[no-untyped-def]
     models, result, _, _ = differential
     diffs = []
-    for m, h in zip(models, result.models):
+    for m, h in zip(models, result.models, strict=True):
         ours = (
             m.vocab_type,
             bool(m.add_bos),
