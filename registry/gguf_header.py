@@ -31,7 +31,7 @@ from specreg.errors import GGUFError
 
 SUPPORTED_VERSIONS = (2, 3)
 _MAGIC_BYTES = struct.pack("<I", GGUF_MAGIC)  # b"GGUF"
-_FIRST_READ = 1 << 20  # most headers of real models fit in a few MiB; we grow by doubling
+_FIRST_READ = 16 << 20  # most real headers (tokens, merges, tensor table) fit; else we grow
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 
 _U32 = struct.Struct("<I")

@@ -100,7 +100,7 @@ def gguf_factory(tmp_path: Path) -> GGUFFactory:
         if toks:
             w.add_token_list(toks)
             w.add_token_types(list(token_types) if token_types else [1] * len(toks))
-        if model == "gpt2":
+        if model in ("gpt2", "gemma4"):
             w.add_token_merges(["t 1"])
         if bos is not None:
             w.add_bos_token_id(bos)
