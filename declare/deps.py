@@ -66,7 +66,7 @@ _MODEL_FIELDS = [f.name for f in dataclasses.fields(DiskModel)]
 
 def _to_disk_model(rec: Any) -> DiskModel:
     get = rec.get if isinstance(rec, dict) else lambda k, d=None: getattr(rec, k, d)
-    vals = {k: get(k, None) for k in _MODEL_FIELDS}
+    vals: dict[str, Any] = {k: get(k, None) for k in _MODEL_FIELDS}
     vals["paths"] = tuple(vals["paths"] or (vals["path"],))
     vals["parts_missing"] = tuple(vals["parts_missing"] or ())
     return DiskModel(**vals)

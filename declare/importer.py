@@ -161,7 +161,6 @@ def import_registry(
     models = CommentedMap()
     role_model: dict[str, str] = {}  # role id -> alias of its model
     alias_of: dict[str, str] = {}  # model_id -> alias
-    disk_of: dict[str, DiskModel] = {}
     for rid in roles_src:
         role = roles_src[rid]
         dotted = f"roles.{rid}"
@@ -196,7 +195,6 @@ def import_registry(
         if disk.model_id not in alias_of:
             alias = _alias(str(model.get("name") or p.stem), disk.model_id, alias_of)
             alias_of[disk.model_id] = alias
-            disk_of[disk.model_id] = disk
             entry = CommentedMap()
             entry["path"] = str(p)
             entry["aliases"] = CommentedSeq([alias])

@@ -273,7 +273,8 @@ def _task_ok(cfg: PinnedConfig, r: MeasuredRun) -> bool:
 
 
 def _candidates(runs: list[MeasuredRun]) -> list[Candidate]:
-    groups: dict[tuple[object, ...], list[MeasuredRun]] = {}
+    groups: dict[tuple[str | None, tuple[str, ...], int | None, int | None], list[MeasuredRun]]
+    groups = {}
     for r in runs:
         groups.setdefault((r.draft_id, tuple(r.spec_types), r.draft_max, r.experts), []).append(r)
     out = []
@@ -288,7 +289,7 @@ def _candidates(runs: list[MeasuredRun]) -> list[Candidate]:
                 types,
                 k,
                 experts,
-                statistics.median(speeds),  # type: ignore[arg-type]
+                statistics.median(speeds),
                 statistics.median(accs) if accs else None,
                 tuple(rs),
             )

@@ -48,6 +48,16 @@ IN_TREE = (
     "gemma-3-27b-it-Q4_K_M.gguf",
     "Qwen3-Next-80B-A3B-Instruct-Q4_K_M.gguf",
 )
+# specreg.yaml's roles after the import: drafts (tier D) are models, not roles; the deprecated
+# role and the one whose model is not on disk are left out (and reported).
+IMPORTED_ROLES = [
+    "frontdoor",
+    "coder_escalation",
+    "architect_coding",
+    "general",
+    "worker_gemma",
+    "ingest_long",
+]
 # Written aside, moved in by tests that need a model nobody declared.
 SPARE = ("DeepSeek-R1-Distill-Qwen-1.5B-Q8_0.gguf", "gemma-3-1b-it-Q8_0.gguf")
 

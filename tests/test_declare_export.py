@@ -19,7 +19,15 @@ import jsonschema
 import llama_fixtures as lfx
 import pytest
 import yaml
-from declare_fixtures import GEMMA_27B, QWEN3_30B, QWEN3_DRAFT, QWEN25_05B, Site, run_cli
+from declare_fixtures import (
+    GEMMA_27B,
+    IMPORTED_ROLES,
+    QWEN3_30B,
+    QWEN3_DRAFT,
+    QWEN25_05B,
+    Site,
+    run_cli,
+)
 from specreg.declare.export import ExportError, render_models_preset, swap_cmd
 from specreg.declare.launch import Flag, Launch, LaunchPlan, build
 from specreg.declare.spec import load_spec, read_yaml, write_yaml
@@ -101,14 +109,7 @@ def test_llama_server_script_runs_exactly_the_argv_shown(site: Site, tmp_path: P
     subprocess.run(["sh", "-n"], input=script, text=True, check=True)
     assert "# llama.cpp dialect: current (detected from " in script
     plan = launches(site, port="8080")
-    assert {x.name for x in plan.launches} == {
-        "frontdoor",
-        "coder_escalation",
-        "architect_coding",
-        "general",
-        "worker_gemma",
-        "ingest_long",
-    }
+    assert {x.name for x in plan.launches} == set(IMPORTED_ROLES)
     for launch in plan.launches:
         got = run_function(script, f"run_{launch.name}", tmp_path)
         assert launch.argv[:3] == [

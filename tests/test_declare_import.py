@@ -8,7 +8,7 @@ from pathlib import Path
 import declare_fixtures as dfx
 import pytest
 from click.testing import CliRunner
-from declare_fixtures import LLAMA_1B, QWEN3_480B, QWEN25_05B, Site, run_cli
+from declare_fixtures import IMPORTED_ROLES, LLAMA_1B, QWEN3_480B, QWEN25_05B, Site, run_cli
 from specreg.declare.importer import ImportResult, import_registry
 from specreg.declare.spec import load_spec
 from specreg.registry.db import opened
@@ -44,14 +44,7 @@ def test_models_are_keyed_by_fingerprint_with_names_as_aliases(site: Site) -> No
             decl = spec.model(disk.model_id)
             assert decl is not None and decl.path == str(site.models / path)
     # drafts (tier D) become models, not roles; the deprecated and missing roles are absent
-    assert [r.name for r in spec.roles] == [
-        "frontdoor",
-        "coder_escalation",
-        "architect_coding",
-        "general",
-        "worker_gemma",
-        "ingest_long",
-    ]
+    assert [r.name for r in spec.roles] == IMPORTED_ROLES
     assert spec.model("Qwen3-Coder-Instruct-DRAFT-0.75B-32k-Q4_0") is not None
 
 

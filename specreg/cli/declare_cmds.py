@@ -31,6 +31,16 @@ def spec_option(func):  # type: ignore[no-untyped-def]
     )(func)
 
 
+def out_option(help_text: str):  # type: ignore[no-untyped-def]
+    return click.option(
+        "-o",
+        "--out",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help=help_text,
+    )
+
+
 @click.command()
 @spec_option
 @click.option("--scan", "rescan", is_flag=True, help="Rescan the declared roots first.")
@@ -121,13 +131,7 @@ def import_(
 
 @click.command()
 @spec_option
-@click.option(
-    "-o",
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Proposal file (default: specreg-proposal.yaml next to specreg.yaml).",
-)
+@out_option("Proposal file (default: specreg-proposal.yaml next to specreg.yaml).")
 @db_option
 def propose(spec_path: Path, out: Path | None, db_path: Path | None) -> None:
     """Write a reviewable patch to specreg.yaml from measured runs; applies nothing."""
@@ -170,13 +174,7 @@ def apply(proposal: Path, spec_path: Path | None) -> None:
     help="llama.cpp flag dialect (default: llama.dialect, else asked from the binary).",
 )
 @click.option("--role", "roles", multiple=True, help="Only these roles (repeatable).")
-@click.option(
-    "-o",
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write here instead of stdout.",
-)
+@out_option("Write here instead of stdout.")
 @db_option
 @json_option
 def export(
