@@ -72,10 +72,10 @@ def _to_disk_model(rec: Any) -> DiskModel:
     return DiskModel(**vals)
 
 
-def scan(con: duckdb.DuckDBPyConnection, paths: Sequence[Path]) -> Any:
+def scan(con: duckdb.DuckDBPyConnection, paths: Sequence[Path], *, all_files: bool = False) -> Any:
     from specreg.registry.scan import scan_paths
 
-    return scan_paths(con, [str(p) for p in paths])
+    return scan_paths(con, [str(p) for p in paths], all_files=all_files)
 
 
 def list_models(con: duckdb.DuckDBPyConnection) -> list[DiskModel]:

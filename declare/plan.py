@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +14,7 @@ import duckdb
 from specreg.declare import deps
 from specreg.declare.deps import DiskModel, MeasuredRun
 from specreg.declare.spec import PinnedConfig, RoleDecl, Spec, Where
+from specreg.declare.stores import scan_roots
 
 # A measured alternative must beat the pinned configuration by this much to count: single runs
 # on a busy CPU vary by a few percent.
@@ -96,7 +97,10 @@ def _excluded(path: str, patterns: Iterable[str]) -> bool:
     )
 
 
-def make_plan(con: duckdb.DuckDBPyConnection, spec: Spec) -> Plan:
+def make_plan(
+    con: duckdb.DuckDBPyConnection, spec: Spec, env: Mapping[str, str] | None = None
+) -> Plan:
+    """Findings of every kind; `env` locates the declared stores (default: os.environ)."""
     disk = deps.list_models(con)
     by_id = {m.model_id: m for m in disk}
     findings: list[Finding] = []
@@ -138,7 +142,7 @@ def make_plan(con: duckdb.DuckDBPyConnection, spec: Spec) -> Plan:
                     )
                 )
 
-    roots = [Path(os.path.realpath(spec.resolve_path(r))) for r in spec.roots]
+    roots = [Path(os.path.realpath(r.path)) for r in scan_roots(spec, env)]
     for d in disk:
         if d.status == "gone" or d.model_id in declared:
             continue

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import declare_fixtures as dfx
+import pytest
 from declare_fixtures import LLAMA_1B, QWEN3_480B_DIR, QWEN25_05B, Site, record_run, run_cli
 from ruamel.yaml.comments import CommentedMap
 from specreg.declare import deps
 from specreg.declare.plan import Plan, make_plan
 from specreg.declare.spec import load_spec, read_yaml, write_yaml
+from specreg.declare.stores import store_dirs
 from specreg.registry.db import opened
 
 # fixtures, shared through the module that defines them
@@ -217,4 +220,57 @@ def test_missing_spec_is_a_usage_error(tmp_path: Path) -> None:
     assert err == (
         f"error: {tmp_path / 'specreg.yaml'}: no such file (create one with "
         "`specreg import` or `specreg init`)"
+    )
+
+
+def test_plan_scan_covers_declared_stores(
+    site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub = tmp_path / "hf" / "hub"
+    snap = hub / "models--bartowski--DeepSeek-R1-Distill-Qwen-1.5B-GGUF" / "snapshots" / "a1b2"
+    snap.mkdir(parents=True)
+    os.link(
+        site.spare
+        / "bartowski/DeepSeek-R1-Distill-Qwen-1.5B-GGUF/DeepSeek-R1-Distill-Qwen-1.5B-Q8_0.gguf",
+        snap / "model.gguf",
+    )
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    edit_spec(site, lambda doc: doc.insert(4, "stores", ["huggingface", "ollama"]))
+    assert plan_of(site).findings == ()  # not scanned yet
+    code, out, _ = run_cli(
+        ["plan", "--scan", "--spec", str(site.spec), "--db", str(site.db), "--json"]
+    )
+    assert code == 1
+    (f,) = json.loads(out)["findings"]
+    assert f["kind"] == "undeclared-model" and f["evidence"] == [str(snap / "model.gguf")]
+
+
+def test_store_folders_follow_each_tools_override() -> None:
+    home = Path("/home/u")
+    assert store_dirs("huggingface", {}, home) == [home / ".cache/huggingface/hub"]
+    assert store_dirs("huggingface", {"HF_HOME": "/hf"}, home) == [Path("/hf/hub")]
+    assert store_dirs("huggingface", {"HF_HUB_CACHE": "/c", "HF_HOME": "/hf"}, home) == [Path("/c")]
+    assert store_dirs("llama-cpp", {"LLAMA_CACHE": "/l"}, home) == [Path("/l")]
+    assert store_dirs("ollama", {}, home) == [home / ".ollama/models/blobs"]
+    assert store_dirs("lmstudio", {}, home) == [
+        home / ".lmstudio/models",
+        home / ".cache/lm-studio/models",
+    ]
+
+
+def test_real_entry_point_exit_codes(private_site: Site) -> None:
+    s = private_site
+    env = {**os.environ, "SPECREG_HOME": str(s.root / "home")}
+    args = ["specreg", "plan", "--spec", str(s.spec), "--db", str(s.db)]
+    assert subprocess.run(args, env=env, capture_output=True).returncode == 0
+    (s.models / QWEN25_05B).unlink()
+    args_scan = [*args, "--scan"]
+    proc = subprocess.run(args_scan, env=env, capture_output=True, text=True)
+    assert proc.returncode == 1 and "model-missing" in proc.stdout
+    s.spec.write_text(s.spec.read_text().replace("draft_max: 16", "k: 16", 1))
+    proc = subprocess.run(args, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"error: {s.spec}:")
+    assert proc.stderr.rstrip().endswith(
+        ".configs.default.k: unknown key; K is spelled draft_max (drafted tokens per step)"
     )

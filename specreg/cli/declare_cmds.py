@@ -15,6 +15,7 @@ from specreg.declare.launch import DIALECT_CURRENT, DIALECT_LEGACY, build
 from specreg.declare.plan import make_plan
 from specreg.declare.propose import apply_proposal, make_proposal
 from specreg.declare.spec import SPEC_FILENAME, load_spec, write_yaml
+from specreg.declare.stores import rescan_declared
 from specreg.declare.templates import INIT_TEMPLATE
 from specreg.errors import UsageError
 from specreg.registry.db import opened
@@ -43,7 +44,7 @@ def out_option(help_text: str):  # type: ignore[no-untyped-def]
 
 @click.command()
 @spec_option
-@click.option("--scan", "rescan", is_flag=True, help="Rescan the declared roots first.")
+@click.option("--scan", "rescan", is_flag=True, help="Rescan the declared roots and stores first.")
 @db_option
 @json_option
 def plan(spec_path: Path, rescan: bool, db_path: Path | None, as_json: bool) -> None:
@@ -53,10 +54,8 @@ def plan(spec_path: Path, rescan: bool, db_path: Path | None, as_json: bool) -> 
     """
     spec, _ = load_spec(spec_path)
     with opened(resolve_db(db_path)) as con:
-        if rescan and spec.roots:
-            from specreg.declare.deps import scan
-
-            scan(con, [spec.resolve_path(r) for r in spec.roots])
+        if rescan:
+            rescan_declared(con, spec)
         result = make_plan(con, spec)
     if as_json:
         emit_json("plan", {"drift": result.drift, **dataclasses.asdict(result)})
