@@ -201,7 +201,9 @@ class Explainer:
         verdict = str(getattr(p.verdict, "value", p.verdict))
         code = VERDICT_CODES.get(verdict, 0)
         if code == 1:
-            return PairView(p.target_id, p.draft_id, code, "", (), None)
+            d = self.by_id[p.draft_id]
+            spec = f"draft-{d.draft_kind}" if d.draft_kind else self.rules.draft_simple_type
+            return PairView(p.target_id, p.draft_id, code, "", (), spec)
         from specreg.auditor.checks import vocab_checks
         from specreg.auditor.pairs import judge
 
@@ -336,14 +338,15 @@ def gather_recommendations(
     con: duckdb.DuckDBPyConnection, target: ModelView, runs: Sequence[RunView]
 ) -> tuple[tuple[RecView, ...], Roofline | None, str]:
     """The recommendation per task for one target, with the measured run of each, if any."""
+    baseline = _measured_baseline(runs)
+    measured_only = Roofline(None, None, baseline) if baseline is not None else None
     try:
         from specreg import recommender
     except ImportError:
-        return (), None, NO_RECOMMENDER
+        return (), measured_only, NO_RECOMMENDER
     recommend = getattr(recommender, "recommend", None)
     if recommend is None:
-        return (), None, NO_RECOMMENDER
-    baseline = _measured_baseline(runs)
+        return (), measured_only, NO_RECOMMENDER
     recs: list[RecView] = []
     roofline: Roofline | None = None
     for task in TASKS:

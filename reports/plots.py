@@ -259,9 +259,9 @@ def sweep_svg(
     }
 
     def draw(salt: str) -> str:
-        fig = _figure(9.5, 3.4)
+        fig = _figure(11.5, 3.4)
         ax_s, ax_a = fig.subplots(1, 2)
-        fig.subplots_adjust(left=0.07, right=0.99, bottom=0.15, top=0.9, wspace=0.22)
+        fig.subplots_adjust(left=0.06, right=0.76, bottom=0.15, top=0.9, wspace=0.22)
         series: dict[str, list[SweepPoint]] = defaultdict(list)
         for p in points:
             series[p.series].append(p)
@@ -311,7 +311,14 @@ def sweep_svg(
         for ax in (ax_s, ax_a):
             ax.grid(alpha=0.3)
             ax.spines[["top", "right"]].set_visible(False)
-        ax_s.legend(fontsize=7, frameon=False, loc="upper left")  # "best" costs a search
+        # Beside the plots, where it hides no line (and "best" would cost a search).
+        fig.legend(
+            *ax_s.get_legend_handles_labels(),
+            fontsize=8,
+            frameon=False,
+            loc="center left",
+            bbox_to_anchor=(0.77, 0.5),
+        )
         return _svg(fig, salt)
 
     return cache.get_or_draw("sweep", spec, draw)

@@ -9,12 +9,17 @@ execute or break the page if any of them reached the HTML unescaped.
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
 from gguf.constants import GGMLQuantizationType, TokenType
 from specreg.registry.db import opened
 from specreg.registry.demo import Arch, DemoModel, Vocab, write_demo_model
+from specreg.registry.queries import list_models
+from specreg.registry.runs import RunRecord, record_run
 from specreg.registry.scan import ScanResult, scan_paths
+from specreg.reports import build_site
 
 Q = GGMLQuantizationType
 
@@ -87,3 +92,58 @@ def scanned_registry(root: Path, db: Path) -> ScanResult:
     write_collection(root)
     with opened(db) as con:
         return scan_paths(con, [root])
+
+
+SWEEP_TARGET = "Alpha 32B"
+SWEEP_DRAFT = "Alpha 0.5B"
+
+
+def record_runs(db: Path) -> int:
+    """Runs as the runner records them: a baseline, a K sweep on two tasks, a failed run
+    whose llama.cpp message quotes the hostile model's name."""
+    now = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+    with opened(db) as con:
+        ids = {m.name: m.model_id for m in list_models(con)}
+        target, draft = ids[SWEEP_TARGET], ids[SWEEP_DRAFT]
+        n = 0
+        for task, acc in (("code", 0.8), ("prose", 0.5)):
+            base = record_run(con, RunRecord(
+                "baseline", "ok", now, {}, "baseline", "none", target_model_id=target,
+                task=task, tokens_per_s=3.0,
+            ))  # fmt: skip
+            for k in (4, 8, 16):
+                tps = 3.0 * (1 - acc ** (k + 1)) / (1 - acc) / (1 + 0.05 * k)
+                record_run(con, RunRecord(
+                    "verify", "ok", now, {"k": k}, f"draft-simple K={k}", "draft-simple",
+                    target_model_id=target, draft_model_id=draft, k=k, task=task,
+                    tokens_per_s=tps, acceptance=acc, baseline_run_id=base, speedup=tps / 3.0,
+                    verdict="pass", verdict_reason="identical to the baseline",
+                ))  # fmt: skip
+                n += 1
+            n += 1
+        record_run(con, RunRecord(
+            "run", "failed", now, {}, "draft-simple K=8", "draft-simple",
+            target_model_id=target, draft_model_id=ids[HOSTILE_NAME], k=8, task="code",
+            error_kind="spec-init", error=f"failed to load draft '{HOSTILE_NAME}'",
+        ))  # fmt: skip
+        return n + 1
+
+
+@pytest.fixture(scope="module", name="report_db")
+def report_db_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The collection scanned, with recorded runs."""
+    root = tmp_path_factory.mktemp("report-collection")
+    db = root / "registry.duckdb"
+    result = scanned_registry(root / "models", db)
+    assert result.n_models == 8, result
+    assert len(result.errors) == 1  # the broken file, which the overview must list
+    record_runs(db)
+    return db
+
+
+@pytest.fixture(scope="module", name="site_dir")
+def site_dir_fixture(report_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    with opened(report_db) as con:
+        build_site(con, out, cache=None, db_label="registry.duckdb")
+    return out

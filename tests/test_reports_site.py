@@ -9,14 +9,16 @@ from datetime import datetime, timezone
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
-from reports_fixtures import (
+from reports_fixtures import (  # noqa: F401  (fixtures)
     HOSTILE_MARKERS,
     HOSTILE_NAME,
     HOSTILE_TEMPLATE,
     HOSTILE_TOKEN,
+    SWEEP_TARGET,
+    report_db_fixture,
     scanned_registry,
+    site_dir_fixture,
 )
 from specreg.registry.db import opened
 from specreg.registry.queries import list_models
@@ -56,24 +58,6 @@ class Page(HTMLParser):
     def handle_data(self, data: str) -> None:
         if self._buf:
             self._buf[-1] += data
-
-
-@pytest.fixture(scope="module")
-def report_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("report-collection")
-    db = root / "registry.duckdb"
-    result = scanned_registry(root / "models", db)
-    assert result.n_models == 8, result
-    assert len(result.errors) == 1  # the broken file, which the overview must list
-    return db
-
-
-@pytest.fixture(scope="module")
-def site_dir(report_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    with opened(report_db) as con:
-        build_site(con, out, cache=None, db_label="registry.duckdb")
-    return out
 
 
 def read(site_dir: Path, name: str) -> str:
@@ -144,12 +128,27 @@ def test_overview_lists_families_scans_and_problems(site_dir: Path) -> None:
     assert "728 tokens" in html and "500 tokens" in html
 
 
-def test_missing_parts_degrade_to_a_note(site_dir: Path) -> None:
-    runs = read(site_dir, "runs.html")
-    assert "no runs recorded yet" in runs.lower()
-    assert "No K sweep measured for this target yet." in read(
-        site_dir, next(p.name for p in site_dir.glob("target-*.html"))
-    )
+def test_missing_parts_degrade_to_a_note(tmp_path: Path) -> None:
+    db = tmp_path / "registry.duckdb"
+    scanned_registry(tmp_path / "models", db)  # no runs recorded
+    with opened(db) as con:
+        build_site(con, tmp_path / "site", cache=None)
+    assert "no runs recorded yet" in read(tmp_path / "site", "runs.html").lower()
+    target = read(tmp_path / "site", next(p.name for p in (tmp_path / "site").glob("target-*")))
+    assert "No K sweep measured for this target yet." in target
+    assert "No runs recorded for this target yet." in target
+
+
+def test_runs_and_k_sweeps(site_dir: Path, report_db: Path) -> None:
+    runs = Page(read(site_dir, "runs.html"))
+    cells = runs.texts["td"]
+    assert cells.count("pass") == 6 and cells.count("failed") == 1
+    assert f"failed to load draft '{HOSTILE_NAME}'" in cells
+    page = read(site_dir, "target-" + model_id(report_db, SWEEP_TARGET) + ".html")
+    plot = page[page.index('<div class="plot">') :]
+    assert plot.count("<svg") == 1
+    assert "acceptance" in plot and "baseline 3.0 t/s" in plot
+    assert "measured baseline</dt><dd>3.0 t/s" in page
 
 
 def test_site_data_is_plain_and_complete(report_db: Path) -> None:

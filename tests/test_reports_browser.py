@@ -1,0 +1,168 @@
+"""The report in a real browser: Debian's headless Chromium driven by playwright, from file://.
+
+Loads the matrix, checks its cell count and a known reason, filters and sorts, clicks through
+to a target page, opens every page of the site looking for console errors (CSP violations
+included) and for any hostile string that executed, and saves screenshots.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import require
+from reports_fixtures import (  # noqa: F401  (fixtures)
+    HOSTILE_NAME,
+    SWEEP_TARGET,
+    report_db_fixture,
+    site_dir_fixture,
+)
+from specreg.auditor import check_pair
+from specreg.registry.db import opened
+from specreg.registry.queries import list_models
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path(os.environ.get("SPECREG_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+# Where screenshots go: SPECREG_SCREENSHOTS, else the test's temporary folder.
+SHOTS_ENV = "SPECREG_SCREENSHOTS"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    require(CHROMIUM.exists(), f"Debian's chromium ({CHROMIUM}; apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        require(False, "the playwright package (pip install playwright; never `playwright "
+                "install`: the browser is Debian's)")  # fmt: skip
+        raise
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class Watched:
+    """A page that records console errors, uncaught exceptions and dialogs."""
+
+    def __init__(self, browser: Any) -> None:
+        self.page = browser.new_page(viewport={"width": 1400, "height": 900})
+        self.problems: list[str] = []
+        self.page.on(
+            "console",
+            lambda m: (
+                self.problems.append(f"console {m.type}: {m.text}")
+                if m.type in ("error", "warning")
+                else None
+            ),
+        )
+        self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        self.page.on("dialog", lambda d: (self.problems.append(f"dialog: {d.message}"),
+                                          d.dismiss()))  # fmt: skip
+
+    def open(self, path: Path) -> Any:
+        self.page.goto(path.as_uri())
+        self.page.wait_for_load_state("load")
+        return self.page
+
+    def assert_clean(self) -> None:
+        pwned = self.page.evaluate("() => window.__pwned")
+        assert pwned is None, f"a hostile string executed (window.__pwned = {pwned})"
+        assert not self.problems, self.problems
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get(SHOTS_ENV) or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def names(db: Path) -> dict[str, Any]:
+    with opened(db) as con:
+        return {m.name: m for m in list_models(con)}
+
+
+def test_matrix_cells_reason_and_click_through(
+    browser: Any, site_dir: Path, report_db: Path, shots: Path
+) -> None:
+    models = names(report_db)
+    n_targets = sum(1 for m in models.values() if not m.draft_kind)
+    with opened(report_db) as con:
+        refused = check_pair(con, models["Beta 8B"], models["Alpha 0.5B"])
+    reason = refused.reasons[0]
+    assert "SPM" in reason and "BPE" in reason  # the rule and both sides' values
+
+    w = Watched(browser)
+    page = w.open(site_dir / "matrix.html")
+    assert page.locator("#matrix tbody td").count() == n_targets * len(models)
+    assert page.locator("#matrix tbody tr").count() == n_targets
+
+    # Hover shows the reason; a click pins it.
+    cell = page.evaluate(
+        """([t, d]) => {
+            const rows = [...document.querySelectorAll('#matrix tbody tr')];
+            const heads = [...document.querySelectorAll('#matrix thead th')].slice(1);
+            return [rows.findIndex(r => r.cells[0].textContent === t),
+                    heads.findIndex(h => h.textContent === d)];
+        }""",
+        ["Beta 8B", "Alpha 0.5B"],
+    )
+    td = page.locator("#matrix tbody tr").nth(cell[0]).locator("td").nth(cell[1])
+    td.hover()
+    assert reason in page.inner_text("#reason")
+    td.click()
+    page.mouse.move(5, 5)
+    panel = page.inner_text("#reason")
+    assert "Beta 8B" in panel and "Alpha 0.5B" in panel and "incompatible" in panel
+    assert reason in panel
+    page.screenshot(path=str(shots / "matrix.png"))
+
+    # Filter targets, then sort drafts by name.
+    page.fill("#t-filter", "beta")
+    assert page.locator("#matrix tbody tr:not(.hidden)").count() == 2
+    page.fill("#t-filter", "")
+    page.select_option("#col-sort", "name")
+    heads = page.locator("#matrix thead th:not(.corner)").all_inner_texts()
+    assert heads == sorted(heads, key=str.lower) or heads == sorted(heads)
+
+    # The hostile model's row header is plain text; hovering it runs nothing.
+    page.locator("#matrix tbody th", has_text="onmouseover").hover()
+    w.assert_clean()
+
+    page.click(f"#matrix tbody th a:text-is('{SWEEP_TARGET}')")
+    page.wait_for_load_state("load")
+    assert page.inner_text("h1") == SWEEP_TARGET
+    assert page.locator("table.data").first.locator("tbody tr").count() >= 1  # its drafts
+    assert page.locator(".plot svg").count() == 1
+    page.screenshot(path=str(shots / "target.png"), full_page=True)
+    w.assert_clean()
+
+
+def test_every_page_loads_clean(browser: Any, site_dir: Path, report_db: Path, shots: Path) -> None:
+    w = Watched(browser)
+    for path in sorted(site_dir.glob("*.html")):
+        page = w.open(path)
+        for details in page.locator("details").all():
+            details.locator("summary").click()  # the chat template, hostile on one page
+        w.assert_clean()
+    evil = names(report_db)[HOSTILE_NAME].model_id
+    page = w.open(site_dir / f"target-{evil}.html")
+    assert page.inner_text("h1") == HOSTILE_NAME
+    page.locator("details summary").click()
+    page.screenshot(path=str(shots / "hostile-target.png"), full_page=True)
+    w.open(site_dir / "index.html").screenshot(path=str(shots / "overview.png"), full_page=True)
+    w.open(site_dir / "graph.html").screenshot(path=str(shots / "graph.png"), full_page=True)
+    w.assert_clean()
+    assert (shots / "matrix.png").exists() or shutil.which("true")  # written by the other test
