@@ -465,9 +465,17 @@ def _role(
                 for k2 in draft_node:
                     if k2 not in ("type", "draft_role", "lookup", *units.K_KEYS):
                         cx.bad(draft_node, k2, f"{draft_dot}.{k2}", "not a setting specreg v1 pins")
-        elif any(k in acc for k in units.K_KEYS):
-            kk = next(k for k in units.K_KEYS if k in acc)
-            cx.bad(acc, kk, f"{adot}.{kk}", "K without a draft model")
+        if draft_node is not acc:
+            for kk in (k for k in units.K_KEYS if k in acc):
+                where = (
+                    "outside its speculative_decoding block" if draft_node else "without a draft"
+                )
+                cx.bad(acc, kk, f"{adot}.{kk}", f"K {where}: not imported")
+            if acc.get("lookup") and draft_node is None:
+                spec_types.append("ngram-cache")
+                cx.ok(acc, "lookup", f"{adot}.lookup", "spec_type ngram-cache")
+            elif "lookup" in acc and not acc.get("lookup"):
+                cx.ok(acc, "lookup", f"{adot}.lookup", "no n-gram type")
     if spec_types and spec_types != ["draft-simple"]:
         cfg["spec_type"] = CommentedSeq(list(dict.fromkeys(spec_types)))
     order = ("spec_type", "draft", "draft_max", "experts")

@@ -8,7 +8,16 @@ from pathlib import Path
 import declare_fixtures as dfx
 import pytest
 from click.testing import CliRunner
-from declare_fixtures import IMPORTED_ROLES, LLAMA_1B, QWEN3_480B, QWEN25_05B, Site, run_cli
+from declare_fixtures import (
+    IMPORTED_ROLES,
+    LLAMA_1B,
+    QWEN3_30B,
+    QWEN3_480B,
+    QWEN25_05B,
+    QWEN25_32B,
+    Site,
+    run_cli,
+)
 from specreg.declare.importer import ImportResult, import_registry
 from specreg.declare.spec import load_spec
 from specreg.registry.db import opened
@@ -163,3 +172,38 @@ def test_cli_import_writes_and_lists_unmapped(site: Site, tmp_path: Path) -> Non
         2,
         f"error: {out} exists: pass --force to replace it, or --spec NEW.yaml",
     )
+
+
+EDGE_REGISTRY = """\
+runtime_defaults:
+  model_base_path: {base}
+roles:
+  moe_lookup:
+    model: {{name: Qwen3-Coder-30B-A3B-Instruct, path: {target}}}
+    acceleration: {{type: moe_expert_reduction, experts: 4, k: 12, lookup: true}}
+  twice:
+    model: {{name: Qwen2.5-Coder-32B-Instruct, path: {target2}}}
+    acceleration: {{type: speculative_decoding, draft_role: d, draft_k: 16, k: 24}}
+  d:
+    tier: D
+    model: {{name: Qwen2.5-Coder-0.5B-Instruct, path: {draft}}}
+"""
+
+
+def test_k_in_the_wrong_place_or_twice_is_reported(site: Site, tmp_path: Path) -> None:
+    src = tmp_path / "edge.yaml"
+    src.write_text(
+        EDGE_REGISTRY.format(
+            base=site.models, target=QWEN3_30B, target2=QWEN25_32B, draft=QWEN25_05B
+        )
+    )
+    with opened(site.db) as con:
+        result = import_registry(con, src, tmp_path / "out.yaml")
+    why = {e.key: e.note for e in result.unmapped}
+    assert why["roles.moe_lookup.acceleration.k"] == "K without a draft: not imported"
+    assert why["roles.twice.acceleration"] == (
+        "K given twice with different values (k=24, draft_k=16); not imported"
+    )
+    cfg = result.doc["roles"]["moe_lookup"]["configs"]["default"]
+    assert dict(cfg) == {"spec_type": ["ngram-cache"], "experts": 4}
+    assert "draft_max" not in result.doc["roles"]["twice"]["configs"]["default"]
