@@ -36,7 +36,8 @@ class PartStatus:
 
     part: str
     available: bool
-    note: str = ""
+    note: str = ""  # what is missing, shown as a note
+    detail: str = ""  # what it was made with (e.g. which llama.cpp rules), shown as fine print
 
 
 @dataclass(frozen=True)

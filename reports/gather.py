@@ -7,6 +7,7 @@ nothing to say yet (no runs recorded, no audit possible) yields an empty section
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import re
@@ -150,7 +151,7 @@ def gather_audit(con: duckdb.DuckDBPyConnection, models: Sequence[ModelView]) ->
     pairs = tuple(explain.pair(p) for p in result.pairs)
     matrix = build_matrix(models, pairs, explain)
     note = "" if len(models) > 1 else "fewer than two models: no pairs to audit"
-    status = PartStatus("auditor", True, note or f"rules of {result.rules_label}")
+    status = PartStatus("auditor", True, note, detail=f"llama.cpp rules: {result.rules_label}")
     return AuditPart(pairs, matrix, graph, status)
 
 
@@ -341,7 +342,7 @@ def gather_recommendations(
     baseline = _measured_baseline(runs)
     measured_only = Roofline(None, None, baseline) if baseline is not None else None
     try:
-        from specreg import recommender
+        recommender = importlib.import_module("specreg.recommender")
     except ImportError:
         return (), measured_only, NO_RECOMMENDER
     recommend = getattr(recommender, "recommend", None)

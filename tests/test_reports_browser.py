@@ -97,6 +97,8 @@ def names(db: Path) -> dict[str, Any]:
 def test_matrix_cells_reason_and_click_through(
     browser: Any, site_dir: Path, report_db: Path, shots: Path
 ) -> None:
+    from playwright.sync_api import expect
+
     models = names(report_db)
     n_targets = sum(1 for m in models.values() if not m.draft_kind)
     with opened(report_db) as con:
@@ -130,9 +132,13 @@ def test_matrix_cells_reason_and_click_through(
     page.screenshot(path=str(shots / "matrix.png"))
 
     # Filter targets, then sort drafts by name.
+    # (expect polls without eval, which the pages' CSP forbids)
+    visible = page.locator("#matrix tbody tr:not(.hidden)")
     page.fill("#t-filter", "beta")
-    assert page.locator("#matrix tbody tr:not(.hidden)").count() == 2
+    expect(visible).to_have_count(2)
+    assert page.inner_text("#m-count") == f"2 targets × {len(models)} drafts shown"
     page.fill("#t-filter", "")
+    expect(visible).to_have_count(n_targets)
     page.select_option("#col-sort", "name")
     heads = page.locator("#matrix thead th:not(.corner)").all_inner_texts()
     assert heads == sorted(heads, key=str.lower) or heads == sorted(heads)

@@ -137,8 +137,13 @@
   }
   document.getElementById("row-sort").addEventListener("change", function (e) { sortRows(e.target.value); });
   document.getElementById("col-sort").addEventListener("change", function (e) { sortCols(e.target.value); });
+  var pending = null;
   ["t-filter", "d-filter"].forEach(function (id) {
-    document.getElementById(id).addEventListener("input", filter);
+    // Typing re-lays out up to 40,000 cells: wait for a pause in the typing.
+    document.getElementById(id).addEventListener("input", function () {
+      clearTimeout(pending);
+      pending = setTimeout(filter, 120);
+    });
   });
   ["family", "usable-only"].forEach(function (id) {
     document.getElementById(id).addEventListener("change", filter);
