@@ -79,7 +79,8 @@ def swap_cmd(launch: Launch) -> str:
     lines.append(shlex.quote(launch.binary))
     for f in launch.flags:
         lines.append(f"# {f.origin}")
-        lines.append(shlex.join(f.args))
+        # llama-swap substitutes macros in the text before splitting it: leave them bare
+        lines.append(" ".join(a if a == "${PORT}" else shlex.quote(a) for a in f.args))
     return "\n".join(lines) + "\n"
 
 

@@ -246,7 +246,11 @@ def _launch(
         argv[argv.index("--spec-type") + 1] = ",".join(types)
     if port is not None:
         argv += ["--port", port]
-        origins["--port"] = "export format"
+        origins["--port"] = (
+            "llama-swap's ${PORT} macro: it assigns the port"
+            if port == "${PORT}"
+            else "export: llama-server's usual port; arguments after it override it"
+        )
 
     flags = tuple(
         Flag(
