@@ -191,9 +191,17 @@ class Explainer:
         if cv is None:
             return None
         if key not in self._class_reason:
+            from specreg.auditor.checks import vocab_checks
             from specreg.auditor.pairs import judge
 
-            pv = judge(self.reps[key[0]], self.reps[key[1]], self.rules, self.vocabs)
+            t, d = self.reps[key[0]], self.reps[key[1]]
+            # Token texts are loaded only when they are the reason (they say which id first
+            # differs); the other vocabulary rules read the records' scalars.
+            texts = cv.failed[0] == "token_text"
+            vt = self.vocabs.get(t.vocab_sha) if texts else None
+            vd = self.vocabs.get(d.vocab_sha) if texts else None
+            outcome = vocab_checks(t, d, vt, vd, self.rules)
+            pv = judge(t, d, self.rules, self.vocabs, outcome)
             first = next((c for c in pv.failed if c.name == cv.failed[0]), None)
             self._class_reason[key] = (first.message if first else "") or cv.failed[0]
         return self._class_reason[key]

@@ -23,8 +23,9 @@ from reports_fixtures import (  # noqa: F401  (fixtures)
 from specreg.registry.db import opened
 from specreg.registry.queries import list_models
 from specreg.reports import build_site
+from specreg.reports.data import SiteData
 from specreg.reports.plots import PlotCache
-from specreg.reports.site import gather_site
+from specreg.reports.site import gather_site, render_site
 
 from specreg.cli.main import cli
 
@@ -169,3 +170,35 @@ def test_report_command(report_db: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert re.match(r"wrote \d+ pages in \d+\.\d\d s: .*index\.html", result.output)
     assert (out / "index.html").exists()
+
+
+def cell(site: SiteData, target: str, draft: str) -> tuple[str, str]:
+    """(verdict code, reason) of one matrix cell, by model names."""
+    m = site.matrix
+    assert m is not None
+    ids = {v.name: v.model_id for v in site.models}
+    i, j = m.targets.index(ids[target]), m.drafts.index(ids[draft])
+    r = m.reason_index[i][j]
+    return m.codes[i][j], m.reasons[r] if r >= 0 else ""
+
+
+def test_real_vocabularies_and_demo_tree(scanned_db: Path, tmp_path: Path) -> None:
+    """llama.cpp's real vocab GGUFs and the sparse demo collection, as the lead scans them."""
+    with opened(scanned_db) as con:
+        site = gather_site(con, PlotCache(None))
+        render_site(site, tmp_path / "site")
+    m = site.matrix
+    assert m is not None
+    heads = [v for v in site.models if v.record.draft_kind]
+    assert [v.name for v in heads] == ["EAGLE3 LLaMA3.1 Instruct 8B"]
+    assert len(m.targets) == len(site.models) - 1 and len(m.drafts) == len(site.models)
+    assert m.n_cells == sum(len(row) for row in m.codes)
+    # Padded to 152,064 vs 151,936: exactly 128 apart, which the pinned build accepts.
+    assert cell(site, "Qwen2.5 Coder 32B Instruct", "Qwen2.5 Coder 0.5B Instruct")[0] == "1"
+    assert cell(site, "Meta Llama 3.1 8B Instruct", "EAGLE3 LLaMA3.1 Instruct 8B")[0] == "1"
+    code, reason = cell(site, "Meta Llama 3.1 8B Instruct", "Qwen2.5 Coder 0.5B Instruct")
+    assert (code, reason) == ("4", "add_bos differs: target true, draft false")
+    code, reason = cell(site, "Phi3", "llama-spm")  # real vocabs: padding that is not padding
+    assert code == "3" and "extra target ids 32000..32063 are real tokens" in reason
+    assert len(site.graph_svg) > 1000 and site.graph_edges > 0
+    assert (tmp_path / "site" / "matrix.html").exists()
