@@ -319,12 +319,17 @@ def beaten_configs(con: duckdb.DuckDBPyConnection, spec: Spec) -> list[Beaten]:
                 source = f"median of {len(speeds)} measured run(s)"
                 hosts = {r.host for r in mine}
                 protocols = {r.protocol for r in mine}
-            elif cfg.evidence and cfg.evidence.tokens_per_s:
+            elif (
+                cfg.evidence
+                and cfg.evidence.tokens_per_s
+                and cfg.evidence.host
+                and cfg.evidence.protocol
+            ):
                 pinned = cfg.evidence.tokens_per_s
                 source = f"evidence at {cfg.field_where('evidence')}"
-                hosts = {cfg.evidence.host} if cfg.evidence.host else set()
-                protocols = {cfg.evidence.protocol} if cfg.evidence.protocol else set()
+                hosts, protocols = {cfg.evidence.host}, {cfg.evidence.protocol}
             else:
+                # a number without its host and protocol (e.g. imported) compares with nothing
                 continue
             pool = [
                 r

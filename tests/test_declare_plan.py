@@ -274,3 +274,21 @@ def test_real_entry_point_exit_codes(private_site: Site) -> None:
     assert proc.stderr.rstrip().endswith(
         ".configs.default.k: unknown key; K is spelled draft_max (drafted tokens per step)"
     )
+
+
+def test_numbers_without_host_and_protocol_compare_with_nothing(site: Site) -> None:
+    """Imported evidence (47 tok/s on someone's EPYC) is not beaten by a run on this host;
+    a run of the pinned config on the same host and protocol is what makes them comparable."""
+    target = model_id(
+        site,
+        "lmstudio-community/Meta-Llama-3.1-8B-Instruct-GGUF/Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf",
+    )
+    draft = model_id(site, LLAMA_1B)
+    record_run(site.db, target=target, draft=draft, k=8, tps=100.0)
+    assert plan_of(site).findings == ()
+    record_run(site.db, target=target, draft=draft, k=24, tps=90.0)
+    (f,) = plan_of(site).findings
+    assert (
+        f.kind == "config-beaten"
+        and "pinned 90.00 tok/s (median of 1 measured run(s))" in f.message
+    )
