@@ -1,0 +1,233 @@
+"""The auditor's checks on real and generated vocabularies: evidence, risks, capabilities."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from gguf.constants import TokenType
+from specreg.auditor import Verdict, audit_all, check_pair, compatible_drafts, rules_for_build
+from specreg.auditor.rules import PINNED_BUILD, RULESETS
+from specreg.auditor.vocab import first_text_difference, naive_first_text_difference
+from specreg.registry.db import opened
+from specreg.registry.gguf_header import read_header
+from specreg.registry.queries import list_models
+from specreg.registry.scan import scan_paths
+
+NORMAL, UNUSED, CONTROL = int(TokenType.NORMAL), int(TokenType.UNUSED), int(TokenType.CONTROL)
+
+
+def _registry(tmp_path: Path, *paths: Path) -> Path:
+    db = tmp_path / "reg.duckdb"
+    with opened(db) as con:
+        result = scan_paths(con, list(paths))
+    assert result.ok, result.errors
+    return db
+
+
+def test_rules_are_keyed_by_build() -> None:
+    assert rules_for_build(None).since_build == PINNED_BUILD
+    assert rules_for_build(0).since_build == PINNED_BUILD  # unnumbered builds report 0
+    assert rules_for_build(PINNED_BUILD).vocab_max_size_difference == 128
+    assert rules_for_build(1500).vocab_max_size_difference == 100
+    old = rules_for_build(7371)
+    assert not old.special_ids_only_when_added and not old.recurrent_targets_speculate
+    assert old.draft_flags == ("-md",)
+    assert rules_for_build(PINNED_BUILD).draft_flags == ("--spec-type", "draft-simple", "-md")
+    assert [r.since_build for r in RULESETS] == sorted(r.since_build for r in RULESETS)
+
+
+def test_first_difference_equals_token_loop(vocab_paths: list[Path]) -> None:
+    """The raw-region search finds exactly what the token-by-token loop finds."""
+    qwen = read_header(next(p for p in vocab_paths if p.name.endswith("qwen2.gguf")))
+    tokens = qwen.kv["tokenizer.ggml.tokens"]
+    assert first_text_difference(tokens, tokens) is None
+    others = [read_header(p).kv["tokenizer.ggml.tokens"] for p in vocab_paths[:6]]
+    for other in others:
+        assert first_text_difference(tokens, other) == naive_first_text_difference(tokens, other)
+
+
+def test_llama_text_quirks(gguf_factory) -> None:  # type: ignore[no-untyped-def]
+    """An empty token reads as [EMPTY_i] and strcmp stops at NUL: differences llama.cpp cannot
+    see are not reported, the first one it can see is."""
+    base = [f"t{i}" for i in range(40)]
+    a = list(base)
+    b = list(base)
+    a[7], b[7] = "x\0one", "x\0two"  # equal up to NUL
+    a[9], b[9] = "", "[EMPTY_9]"  # the loader renames an empty token
+    b[20] = "changed"
+    ta = read_header(gguf_factory("a.gguf", tokens=a)).kv["tokenizer.ggml.tokens"]
+    tb = read_header(gguf_factory("b.gguf", tokens=b)).kv["tokenizer.ggml.tokens"]
+    assert first_text_difference(ta, tb) == 20
+    assert naive_first_text_difference(ta, tb) == 20
+
+
+def test_incompatible_pair_explains_every_check(vocab_dir: Path, tmp_path: Path) -> None:
+    db = _registry(
+        tmp_path, vocab_dir / "ggml-vocab-llama-spm.gguf", vocab_dir / "ggml-vocab-qwen2.gguf"
+    )
+    with opened(db, read_only=True) as con:
+        pv = check_pair(
+            con,
+            str(vocab_dir / "ggml-vocab-qwen2.gguf"),
+            str(vocab_dir / "ggml-vocab-llama-spm.gguf"),
+        )
+    assert pv.verdict is Verdict.INCOMPATIBLE and not pv.compatible and pv.llama_accepts is False
+    assert {c.name for c in pv.checks if c.llama_check} == {
+        "vocab_type",
+        "bos",
+        "eos",
+        "vocab_size",
+        "token_text",
+    }
+    assert pv.check("vocab_type").values["target"] == "BPE"
+    assert pv.check("vocab_type").values["draft_id"] == 1
+    bos = pv.check("bos").values
+    assert (bos["target_add"], bos["draft_add"], bos["draft_id"], bos["draft_text"]) == (
+        False,
+        True,
+        1,
+        "<s>",
+    )
+    size = pv.check("vocab_size").values
+    assert (size["target_n_tokens"], size["draft_n_tokens"], size["difference"]) == (
+        151936,
+        32000,
+        119936,
+    )
+    text = pv.check("token_text").values
+    assert text["first_differing_id"] == 5 and text["target_text"] and text["draft_text"]
+    assert any("n-gram" in r for r in pv.remedies)
+    assert pv.spec_type is None and pv.flags == ()
+    doc = pv.as_dict()
+    assert doc["compatible"] is False and doc["verdict"] == "incompatible"
+    assert all({"name", "passed", "values"} <= set(c) for c in doc["checks"])
+
+
+def test_real_extra_tokens_are_risky(vocab_dir: Path, tmp_path: Path) -> None:
+    """Phi-3 (32,064) vs Llama SPM (32,000): llama.cpp accepts, but 11 of the 64 extra ids are
+    real tokens such as <|endoftext|> and <|assistant|>."""
+    db = _registry(
+        tmp_path, vocab_dir / "ggml-vocab-llama-spm.gguf", vocab_dir / "ggml-vocab-phi-3.gguf"
+    )
+    with opened(db, read_only=True) as con:
+        pv = check_pair(
+            con,
+            str(vocab_dir / "ggml-vocab-phi-3.gguf"),
+            str(vocab_dir / "ggml-vocab-llama-spm.gguf"),
+        )
+    assert pv.llama_accepts is True and pv.verdict is Verdict.RISKY and not pv.compatible
+    extra = pv.check("extra_tokens").values
+    assert extra["side"] == "target" and extra["count"] == 64 and not extra["only_padding"]
+    assert [32000, "<|endoftext|>"] in extra["real_examples"]
+
+
+def test_padding_only_gap_is_compatible(gguf_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    toks = [f"t{i}" for i in range(300)]
+    padded = toks + [f"[PAD{i}]" for i in range(300, 428)]
+    big = gguf_factory(
+        "big.gguf",
+        tokens=padded,
+        token_types=[NORMAL] * 300 + [UNUSED] * 128,
+        bos=1,
+        add_bos=True,
+        general_name="big",
+    )
+    small = gguf_factory("small.gguf", tokens=toks, bos=1, add_bos=True, general_name="small")
+    over = gguf_factory(
+        "over.gguf",
+        tokens=padded + ["[PAD428]"],
+        token_types=[NORMAL] * 300 + [UNUSED] * 129,
+        bos=1,
+        add_bos=True,
+        general_name="over",
+    )
+    db = _registry(tmp_path, big, small, over)
+    with opened(db, read_only=True) as con:
+        ok = check_pair(con, "big", "small")
+        refused = check_pair(con, "over", "small")
+    assert ok.llama_accepts and ok.check("extra_tokens").values["only_padding"]
+    assert ok.verdict in (Verdict.COMPATIBLE, Verdict.WARNINGS)
+    assert refused.verdict is Verdict.INCOMPATIBLE
+    assert refused.check("vocab_size").values["difference"] == 129
+
+
+def test_missing_bos_is_risky(gguf_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """T5-style (UGM) vocabularies have no BOS by default: llama.cpp's check passes, the legacy
+    llama-speculative refuses."""
+    toks = [f"t{i}" for i in range(64)]
+    a = gguf_factory("a.gguf", tokens=toks, model="t5", pre=None, general_name="ta")
+    b = gguf_factory("b.gguf", tokens=toks, model="t5", pre=None, general_name="tb")
+    db = _registry(tmp_path, a, b)
+    with opened(db, read_only=True) as con:
+        pv = check_pair(con, str(a), str(b))
+    assert pv.llama_accepts and pv.check("bos").values["target_id"] == -1
+    assert pv.verdict is Verdict.RISKY and not pv.check("bos_present").passed
+
+
+def test_demo_capabilities(scanned_db: Path) -> None:
+    with opened(scanned_db, read_only=True) as con:
+        hybrid = check_pair(con, "Qwen3 Next 80B A3B Instruct", "Qwen3 Coder Instruct DRAFT 0.75B")
+        hybrid_old = check_pair(
+            con,
+            "Qwen3 Next 80B A3B Instruct",
+            "Qwen3 Coder Instruct DRAFT 0.75B",
+            rules_for_build(7371),
+        )
+        eagle = check_pair(con, "Meta Llama 3.1 8B Instruct", "EAGLE3 LLaMA3.1 Instruct 8B")
+        eagle_wrong = check_pair(con, "Llama 3.2 1B Instruct", "EAGLE3 LLaMA3.1 Instruct 8B")
+        glm = check_pair(con, "GLM 4.5 Air", "Qwen3 Coder Instruct DRAFT 0.75B")
+        gemma_old = check_pair(con, "Gemma 3 27b It", "Gemma 3 1b It", rules_for_build(7371))
+    assert hybrid.compatible and hybrid.check("recurrent_target").passed
+    assert not hybrid_old.compatible and not hybrid_old.check("recurrent_target").passed
+    assert any("context checkpoints" in r for r in hybrid_old.remedies)
+    assert eagle.compatible and eagle.spec_type == "draft-eagle3" and eagle.llama_accepts is None
+    assert "--spec-type" in eagle.flags and "draft-eagle3" in eagle.flags
+    assert eagle_wrong.verdict is Verdict.INCOMPATIBLE
+    assert "hidden size 4096" in eagle_wrong.check("draft_binding").message
+    assert any("draft-mtp" in r for r in glm.remedies)
+    assert gemma_old.verdict is Verdict.RISKY and not gemma_old.check("swa_target").passed
+
+
+def test_drafts_ranked_and_rejected_on_request(scanned_db: Path) -> None:
+    with opened(scanned_db, read_only=True) as con:
+        good = compatible_drafts(con, "Qwen2.5 Coder 32B Instruct")
+        everything = compatible_drafts(con, "Qwen2.5 Coder 32B Instruct", include_rejected=True)
+    assert good and all(pv.compatible for pv in good)
+    assert good[0].draft.label == "Qwen2.5 Coder 0.5B Instruct"
+    assert len(everything) == len(list_models_of(scanned_db)) - 1
+    ranks = [pv.verdict.rank for pv in everything]
+    assert ranks == sorted(ranks)
+
+
+def list_models_of(db: Path) -> list:  # type: ignore[type-arg]
+    with opened(db, read_only=True) as con:
+        return list_models(con)
+
+
+def test_audit_all_equals_pairwise_checks(scanned_db: Path) -> None:
+    """The bucketed audit gives every ordered pair the verdict check_pair gives it."""
+    with opened(scanned_db, read_only=True) as con:
+        models = list_models(con)
+        result = audit_all(con, models=models)
+        summaries = {(p.target_id, p.draft_id): p for p in result.pairs}
+        assert sum(result.counts.values()) == result.n_pairs == len(models) * (len(models) - 1)
+        rng = random.Random(1)
+        pairs = [(t, d) for t in models for d in models if t is not d]
+        for t, d in rng.sample(pairs, 150) + [
+            (t, d) for t, d in pairs if (t.model_id, d.model_id) in summaries
+        ]:
+            pv = check_pair(con, t, d)
+            s = summaries.get((t.model_id, d.model_id))
+            assert (s.verdict if s else Verdict.INCOMPATIBLE) is pv.verdict, (t.name, d.name)
+            if s:
+                assert set(s.findings) == {c.name for c in pv.failed}
+
+
+@pytest.mark.parametrize("build", [None, 7371, 1500])
+def test_audit_counts_are_consistent_per_build(scanned_db: Path, build: int | None) -> None:
+    with opened(scanned_db, read_only=True) as con:
+        result = audit_all(con, rules_for_build(build))
+    assert sum(result.counts.values()) == result.n_pairs
+    assert result.llama_build == rules_for_build(build).since_build
