@@ -227,3 +227,13 @@ def test_speed_refuses_ranges_and_ratios() -> None:
     for bad in ("14.4-20.8", "1.61x"):
         with pytest.raises(UnitError):
             tokens_per_s(bad)
+
+
+def test_init_writes_a_skeleton_once(tmp_path: Path) -> None:
+    from declare_fixtures import run_cli
+
+    p = tmp_path / "specreg.yaml"
+    assert run_cli(["init", "--spec", str(p)]) == (0, f"wrote {p}\n", "")
+    assert p.read_text() == INIT_TEMPLATE
+    code, _, err = run_cli(["init", "--spec", str(p)])
+    assert (code, err) == (2, f"error: {p} exists; edit it, or pass --spec NEW.yaml")
