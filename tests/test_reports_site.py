@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from datetime import datetime, timezone
 from html.parser import HTMLParser
 from pathlib import Path
@@ -162,6 +164,26 @@ def test_site_data_is_plain_and_complete(report_db: Path) -> None:
     assert site.generated_at.tzinfo is timezone.utc or site.generated_at <= datetime.now(
         timezone.utc
     )
+
+
+def specreg(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "specreg", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_report_json_and_missing_registry(report_db: Path, tmp_path: Path) -> None:
+    r = specreg("report", "--db", str(report_db), "-o", str(tmp_path / "site"), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["version"] == "1" and doc["kind"] == "report"
+    assert doc["index"] == str(tmp_path / "site" / "index.html")
+    assert doc["n_models"] == 8 and len(doc["pages"]) == 12
+    missing = tmp_path / "none.duckdb"
+    r = specreg("report", "--db", str(missing))
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"error: no registry at {missing}: run `specreg scan DIR` first"
+    assert not missing.exists()
 
 
 def test_report_command(report_db: Path, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from specreg.cli.common import console, db_option, emit_json, json_option, resolve_db
+from specreg.errors import UsageError
 from specreg.home import cache_dir, specreg_home
 from specreg.registry.db import opened
 from specreg.reports import build_site
@@ -27,6 +28,8 @@ from specreg.reports import build_site
 def report(out_dir: Path | None, open_browser: bool, db_path: Path | None, as_json: bool) -> None:
     """Write a static HTML report of the registry that works offline (open index.html)."""
     db = resolve_db(db_path)
+    if not db.exists():
+        raise UsageError(f"no registry at {db}: run `specreg scan DIR` first")
     out = out_dir or specreg_home() / "report"
     with opened(db) as con:
         result = build_site(con, out, cache=cache_dir() / "report", db_label=str(db))
