@@ -121,6 +121,10 @@ def build(
     roles: Sequence[str] = (),
 ) -> LaunchPlan:
     """Launch configurations for every (role, task); ones that cannot run are skipped with why."""
+    unknown = [r for r in roles if r not in {x.name for x in spec.roles}]
+    if unknown:
+        declared = ", ".join(x.name for x in spec.roles) or "none"
+        raise UsageError(f"no role {unknown[0]!r} in {spec.path} (declared: {declared})")
     dia, dia_origin = choose_dialect(spec, dialect)
     launches: list[Launch] = []
     skipped: list[Skipped] = []

@@ -411,3 +411,23 @@ def test_real_llama_server_reads_the_preset(site: Site, tmp_path: Path, llama_bi
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def test_role_filter(site: Site) -> None:
+    out = export(site, "llama-server", "--role", "general")
+    assert "run_general()" in out and "run_frontdoor" not in out
+    code, _, err = run_cli(
+        [
+            "export",
+            "--format",
+            "llama-swap",
+            "--role",
+            "nope",
+            "--spec",
+            str(site.spec),
+            "--db",
+            str(site.db),
+        ]
+    )
+    assert code == 2
+    assert err == (f"error: no role 'nope' in {site.spec} (declared: {', '.join(IMPORTED_ROLES)})")
