@@ -1,0 +1,108 @@
+"""`specreg compat`, `drafts`, `audit`, `graph export`: exit codes, JSON, pinned lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from specreg.cli.main import cli
+
+
+def _run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def _specreg(*args: str) -> subprocess.CompletedProcess[str]:
+    """Through the real entry point, where exit codes are decided."""
+    return subprocess.run([sys.executable, "-m", "specreg", *args], capture_output=True, text=True)
+
+
+def test_compat_json(scanned_db: Path) -> None:
+    code, out = _run(
+        "compat",
+        "Qwen2.5 Coder 32B Instruct",
+        "Qwen2.5 Coder 0.5B Instruct",
+        "--db",
+        str(scanned_db),
+        "--json",
+    )
+    doc = json.loads(out)
+    assert code == 0
+    assert doc["version"] == "1" and doc["kind"] == "compat"
+    assert doc["compatible"] is True and doc["verdict"] in (
+        "compatible",
+        "compatible-with-warnings",
+    )
+    names = [c["name"] for c in doc["checks"]]
+    assert names[:5] == ["vocab_type", "bos", "eos", "vocab_size", "token_text"]
+    assert doc["flags"][:3] == ["--spec-type", "draft-simple", "-md"]
+
+
+def test_compat_exit_codes(scanned_db: Path) -> None:
+    db = ["--db", str(scanned_db)]
+    refused = _specreg("compat", "Meta Llama 3.1 8B Instruct", "Qwen2.5 Coder 0.5B Instruct", *db)
+    assert refused.returncode == 1
+    assert refused.stdout.startswith(
+        "incompatible: Qwen2.5 Coder 0.5B Instruct as draft for Meta Llama 3.1 8B Instruct"
+    )
+    assert "remedy: a draft with this tokenizer fingerprint exists: Llama 3.2 1B Instruct" in (
+        refused.stdout
+    )
+    missing = _specreg("compat", "no-such-model", "Qwen2.5 Coder 0.5B Instruct", *db)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == (
+        "error: no model matches 'no-such-model': give a path, an id from `specreg models`, "
+        "or a name"
+    )
+
+
+def test_drafts_lists_rejected_on_request(scanned_db: Path) -> None:
+    db = ["--db", str(scanned_db)]
+    code, out = _run("drafts", "Meta Llama 3.1 8B Instruct", *db, "--json")
+    doc = json.loads(out)
+    assert code == 0
+    drafts = [d["draft"]["name"] for d in doc["drafts"]]
+    assert "Llama 3.2 1B Instruct" in drafts and "EAGLE3 LLaMA3.1 Instruct 8B" in drafts
+    assert all(d["compatible"] for d in doc["drafts"])
+    _, out = _run("drafts", "Meta Llama 3.1 8B Instruct", *db, "--json", "--rejected")
+    rejected = [d for d in json.loads(out)["drafts"] if not d["compatible"]]
+    assert rejected and all(d["reasons"] for d in rejected)
+
+
+def test_audit_persists_and_fails_on_findings(scanned_db: Path) -> None:
+    db = ["--db", str(scanned_db)]
+    code, out = _run("audit", *db, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["audit_id"] == 1
+    assert sum(doc["counts"].values()) == doc["n_pairs"]
+    risky = doc["counts"].get("passes-llama-check-risky", 0)
+    assert risky > 0  # Phi-3 / Llama SPM, among others
+    proc = _specreg("audit", *db, "--fail-on-findings")
+    assert proc.returncode == 1
+    assert "pairs pass llama.cpp's check but are risky" in proc.stdout
+
+
+def test_graph_export(scanned_db: Path, tmp_path: Path) -> None:
+    db = ["--db", str(scanned_db)]
+    code, out = _run("graph", "export", "--format", "json", *db)
+    assert code == 0
+    doc = json.loads(out)
+    nodes = {n["id"]: n for n in doc["nodes"]}
+    assert doc["edges"] and all(e["verdict"] != "incompatible" for e in doc["edges"])
+    # Tokenizer families are clusters: the Llama 3 models share one.
+    llama = [n for n in nodes.values() if "Llama" in n["label"] or "LLaMA" in n["label"]]
+    assert len({n["family"] for n in llama}) == 1 and len(llama) == 3
+    assert any(len(c["models"]) >= 3 for c in doc["clusters"])
+    target = tmp_path / "g.graphml"
+    code, _ = _run("graph", "export", "--format", "graphml", "-o", str(target), *db)
+    assert code == 0
+    root = ET.parse(target).getroot()
+    ns = {"g": "http://graphml.graphdrawing.org/xmlns"}
+    assert len(root.findall(".//g:node", ns)) == len(nodes)
+    assert len(root.findall(".//g:edge", ns)) == len(doc["edges"])
