@@ -301,7 +301,8 @@ def render_site(site: SiteData, out_dir: Path, *, template_cache: Path | None = 
         models_sorted=sorted(
             site.models, key=lambda m: (m.record.architecture or "", -m.n_params, m.name)
         ),
-        usable_pairs=sum(1 for p in site.pairs if p.compatible),
+        usable_pairs=counts[1] + counts[2],
+        audited_pairs=sum(counts[c] for c in (1, 2, 3, 4)),
     )
     write(
         "matrix.html",
