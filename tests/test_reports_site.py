@@ -225,3 +225,14 @@ def test_real_vocabularies_and_demo_tree(scanned_db: Path, tmp_path: Path) -> No
     assert code == "3" and "extra target ids 32000..32063 are real tokens" in reason
     assert len(site.graph_svg) > 1000 and site.graph_edges > 0
     assert (tmp_path / "site" / "matrix.html").exists()
+
+
+def test_second_report_draws_nothing_and_rewrites_nothing(report_db: Path, tmp_path: Path) -> None:
+    out, cache = tmp_path / "site", tmp_path / "cache"
+    with opened(report_db) as con:
+        first = build_site(con, out, cache=cache)
+        stamps = {p.name: p.stat().st_mtime_ns for p in out.glob("target-*.html")}
+        second = build_site(con, out, cache=cache)
+    assert first.n_plots == 2 and first.n_plots_cached == 0  # the graph and one K sweep
+    assert second.n_plots == 2 and second.n_plots_cached == 2
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("target-*.html")} == stamps
