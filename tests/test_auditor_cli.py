@@ -106,3 +106,34 @@ def test_graph_export(scanned_db: Path, tmp_path: Path) -> None:
     ns = {"g": "http://graphml.graphdrawing.org/xmlns"}
     assert len(root.findall(".//g:node", ns)) == len(nodes)
     assert len(root.findall(".//g:edge", ns)) == len(doc["edges"])
+
+
+def _fake_llama(tmp_path: Path, version: str, help_text: str) -> Path:
+    """A fake llama-server: canned --help and --version (mocking only the process boundary)."""
+    bin_dir = tmp_path / "fake-llama"
+    bin_dir.mkdir()
+    server = bin_dir / "llama-server"
+    server.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = "--version" ]; then echo "version: {version}" >&2; exit 0; fi\n'
+        f"cat <<'HELP'\n{help_text}\nHELP\n"
+    )
+    server.chmod(0o755)
+    return bin_dir
+
+
+def test_rules_follow_the_users_binary(scanned_db: Path, tmp_path: Path) -> None:
+    old = _fake_llama(tmp_path, "7371 (deadbeef)", "-md, --model-draft FNAME\n--draft-max N")
+    pair = ["Qwen3 Next 80B A3B Instruct", "Qwen3 Coder Instruct DRAFT 0.75B"]
+    db = ["--db", str(scanned_db), "--json"]
+    code, out = _run("compat", *pair, *db)
+    assert code == 0 and json.loads(out)["llama_build"] == 11434
+    code, out = _run("compat", *pair, *db, "--llama-bin", str(old))
+    doc = json.loads(out)
+    assert code == 1 and doc["llama_build"] <= 7371
+    assert doc["reasons"] == [
+        "hybrid target (qwen3next): this build cannot roll back recurrent state, so it cannot "
+        "speculate on it"
+    ]
+    code, out = _run("compat", *pair, *db, "--llama-build", "11434")
+    assert code == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -10,19 +12,43 @@ from rich.table import Table
 
 from specreg import auditor
 from specreg.auditor.graph import dumps_json, to_graphml
+from specreg.auditor.rules import REFERENCE_HOST_RULES
 from specreg.auditor.verdict import PairVerdict, Severity, Verdict
 from specreg.cli.common import console, db_option, emit_json, json_option, resolve_db
 from specreg.errors import EXIT_FINDINGS
 from specreg.registry.db import opened
+from specreg.runner.llama import DIALECT_DRAFT_MAX, ENV_LLAMA_BIN, find_llama
 
 
 def build_option(func):  # type: ignore[no-untyped-def]
+    func = click.option(
+        "--llama-bin",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Apply the rules of the llama.cpp build in this folder (also $SPECREG_LLAMA_BIN).",
+    )(func)
     return click.option(
         "--llama-build",
         type=int,
         default=None,
         help="Apply the rules of this llama.cpp build number (default: the pinned build).",
     )(func)
+
+
+def _rules(llama_build: int | None, llama_bin: Path | None) -> auditor.RuleSet:
+    """The rules of the user's llama.cpp when specreg knows its build, else the pinned ones."""
+    if llama_build is not None:
+        return auditor.rules_for_build(llama_build)
+    if llama_bin is None and not os.environ.get(ENV_LLAMA_BIN):
+        return auditor.PINNED_RULES
+    install = find_llama(llama_bin)
+    number = re.match(r"(\d+)", install.version)
+    if number and int(number.group(1)):
+        return auditor.rules_for_build(int(number.group(1)))
+    # An unnumbered build: its flag dialect still dates it.
+    if install.dialect == DIALECT_DRAFT_MAX:
+        return auditor.rules_for_build(REFERENCE_HOST_RULES.since_build)
+    return auditor.PINNED_RULES
 
 
 def _exit_findings() -> None:
@@ -62,7 +88,12 @@ def _print_verdict(pv: PairVerdict) -> None:
 @db_option
 @json_option
 def compat(
-    target: str, draft: str, llama_build: int | None, db_path: Path | None, as_json: bool
+    target: str,
+    draft: str,
+    llama_build: int | None,
+    llama_bin: Path | None,
+    db_path: Path | None,
+    as_json: bool,
 ) -> None:
     """Will DRAFT speculate for TARGET with llama.cpp, and if not, exactly why.
 
@@ -70,7 +101,7 @@ def compat(
     the pair or it is risky at run time.
     """
     with opened(resolve_db(db_path), read_only=True) as con:
-        pv = auditor.check_pair(con, target, draft, auditor.rules_for_build(llama_build))
+        pv = auditor.check_pair(con, target, draft, _rules(llama_build, llama_bin))
     if as_json:
         emit_json("compat", pv.as_dict())
     else:
@@ -86,12 +117,17 @@ def compat(
 @db_option
 @json_option
 def drafts(
-    target: str, rejected: bool, llama_build: int | None, db_path: Path | None, as_json: bool
+    target: str,
+    rejected: bool,
+    llama_build: int | None,
+    llama_bin: Path | None,
+    db_path: Path | None,
+    as_json: bool,
 ) -> None:
     """Drafts in the registry for TARGET, best first (verdict, then size)."""
     with opened(resolve_db(db_path), read_only=True) as con:
         found = auditor.compatible_drafts(
-            con, target, auditor.rules_for_build(llama_build), include_rejected=rejected
+            con, target, _rules(llama_build, llama_bin), include_rejected=rejected
         )
     if as_json:
         emit_json("drafts", {"target": target, "drafts": [pv.as_dict() for pv in found]})
@@ -118,11 +154,15 @@ def drafts(
 @db_option
 @json_option
 def audit(
-    fail_on_findings: bool, llama_build: int | None, db_path: Path | None, as_json: bool
+    fail_on_findings: bool,
+    llama_build: int | None,
+    llama_bin: Path | None,
+    db_path: Path | None,
+    as_json: bool,
 ) -> None:
     """Audit every ordered pair of the registry and save the verdicts (the graph's edges)."""
     with opened(resolve_db(db_path)) as con:
-        result, audit_id = auditor.audit_and_save(con, auditor.rules_for_build(llama_build))
+        result, audit_id = auditor.audit_and_save(con, _rules(llama_build, llama_bin))
     findings = result.findings
     if as_json:
         emit_json(
