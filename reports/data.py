@@ -113,6 +113,7 @@ class PairView:
     reason: str  # the first failing check that decides the verdict, with its numbers
     remedies: tuple[str, ...]
     spec_type: str | None
+    flags: tuple[str, ...] = ()  # what llama-server needs for this draft (auditor's rules)
 
     @property
     def verdict_label(self) -> str:

@@ -207,12 +207,6 @@ class Explainer:
         return self._class_reason[key]
 
     def pair(self, p: Any) -> PairView:
-        verdict = str(getattr(p.verdict, "value", p.verdict))
-        code = VERDICT_CODES.get(verdict, 0)
-        if code == 1:
-            d = self.by_id[p.draft_id]
-            spec = f"draft-{d.draft_kind}" if d.draft_kind else self.rules.draft_simple_type
-            return PairView(p.target_id, p.draft_id, code, "", (), spec)
         from specreg.auditor.checks import vocab_checks
         from specreg.auditor.pairs import judge
 
@@ -242,6 +236,7 @@ def pair_view(p: Any) -> PairView:
         reason=reasons[0] if reasons else "",
         remedies=tuple(p.remedies),
         spec_type=p.spec_type,
+        flags=tuple(p.flags),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import shlex
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -221,7 +222,13 @@ def environment(template_cache: Path | None = None) -> Environment:
     )
     env.globals["colour"] = plots.family_colour
     env.globals["labels"] = VERDICT_LABELS
+    env.globals["server_command"] = server_command
     return env
+
+
+def server_command(target_path: str | None, flags: Sequence[str]) -> str:
+    """The llama-server line for a target and a draft's flags, quoted for a POSIX shell."""
+    return shlex.join(["llama-server", "-m", target_path or "TARGET.gguf", *flags])
 
 
 def matrix_payload(matrix: Matrix, models: dict[str, ModelView]) -> dict[str, Any]:

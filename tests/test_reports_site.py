@@ -17,6 +17,7 @@ from reports_fixtures import (  # noqa: F401  (fixtures)
     HOSTILE_NAME,
     HOSTILE_TEMPLATE,
     HOSTILE_TOKEN,
+    SWEEP_DRAFT,
     SWEEP_TARGET,
     report_db_fixture,
     scanned_registry,
@@ -153,6 +154,12 @@ def test_runs_and_k_sweeps(site_dir: Path, report_db: Path) -> None:
     assert plot.count("<svg") == 1
     assert "acceptance" in plot and "baseline 3.0 t/s" in plot
     assert "measured baseline</dt><dd>3.0 t/s" in page
+    with opened(report_db) as con:
+        paths = {m.name: m.path for m in list_models(con)}
+    command = (
+        f"llama-server -m {paths[SWEEP_TARGET]} --spec-type draft-simple -md {paths[SWEEP_DRAFT]}"
+    )
+    assert command in Page(page).texts["code"]
 
 
 def test_site_data_is_plain_and_complete(report_db: Path) -> None:
