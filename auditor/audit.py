@@ -136,7 +136,8 @@ def audit_all(
             outcome = None
             failed = _scalar_failures(ta, tb, rules)
             if not failed:
-                key = tuple(sorted((ta.vocab_sha or "", tb.vocab_sha or "")))
+                sa, sb = sorted((ta.vocab_sha or "", tb.vocab_sha or ""))
+                key = (sa, sb)
                 if ta.vocab_sha == tb.vocab_sha:
                     text_ok = True
                 elif key in text_cache:
@@ -180,7 +181,7 @@ def audit_all(
                 size_d = _size(d)
                 ratio_ok = (size_t / size_d >= MIN_USEFUL_SIZE_RATIO) if size_t and size_d else None
                 tpl_d = d.chat_template_sha256
-                key = (
+                memo_key = (
                     cv.target_class,
                     cv.draft_class,
                     cap_t,
@@ -189,10 +190,10 @@ def audit_all(
                     bool(tpl_t and tpl_d and tpl_t != tpl_d),
                     ratio_ok,
                 )
-                hit = memo.get(key)
+                hit = memo.get(memo_key)
                 if hit is None:
                     pv = judge(t, d, rules, vocabs, outcome)
-                    hit = memo[key] = (pv.verdict, tuple(c.name for c in pv.failed))
+                    hit = memo[memo_key] = (pv.verdict, tuple(c.name for c in pv.failed))
                 counts[hit[0].value] += 1
                 pairs.append(PairSummary(t.model_id or "", d.model_id or "", hit[0], True, hit[1]))
 

@@ -215,7 +215,7 @@ def test_audit_all_equals_pairwise_checks(scanned_db: Path) -> None:
         assert sum(result.counts.values()) == result.n_pairs == len(models) * (len(models) - 1)
         rng = random.Random(1)
         pairs = [(t, d) for t in models for d in models if t is not d]
-        for t, d in rng.sample(pairs, 150) + [
+        for t, d in rng.sample(pairs, 60) + [
             (t, d) for t, d in pairs if (t.model_id, d.model_id) in summaries
         ]:
             pv = check_pair(con, t, d)

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from specreg import auditor
+import specreg.auditor as auditor
 from specreg.auditor.graph import dumps_json, to_graphml
 from specreg.auditor.rules import REFERENCE_HOST_RULES
 from specreg.auditor.verdict import PairVerdict, Severity, Verdict
