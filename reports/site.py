@@ -10,6 +10,7 @@ import base64
 import hashlib
 import logging
 import shlex
+import statistics
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -163,13 +164,23 @@ def _target_plot(
     roofline: Any,
     cache: plots.PlotCache,
 ) -> str:
-    points = []
+    # Repeated measurements of one configuration become one point: their median.
+    measured: dict[tuple[str, int], list[RunView]] = defaultdict(list)
     for r in runs:
         if not r.ok or r.k is None or not r.tokens_per_s:
             continue
-        draft = models[r.draft_id].name if r.draft_id in models else (r.spec_type or "?")
+        draft = models[r.draft_id].name if r.draft_id in models else r.spec_type
+        measured[(f"{r.task or 'any task'} · {draft}", int(r.k))].append(r)
+    points = []
+    for (series, k), rs in sorted(measured.items()):
+        accepted = [r.acceptance for r in rs if r.acceptance is not None]
         points.append(
-            plots.SweepPoint(f"{r.task or 'any'} · {draft}", int(r.k), r.tokens_per_s, r.acceptance)
+            plots.SweepPoint(
+                series,
+                k,
+                statistics.median(r.tokens_per_s or 0.0 for r in rs),
+                statistics.median(accepted) if accepted else None,
+            )
         )
     if not points:
         return ""
