@@ -92,10 +92,16 @@ def remedies_for(
     failed = {c.name for c in checks if not c.passed}
     out: list[str] = []
     alts = [a for a in alternatives if a.model_id != t.model_id]
-    if alts:
-        names = ", ".join(a.display_name for a in alts[:3])
-        more = f" (and {len(alts) - 3} more)" if len(alts) > 3 else ""
-        out.append(f"a draft with this tokenizer fingerprint exists: {names}{more}")
+    same_fp = [a for a in alts if a.tok_fingerprint and a.tok_fingerprint == t.tok_fingerprint]
+    accepted = [a for a in alts if a not in same_fp]
+    for group, text in (
+        (same_fp, "a draft with this tokenizer fingerprint exists"),
+        (accepted, "a smaller draft llama.cpp accepts for this target exists"),
+    ):
+        if group:
+            names = ", ".join(a.display_name for a in group[:3])
+            more = f" (and {len(group) - 3} more)" if len(group) > 3 else ""
+            out.append(f"{text}: {names}{more}")
     if has_mtp(t) and rules.draft_mtp:
         out.append("use the target's MTP heads: --spec-type draft-mtp, no draft file")
     if "recurrent_target" in failed:
