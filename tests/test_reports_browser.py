@@ -68,6 +68,11 @@ class Watched:
             ),
         )
         self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        # Offline: the site may only ever read its own files.
+        self.page.on(
+            "request",
+            lambda r: None if r.url.startswith("file://") else self.problems.append(r.url),
+        )
         self.page.on("dialog", lambda d: (self.problems.append(f"dialog: {d.message}"),
                                           d.dismiss()))  # fmt: skip
 
