@@ -94,6 +94,9 @@ class ModelRecord:
         return json.loads(self.tensor_types) if self.tensor_types else {}
 
 
+# Largest model we list as a draft by default: drafts worth running are small next to targets.
+DRAFT_MAX_PARAMS = 4_000_000_000
+
 _COLUMNS = [f.name for f in fields(ModelRecord)]
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM models"
 
@@ -134,7 +137,10 @@ def list_models(
     max_params: int | None = None,
     include_gone: bool = False,
     name: str | None = None,
+    role: str | None = None,
 ) -> list[ModelRecord]:
+    """Models matching every given filter. `role`: "draft" (small enough to draft, at most
+    DRAFT_MAX_PARAMS, or a dedicated draft head) or "target" (everything larger)."""
     where: list[str] = []
     args: list[Any] = []
     if not include_gone:
@@ -155,6 +161,12 @@ def list_models(
     if name:
         where.append("(contains(lower(name), lower(?)) OR contains(lower(path), lower(?)))")
         args += [name, name]
+    if role == "draft":
+        where.append("(n_params <= ? OR draft_kind IS NOT NULL) AND NOT coalesce(is_mmproj, false)")
+        args.append(DRAFT_MAX_PARAMS)
+    elif role == "target":
+        where.append("n_params > ? AND draft_kind IS NULL AND NOT coalesce(is_mmproj, false)")
+        args.append(DRAFT_MAX_PARAMS)
     sql = _SELECT + (" WHERE " + " AND ".join(where) if where else "")
     sql += " ORDER BY n_params NULLS LAST, path"
     return [_record(r) for r in con.execute(sql, args).fetchall()]

@@ -66,6 +66,11 @@ def test_models_filters_and_show_by_name(tmp_path: Path, sparse_tree: Path) -> N
     names = {m["name"] for m in json.loads(r.stdout)["models"]}
     assert "Qwen2.5 Coder 0.5B Instruct" in names
     assert "Qwen2.5 Coder 32B Instruct" not in names
+    r = specreg("models", "--db", str(db), "--role", "draft", "--json")
+    drafts = {m["name"] for m in json.loads(r.stdout)["models"]}
+    assert "EAGLE3 LLaMA3.1 Instruct 8B" in drafts and "Qwen2.5 7B Instruct" not in drafts
+    r = specreg("models", "--db", str(db), "--tokenizer", "deepseek-r1-qwen", "--json")
+    assert len(json.loads(r.stdout)["models"]) == 2
     r = specreg("models", "--db", str(db), "--arch", "qwen3moe")
     assert "Qwen3 Coder 480B A35B Instruct" in r.stdout and "Gemma" not in r.stdout
     r = specreg("show", "Qwen3 Coder 480B A35B Instruct", "--db", str(db), "--json")

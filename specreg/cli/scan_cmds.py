@@ -124,6 +124,11 @@ def _print_scan(r: ScanResult, verbose: bool) -> None:
 @click.option("--min-params", help="At least this many parameters (e.g. 7B).")
 @click.option("--max-params", help="At most this many parameters (e.g. 1.5B; drafts).")
 @click.option("--name", help="Substring of the name or path.")
+@click.option(
+    "--role",
+    type=click.Choice(["draft", "target"]),
+    help="draft: up to 4B parameters or a draft head; target: everything larger.",
+)
 @click.option("--all", "include_gone", is_flag=True, help="Include models whose files are gone.")
 @db_option
 @json_option
@@ -133,6 +138,7 @@ def models(
     min_params: str | None,
     max_params: str | None,
     name: str | None,
+    role: str | None,
     include_gone: bool,
     db_path: Path | None,
     as_json: bool,
@@ -147,6 +153,7 @@ def models(
             max_params=_parse_params(max_params),
             include_gone=include_gone,
             name=name,
+            role=role,
         )
     if as_json:
         emit_json("models", {"models": [dataclasses.asdict(m) for m in rows]})
