@@ -10,6 +10,7 @@ check accepts are expanded to model pairs; a refused class pair counts |A| x |B|
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from specreg.auditor.checks import (
     vocab_checks,
     vocab_signature,
 )
-from specreg.auditor.pairs import VocabCache, judge
+from specreg.auditor.pairs import VocabCache, judge, vision_dirs
 from specreg.auditor.rules import PINNED_RULES, RuleSet
 from specreg.auditor.verdict import Verdict
 from specreg.registry.queries import ModelRecord, list_models
@@ -85,8 +86,9 @@ class AuditResult:
         return None
 
 
-def _cap_signature(m: ModelRecord) -> tuple[Any, ...]:
+def _cap_signature(m: ModelRecord, vdirs: frozenset[str]) -> tuple[Any, ...]:
     return (
+        bool(m.path) and os.path.dirname(m.path or "") in vdirs,
         bool(m.is_mmproj),
         m.draft_kind,
         bool(m.is_recurrent),
@@ -113,6 +115,7 @@ def audit_all(
     t0 = time.perf_counter()
     models = list_models(con) if models is None else models
     vocabs = VocabCache(con)
+    vdirs = vision_dirs(models)
 
     plain = [m for m in models if not m.draft_kind]
     bound = [m for m in models if m.draft_kind]
@@ -174,7 +177,7 @@ def audit_all(
             continue
         outcome = outcomes[(cv.target_class, cv.draft_class)]
         for t in members[cv.target_class]:
-            cap_t, size_t, tpl_t = _cap_signature(t), _size(t), t.chat_template_sha256
+            cap_t, size_t, tpl_t = _cap_signature(t, vdirs), _size(t), t.chat_template_sha256
             for d in members[cv.draft_class]:
                 if d is t:
                     continue
@@ -192,7 +195,7 @@ def audit_all(
                 )
                 hit = memo.get(memo_key)
                 if hit is None:
-                    pv = judge(t, d, rules, vocabs, outcome)
+                    pv = judge(t, d, rules, vocabs, outcome, vision_dirs=vdirs)
                     hit = memo[memo_key] = (pv.verdict, tuple(c.name for c in pv.failed))
                 counts[hit[0].value] += 1
                 pairs.append(PairSummary(t.model_id or "", d.model_id or "", hit[0], True, hit[1]))
@@ -202,7 +205,7 @@ def audit_all(
         for t in models:
             if t is d:
                 continue
-            pv = judge(t, d, rules, vocabs)
+            pv = judge(t, d, rules, vocabs, vision_dirs=vdirs)
             counts[pv.verdict.value] += 1
             pairs.append(
                 PairSummary(

@@ -289,7 +289,8 @@ def binding_check(t: Any, d: Any) -> Check:
     )
 
 
-def capability_checks(t: Any, d: Any, rules: RuleSet) -> list[Check]:
+def capability_checks(t: Any, d: Any, rules: RuleSet, vision: bool = False) -> list[Check]:
+    """`vision`: the target is served with a vision projector (an mmproj beside it)."""
     checks: list[Check] = []
     for role, m in (("target", t), ("draft", d)):
         if getattr(m, "is_mmproj", False):
@@ -336,6 +337,22 @@ def capability_checks(t: Any, d: Any, rules: RuleSet) -> list[Check]:
                     "is_hybrid": hybrid,
                     "build_speculates_with_checkpoints": ok,
                 },
+            )
+        )
+    if vision:
+        ok = rules.vision_targets_speculate
+        checks.append(
+            Check(
+                "vision_target",
+                ok,
+                Severity.RISK,
+                "vision target (an mmproj sits beside it): "
+                + (
+                    "this build speculates with a projector loaded"
+                    if ok
+                    else "this build's server refuses speculative decoding when --mmproj is given"
+                ),
+                {"vision": True, "build_speculates_with_mmproj": ok},
             )
         )
     for flag, attr, what in (

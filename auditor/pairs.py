@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,6 +20,11 @@ from specreg.auditor.rules import PINNED_RULES, RuleSet
 from specreg.auditor.verdict import Check, ModelRef, PairVerdict, Severity, Verdict, verdict_of
 from specreg.registry.queries import ModelRecord, list_models, resolve_model
 from specreg.registry.vocab_store import Vocab, load_vocab
+
+
+def vision_dirs(models: Iterable[ModelRecord]) -> frozenset[str]:
+    """Folders holding a vision projector: the language models there are served with it."""
+    return frozenset(os.path.dirname(m.path) for m in models if m.is_mmproj and m.path)
 
 
 class VocabCache:
@@ -51,6 +57,7 @@ def pair_checks(
     d: Any,
     rules: RuleSet,
     vocab: VocabOutcome | None,
+    vision: bool = False,
 ) -> tuple[tuple[Check, ...], str | None]:
     """All checks of (t, d) given the vocabulary outcome; also the --spec-type to use."""
     checks: list[Check] = []
@@ -73,7 +80,7 @@ def pair_checks(
         spec_type = rules.draft_simple_type or "draft"
         assert vocab is not None
         checks.extend(vocab.checks)
-    checks.extend(capability_checks(t, d, rules))
+    checks.extend(capability_checks(t, d, rules, vision))
     checks.extend(risk_checks(t, d, None if kind else vocab, rules))
     checks.extend(advisory_checks(t, d, None if kind else vocab))
     return tuple(checks), spec_type
@@ -124,10 +131,12 @@ def judge(
     vocabs: VocabCache,
     outcome: VocabOutcome | None = None,
     alternatives: Iterable[ModelRecord] = (),
+    vision_dirs: frozenset[str] = frozenset(),
 ) -> PairVerdict:
     if outcome is None and not getattr(d, "draft_kind", None):
         outcome = vocab_checks(t, d, vocabs.get(t.vocab_sha), vocabs.get(d.vocab_sha), rules)
-    checks, spec_type = pair_checks(t, d, rules, outcome)
+    vision = bool(t.path) and os.path.dirname(t.path or "") in vision_dirs
+    checks, spec_type = pair_checks(t, d, rules, outcome, vision)
     verdict = verdict_of(checks)
     accepts = None if getattr(d, "draft_kind", None) else (outcome.accepts if outcome else None)
     flags: tuple[str, ...] = ()
@@ -183,12 +192,12 @@ def check_pair(
     t = target if isinstance(target, ModelRecord) else resolve_model(con, target)
     d = draft if isinstance(draft, ModelRecord) else resolve_model(con, draft)
     vocabs = VocabCache(con)
-    pv = judge(t, d, rules, vocabs)
+    models = list_models(con)
+    vdirs = vision_dirs(models)
+    pv = judge(t, d, rules, vocabs, vision_dirs=vdirs)
     if pv.verdict is not Verdict.COMPATIBLE and pv.remedies:
-        alts = [
-            a for a in _alternatives(t, list_models(con), rules, vocabs) if a.model_id != d.model_id
-        ]
-        pv = judge(t, d, rules, vocabs, alternatives=alts)
+        alts = [a for a in _alternatives(t, models, rules, vocabs) if a.model_id != d.model_id]
+        pv = judge(t, d, rules, vocabs, alternatives=alts, vision_dirs=vdirs)
     return pv
 
 
@@ -204,6 +213,7 @@ def compatible_drafts(
     vocabs = VocabCache(con)
     models = list_models(con)
     by_id = {m.model_id: m for m in models}
+    vdirs = vision_dirs(models)
     outcomes: dict[tuple[Any, ...], VocabOutcome] = {}
     results = []
     for d in models:
@@ -218,7 +228,7 @@ def compatible_drafts(
                     t, d, vocabs.get(t.vocab_sha), vocabs.get(d.vocab_sha), rules
                 )
             outcome = outcomes[sig]
-        pv = judge(t, d, rules, vocabs, outcome)
+        pv = judge(t, d, rules, vocabs, outcome, vision_dirs=vdirs)
         if include_rejected or pv.compatible:
             results.append(pv)
     results.sort(

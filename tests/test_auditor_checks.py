@@ -231,3 +231,28 @@ def test_audit_counts_are_consistent_per_build(scanned_db: Path, build: int | No
         result = audit_all(con, rules_for_build(build))
     assert sum(result.counts.values()) == result.n_pairs
     assert result.llama_build == rules_for_build(build).since_build
+
+
+def test_vision_target_is_risky_on_old_builds(gguf_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    toks = [f"t{i}" for i in range(300)]
+    vl = tmp_path / "vl"
+    target = gguf_factory(
+        "vl-7b.gguf", tokens=toks, bos=1, add_bos=True, general_name="vl-7b", directory=vl
+    )
+    gguf_factory(
+        "mmproj-vl-7b.gguf", tokens=toks, arch="clip", general_name="vl-proj", directory=vl
+    )
+    draft = gguf_factory("small.gguf", tokens=toks, bos=1, add_bos=True, general_name="small")
+    db = _registry(tmp_path, vl, draft)
+    with opened(db, read_only=True) as con:
+        new = check_pair(con, str(target), str(draft))
+        old = check_pair(con, str(target), str(draft), rules_for_build(7371))
+        proj = check_pair(con, str(vl / "mmproj-vl-7b.gguf"), str(draft))
+        audit_old = audit_all(con, rules_for_build(7371))
+    assert new.check("vision_target").passed and new.compatible
+    assert old.verdict is Verdict.RISKY and not old.check("vision_target").passed
+    assert (
+        proj.verdict is Verdict.INCOMPATIBLE and not proj.check("target_is_language_model").passed
+    )
+    s = audit_old.summary(new.target.model_id, new.draft.model_id)
+    assert s is not None and s.verdict is Verdict.RISKY and "vision_target" in s.findings
