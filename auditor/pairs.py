@@ -86,6 +86,15 @@ def pair_checks(
     return tuple(checks), spec_type
 
 
+def draftless_modes(t: Any, rules: RuleSet) -> tuple[str, ...]:
+    """Speculation this target can do with no draft file: its MTP heads, the n-gram modes."""
+    modes = ["draft-mtp"] if has_mtp(t) and rules.draft_mtp else []
+    recurrent = getattr(t, "is_recurrent", False) or getattr(t, "is_hybrid", False)
+    if recurrent and not rules.recurrent_targets_speculate:
+        return ()
+    return (*modes, *rules.ngram_spec_types)
+
+
 def remedies_for(
     t: ModelRecord,
     verdict: Verdict,

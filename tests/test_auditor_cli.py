@@ -67,12 +67,28 @@ def test_drafts_lists_rejected_on_request(scanned_db: Path) -> None:
     code, out = _run("drafts", "Meta Llama 3.1 8B Instruct", *db, "--json")
     doc = json.loads(out)
     assert code == 0
+    assert doc["draftless"] == [
+        "ngram-simple",
+        "ngram-map-k",
+        "ngram-map-k4v",
+        "ngram-mod",
+        "ngram-cache",
+    ]
     drafts = [d["draft"]["name"] for d in doc["drafts"]]
     assert "Llama 3.2 1B Instruct" in drafts and "EAGLE3 LLaMA3.1 Instruct 8B" in drafts
     assert all(d["compatible"] for d in doc["drafts"])
     _, out = _run("drafts", "Meta Llama 3.1 8B Instruct", *db, "--json", "--rejected")
     rejected = [d for d in json.loads(out)["drafts"] if not d["compatible"]]
     assert rejected and all(d["reasons"] for d in rejected)
+
+
+def test_drafts_offers_mtp_heads(scanned_db: Path) -> None:
+    code, out = _run("drafts", "GLM 4.5 Air", "--db", str(scanned_db))
+    assert code == 0
+    assert out.splitlines()[0] == (
+        "without a draft: --spec-type draft-mtp | ngram-simple | ngram-map-k | ngram-map-k4v | "
+        "ngram-mod | ngram-cache"
+    )
 
 
 def test_audit_persists_and_fails_on_findings(scanned_db: Path) -> None:

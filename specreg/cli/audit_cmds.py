@@ -12,11 +12,13 @@ from rich.table import Table
 
 import specreg.auditor as auditor
 from specreg.auditor.graph import dumps_json, to_graphml
+from specreg.auditor.pairs import draftless_modes
 from specreg.auditor.rules import REFERENCE_HOST_RULES
 from specreg.auditor.verdict import PairVerdict, Severity, Verdict
 from specreg.cli.common import console, db_option, emit_json, json_option, resolve_db
 from specreg.errors import EXIT_FINDINGS
 from specreg.registry.db import opened
+from specreg.registry.queries import resolve_model
 from specreg.runner.llama import DIALECT_DRAFT_MAX, ENV_LLAMA_BIN, find_llama
 
 
@@ -125,13 +127,24 @@ def drafts(
     as_json: bool,
 ) -> None:
     """Drafts in the registry for TARGET, best first (verdict, then size)."""
+    rules = _rules(llama_build, llama_bin)
     with opened(resolve_db(db_path), read_only=True) as con:
-        found = auditor.compatible_drafts(
-            con, target, _rules(llama_build, llama_bin), include_rejected=rejected
-        )
+        model = resolve_model(con, target)
+        found = auditor.compatible_drafts(con, model, rules, include_rejected=rejected)
+    draftless = draftless_modes(model, rules)
     if as_json:
-        emit_json("drafts", {"target": target, "drafts": [pv.as_dict() for pv in found]})
+        emit_json(
+            "drafts",
+            {
+                "target": target,
+                "draftless": list(draftless),
+                "drafts": [pv.as_dict() for pv in found],
+            },
+        )
         return
+    if draftless:
+        flag = rules.spec_type_flag or "--spec-type"
+        console().print(f"without a draft: {flag} " + " | ".join(draftless))
     if not found:
         console().print("no compatible draft in the registry (--rejected shows why)")
         return
