@@ -366,6 +366,11 @@ def test_real_llama_server_reads_the_preset(site: Site, tmp_path: Path, llama_bi
     """The pinned llama-server, in router mode, loads the exported preset and lists its models
     (an unknown key or a bad line would make it exit)."""
     use_llama(site, llama_bin)
+    plan = launches(site, port=None)
+    assert (plan.dialect, plan.dialect_origin) == (
+        "current",
+        f"detected from {llama_bin}/llama-server --help",
+    )
     preset = tmp_path / "models.ini"
     export(site, "models-preset", "-o", str(preset))
     with socket.socket() as sock:
