@@ -1,0 +1,190 @@
+"""Grouped cross-validation of the speed model: held-out target models, K choice and speedup.
+
+The unit that is held out is the target model (`Observation.group`), so a fold never sees any
+run of the model it is scored on - the situation of a user with a model nobody measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.base import clone
+from specreg.recommender.features import COL, Method, feature_matrix
+from specreg.recommender.model import SpeculationRegressor
+from specreg.recommender.prior import Observation, SweepSeries
+
+# Tolerance of the K criterion: the picked K may lose this much against the measured best.
+K_LOSS_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class TrainingSet:
+    X: np.ndarray
+    y: np.ndarray
+    groups: np.ndarray
+    acceptance: np.ndarray
+    weight: np.ndarray
+    series: np.ndarray
+    observations: tuple[Observation, ...]
+
+
+def training_set(observations: Sequence[Observation], *, local_weight: float = 4.0) -> TrainingSet:
+    """Rows for `SpeculationRegressor.fit`; local runs count `local_weight` times a prior row."""
+    obs = tuple(observations)
+    X = feature_matrix(o.config for o in obs)
+    # A plain run at full experts is its own baseline; hiding that from the model makes it learn
+    # plain speed from bytes and bandwidth (the roofline efficiency), needed when a target has no
+    # measured baseline on this host.
+    plain = np.array(
+        [o.config.method is Method.NONE and o.config.experts_ratio >= 1 for o in obs], dtype=bool
+    )
+    if len(obs):
+        X[plain, COL["baseline_tps"]] = np.nan
+    return TrainingSet(
+        X=X,
+        y=np.array([o.tps for o in obs], dtype=float),
+        groups=np.array([o.group for o in obs]),
+        acceptance=np.array(
+            [o.acceptance if o.acceptance is not None else math.nan for o in obs], dtype=float
+        ),
+        weight=np.array([local_weight if o.source == "local" else 1.0 for o in obs]),
+        series=np.array([o.series or "" for o in obs], dtype=object),
+        observations=obs,
+    )
+
+
+def rule_of_thumb_k(target_params_b: float) -> int:
+    """The reports' rule: K=24 for 32B-class targets, K=8 for 7B-class ones."""
+    return 24 if target_params_b >= 20 else 8
+
+
+@dataclass(frozen=True)
+class SeriesResult:
+    series: str
+    group: str
+    best_k: int
+    best_tps: float
+    picked_k: int
+    picked_tps: float
+    rule_k: int
+    rule_tps: float
+
+    @property
+    def loss(self) -> float:
+        return 1.0 - self.picked_tps / self.best_tps
+
+    @property
+    def rule_loss(self) -> float:
+        return 1.0 - self.rule_tps / self.best_tps
+
+
+@dataclass(frozen=True)
+class CVReport:
+    series: tuple[SeriesResult, ...]
+    speedup_ape: tuple[float, ...]  # per held-out speculative row
+    speedup_ape_draft: tuple[float, ...]
+    coverage: float  # share of held-out rows inside the predicted band
+    n_folds: int
+
+    @property
+    def k_within_tolerance(self) -> float:
+        return float(np.mean([s.loss <= K_LOSS_TOLERANCE + 1e-12 for s in self.series]))
+
+    @property
+    def rule_within_tolerance(self) -> float:
+        return float(np.mean([s.rule_loss <= K_LOSS_TOLERANCE + 1e-12 for s in self.series]))
+
+    @property
+    def speedup_mape(self) -> float:
+        return float(np.mean(self.speedup_ape))
+
+    @property
+    def speedup_mape_draft(self) -> float:
+        return float(np.mean(self.speedup_ape_draft))
+
+    @property
+    def median_k_loss(self) -> float:
+        return float(np.median([s.loss for s in self.series]))
+
+    @property
+    def median_rule_loss(self) -> float:
+        return float(np.median([s.rule_loss for s in self.series]))
+
+
+def grouped_cv(
+    estimator: SpeculationRegressor,
+    data: TrainingSet,
+    sweeps: Sequence[SweepSeries],
+) -> CVReport:
+    """Leave one target model out; score K choice on the sweeps and speedup on every row."""
+    obs = data.observations
+    by_series: dict[str, list[int]] = {}
+    for i, o in enumerate(obs):
+        if o.series:
+            by_series.setdefault(o.series, []).append(i)
+    sweep_by_name = {s.series: s for s in sweeps}
+    series_results: list[SeriesResult] = []
+    ape: list[float] = []
+    ape_draft: list[float] = []
+    inside: list[bool] = []
+    folds = 0
+    for group in np.unique(data.groups):
+        test = data.groups == group
+        spec = test & np.array([o.config.method is not Method.NONE for o in obs])
+        has_series = any(obs[i].group == group for idx in by_series.values() for i in idx)
+        if not spec.any() and not has_series:
+            continue
+        folds += 1
+        train = ~test
+        model = clone(estimator).fit(
+            data.X[train],
+            data.y[train],
+            sample_weight=data.weight[train],
+            groups=data.groups[train],
+            acceptance=data.acceptance[train],
+            series=data.series[train],
+        )
+        idx = np.flatnonzero(spec)
+        if len(idx):
+            lo, mid, hi = model.predict_interval(data.X[idx])
+            for j, i in enumerate(idx):
+                o = obs[i]
+                meas = o.speedup
+                pred = mid[j] / o.config.baseline_tps
+                ape.append(abs(pred - meas) / meas)
+                if o.config.method is Method.DRAFT:
+                    ape_draft.append(abs(pred - meas) / meas)
+                inside.append(bool(lo[j] <= o.tps <= hi[j]))
+        for name, rows in by_series.items():
+            if obs[rows[0]].group != group or name not in sweep_by_name:
+                continue
+            sweep = sweep_by_name[name]
+            pred = model.predict(data.X[rows])
+            ks = [obs[i].config.k for i in rows]
+            picked = ks[int(np.argmax(pred))]
+            rule = rule_of_thumb_k(obs[rows[0]].config.target_params_b)
+            # the rule's K may not be in the sweep (K=24 always is; K=8 always is)
+            rule_tps = sweep.k_tps.get(rule, max(sweep.k_tps.values()))
+            best_k = max(sweep.k_tps, key=lambda k: sweep.k_tps[k])
+            series_results.append(
+                SeriesResult(
+                    series=name,
+                    group=group,
+                    best_k=best_k,
+                    best_tps=sweep.k_tps[best_k],
+                    picked_k=picked,
+                    picked_tps=sweep.k_tps[picked],
+                    rule_k=rule,
+                    rule_tps=rule_tps,
+                )
+            )
+    return CVReport(
+        series=tuple(series_results),
+        speedup_ape=tuple(ape),
+        speedup_ape_draft=tuple(ape_draft),
+        coverage=float(np.mean(inside)) if inside else math.nan,
+        n_folds=folds,
+    )

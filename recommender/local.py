@@ -1,0 +1,147 @@
+"""Registry facts and this host's recorded runs, in the recommender's terms.
+
+`target_fields` / `draft_fields` turn a registry `ModelRecord` into the `ConfigFacts` fields
+(the same facts the prior derives from its columns). `local_observations` turns the runner's
+recorded runs on this host into `Observation`s that the model is refitted on.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import duckdb
+from specreg.recommender.features import ConfigFacts, Method, family_of
+from specreg.recommender.host import HostFacts
+from specreg.recommender.prior import Observation
+from specreg.registry.queries import ModelRecord, get_model
+from specreg.registry.runs import RunRecord, list_runs
+
+# runner spec types -> the recommender's methods
+SPEC_METHODS = {
+    "none": Method.NONE,
+    "draft-simple": Method.DRAFT,
+    "draft-mtp": Method.MTP,
+    "ngram-mod": Method.NGRAM,
+    "ngram-simple": Method.NGRAM,
+    "ngram-map-k": Method.NGRAM,
+    "ngram-map-k4v": Method.NGRAM,
+    "ngram-cache": Method.NGRAM,
+}
+# llama.cpp's ngram-mod default match length (common/common.h of the pinned build)
+NGRAM_MATCH_DEFAULT = 4
+
+
+def _gb(n: int | None) -> float:
+    return (n or 0) / 1e9
+
+
+def target_fields(t: ModelRecord) -> dict[str, Any]:
+    params = _gb(t.n_params) or 1e-3
+    active = _gb(t.n_params_active) or params
+    size = _gb(t.n_bytes)
+    bpw = t.bits_per_weight or (size * 8 / params if params else 0.0)
+    return {
+        "target_params_b": params,
+        "target_active_b": active,
+        "target_bpw": float(bpw),
+        "target_gb": size,
+        "target_family": family_of(t.architecture),
+        "target_is_moe": bool(t.is_moe),
+        "target_is_hybrid": bool(t.is_hybrid or t.is_recurrent),
+        "default_experts": int(t.expert_used_count or 0) if t.is_moe else 0,
+    }
+
+
+def draft_fields(d: ModelRecord, t: ModelRecord, tok_relation: str | None = None) -> dict[str, Any]:
+    params = _gb(d.n_params) or 1e-3
+    size = _gb(d.n_bytes)
+    if tok_relation is None:
+        same = d.tok_fingerprint is not None and d.tok_fingerprint == t.tok_fingerprint
+        tok_relation = "identical" if same else "padding-only"
+        if d.tok_pre != t.tok_pre:
+            tok_relation = "pre-tokenizer-differs"
+    return {
+        "draft_params_b": params,
+        "draft_bpw": float(d.bits_per_weight or size * 8 / params),
+        "draft_gb": size,
+        "draft_family": family_of(d.architecture),
+        "tok_relation": tok_relation,
+    }
+
+
+def _run_task(run: RunRecord) -> str:
+    return run.task or "chat"
+
+
+def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[Observation]:
+    """This host's successful runs with a measured speed, as observations."""
+    if host.fingerprint is None:
+        return []
+    try:
+        runs = list_runs(con, status="ok")
+    except duckdb.Error:  # a registry without the runs tables has no local evidence
+        return []
+    mine = [r for r in runs if r.host_fingerprint == host.fingerprint and r.tokens_per_s]
+    by_id = {r.run_id: r for r in mine}
+    # plain runs per target: the baseline of that target on this host
+    plain: dict[str, list[float]] = {}
+    for r in mine:
+        if r.spec_type == "none" and r.experts is None and r.target_model_id:
+            plain.setdefault(r.target_model_id, []).append(float(r.tokens_per_s or 0))
+    models: dict[str, ModelRecord | None] = {}
+
+    def model(mid: str | None) -> ModelRecord | None:
+        if mid is None:
+            return None
+        if mid not in models:
+            models[mid] = get_model(con, mid)
+        return models[mid]
+
+    out = []
+    for r in mine:
+        method = SPEC_METHODS.get(r.spec_type)
+        t = model(r.target_model_id)
+        if method is None or t is None:
+            continue
+        base_run = by_id.get(r.baseline_run_id) if r.baseline_run_id else None
+        if base_run is not None and base_run.tokens_per_s:
+            baseline = float(base_run.tokens_per_s)
+        elif r.target_model_id in plain:
+            baseline = statistics.median(plain[r.target_model_id])
+        else:
+            baseline = math.nan
+        draft: dict[str, Any] = {}
+        if method is Method.DRAFT:
+            d = model(r.draft_model_id)
+            if d is None:
+                continue
+            draft = draft_fields(d, t)
+        tf = target_fields(t)
+        config = ConfigFacts(
+            bandwidth_gbs=host.bandwidth_gbs,
+            physical_cores=host.physical_cores,
+            **tf,
+            method=method,
+            k=int(r.k or 0),
+            experts=int(r.experts or tf["default_experts"]),
+            temperature=float(r.temperature or 0.0),
+            task=_run_task(r),
+            ngram_n=NGRAM_MATCH_DEFAULT if method is Method.NGRAM else 0,
+            baseline_tps=baseline,
+            **draft,
+        )
+        out.append(
+            Observation(
+                config=config,
+                tps=float(r.tokens_per_s or 0),
+                source="local",
+                row_id=f"run:{r.run_id}",
+                group=t.model_id,
+                host=host.fingerprint,
+                acceptance=r.acceptance,
+                note=r.config_label,
+            )
+        )
+    return out

@@ -1,0 +1,369 @@
+"""The learned speed model: a scikit-learn estimator over `features.FEATURES`.
+
+Two layers, so the learned part only has to learn what the formulas cannot:
+
+1. the cost model of `costmodel` (memory-bound steps, verify cost, Leviathan's expected tokens
+   per step) with its ~30 constants fitted by robust least squares on log tokens/s, acceptance
+   being a logistic function of task, draft family and relative size, temperature;
+2. a small gradient-boosted model of the remaining log-ratio (measured / cost model).
+
+Uncertainty comes from an ensemble refitted on bootstrap resamples of the target models (the
+spread between members: how much the answer depends on which targets were seen) plus the
+observed scatter of single measurements around the fit.
+
+Estimator contract: `__init__` stores parameters only, learned state ends in `_`, `fit` returns
+self, all randomness comes from `random_state`, so `clone` and grouped cross-validation work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from statistics import NormalDist
+
+import numpy as np
+from scipy.optimize import least_squares
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.ensemble import GradientBoostingRegressor
+from sklearn.utils.validation import check_is_fitted
+from specreg.recommender.costmodel import (
+    CostParams,
+    drafted_acceptance,
+    predict_tps,
+)
+from specreg.recommender.features import FEATURES, TASKS, column
+
+_BOUNDS: dict[str, tuple[float, float]] = {
+    "target_eff": (0.01, 2.0),
+    "target_tau": (0.0, 0.5),
+    "draft_eff": (0.01, 2.0),
+    "draft_tau": (0.0, 0.05),
+    "verify_slope": (0.0, 1.0),
+    "expert_share": (0.05, 0.95),
+    # signs physics insists on: a larger draft agrees more, a hotter sampler less
+    "acc_size": (0.0, 3.0),
+    "acc_temp": (-5.0, 0.0),
+}
+# Where acceptance coefficients are pulled when the data say little (a weak prior).
+_PRIOR = CostParams()
+# Columns the residual model sees: facts that plausibly shift speed beyond the formulas.
+_RESIDUAL_FEATURES = (
+    "target_params_b",
+    "target_active_b",
+    "target_bpw",
+    "target_is_moe",
+    "target_is_hybrid",
+    "experts_ratio",
+    "is_draft",
+    "is_ngram",
+    "k",
+    "ngram_n",
+    "draft_params_b",
+    "draft_bpw",
+    "same_family",
+    "log_size_ratio",
+    *(f"task_{t}" for t in TASKS),
+)
+
+
+def _bounds_vectors() -> tuple[np.ndarray, np.ndarray]:
+    lo: list[float] = []
+    hi: list[float] = []
+    for f in fields(CostParams):
+        n = len(TASKS) if f.name in ("acc_task", "ngram_task") else 1
+        b = _BOUNDS.get(f.name, (-8.0, 8.0))
+        lo += [b[0]] * n
+        hi += [b[1]] * n
+    return np.asarray(lo), np.asarray(hi)
+
+
+def _ridge_mask() -> np.ndarray:
+    mask: list[float] = []
+    for f in fields(CostParams):
+        n = len(TASKS) if f.name in ("acc_task", "ngram_task") else 1
+        mask += [0.0 if f.name in _BOUNDS and not f.name.startswith("acc_") else 1.0] * n
+    return np.asarray(mask)
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-3, 1 - 1e-3)
+    return np.log(p / (1 - p))
+
+
+def _sparsity(sid: np.ndarray, has_acc: np.ndarray, n_p: int, n_s: int) -> np.ndarray:
+    """Which residual depends on which parameter: a sweep's effects touch only its rows."""
+    n_y = len(sid)
+    n_acc = int(has_acc.sum())
+    rows = n_y + n_acc + n_p + (2 * n_s if n_s else 0)
+    jac = np.zeros((rows, n_p + 2 * n_s), dtype=bool)
+    jac[: n_y + n_acc, :n_p] = True
+    jac[n_y + n_acc : n_y + n_acc + n_p, :n_p] = np.eye(n_p, dtype=bool)
+    if n_s:
+        for i in np.flatnonzero(sid >= 0):
+            jac[i, n_p + sid[i]] = True
+            jac[i, n_p + n_s + sid[i]] = True
+        acc_rows = np.flatnonzero(has_acc)
+        for j, i in enumerate(acc_rows):
+            if sid[i] >= 0:
+                jac[n_y + j, n_p + n_s + sid[i]] = True
+        base = n_y + n_acc + n_p
+        jac[base:, n_p:] = np.eye(2 * n_s, dtype=bool)
+    return jac
+
+
+def fit_cost_params(
+    X: np.ndarray,
+    y: np.ndarray,
+    weight: np.ndarray,
+    acc: np.ndarray,
+    *,
+    start: CostParams,
+    robust_scale: float,
+    ridge: float,
+    acceptance_weight: float,
+    series: np.ndarray | None = None,
+    series_ridge: float = 1.0,
+) -> CostParams:
+    """Robust least squares of log tokens/s (and reported acceptance) on the cost model.
+
+    `series` (one label per row, "" for none) adds a random effect per measured sweep: a level
+    offset (the sweeps' baselines come from a different prompt than their speed tests) and an
+    acceptance offset (pairs differ in ways the facts do not show), both pulled to zero by
+    `series_ridge`. They let the shared constants be learned from the shape of each sweep
+    over K; predictions for new configurations use the shared constants only.
+    """
+    lo, hi = _bounds_vectors()
+    labels = np.asarray(series if series is not None else [""] * len(y), dtype=object)
+    names = sorted({str(x) for x in labels if x})
+    index = {n: i for i, n in enumerate(names)}
+    sid = np.array([index.get(str(x), -1) for x in labels])
+    has_s = sid >= 0
+    n_s = len(names)
+    n_p = len(lo)
+    lo = np.concatenate([lo, np.full(2 * n_s, -4.0)])
+    hi = np.concatenate([hi, np.full(2 * n_s, 4.0)])
+    mask = _ridge_mask()
+    prior = _PRIOR.to_vector()
+    has_acc = np.isfinite(acc)
+    k_acc = np.maximum(column(X, "k")[has_acc], 1.0)
+    sw = np.sqrt(weight)
+    sw_acc = np.sqrt(weight[has_acc]) * acceptance_weight
+    log_y = np.log(y)
+
+    def residuals(vec: np.ndarray) -> np.ndarray:
+        p = CostParams.from_vector(vec[:n_p])
+        level = np.zeros(len(y))
+        acc_shift = np.zeros(len(y))
+        if n_s:
+            level[has_s] = vec[n_p : n_p + n_s][sid[has_s]]
+            acc_shift[has_s] = vec[n_p + n_s :][sid[has_s]]
+        tps, a = predict_tps(X, p, acc_shift)
+        r = sw * (np.log(np.maximum(tps, 1e-9)) + level - log_y)
+        parts = [r]
+        if has_acc.any():
+            pred_acc = drafted_acceptance(a[has_acc], k_acc)
+            parts.append(sw_acc * (_logit(pred_acc) - _logit(acc[has_acc])))
+        parts.append(np.sqrt(ridge) * mask * (vec[:n_p] - prior))
+        if n_s:
+            # levels move freely (protocol differences), acceptance shifts are shrunk
+            parts.append(
+                np.sqrt(series_ridge)
+                * np.concatenate([0.1 * vec[n_p : n_p + n_s], vec[n_p + n_s :]])
+            )
+        return np.concatenate(parts)
+
+    x0 = np.concatenate(
+        [np.clip(start.to_vector(), lo[:n_p] + 1e-9, hi[:n_p] - 1e-9), np.zeros(2 * n_s)]
+    )
+    sol = least_squares(
+        residuals,
+        x0,
+        bounds=(lo, hi),
+        loss="soft_l1",
+        f_scale=robust_scale,
+        max_nfev=300,
+        jac_sparsity=_sparsity(sid, has_acc, n_p, n_s),
+    )
+    return CostParams.from_vector(sol.x[:n_p])
+
+
+class SpeculationRegressor(RegressorMixin, BaseEstimator):
+    """Predicts decode tokens/s of a configuration (rows of `features.FEATURES`).
+
+    Parameters
+    ----------
+    n_members: ensemble members refitted on bootstrap resamples of the groups (target models),
+        for the uncertainty band; 0 gives a band from measurement scatter alone.
+    residual: learn the log-ratio the cost model leaves (gradient boosting), or not.
+    residual_depth, residual_estimators, learning_rate: the residual model's size.
+    robust_scale: log-space scale of the soft-L1 loss: figures further off count less.
+    ridge: pull of acceptance coefficients towards their weak prior.
+    acceptance_weight: weight of reported acceptance rates relative to speeds.
+    series_ridge: shrinkage of the per-sweep random effects; 0 switches them off.
+    band: central probability of `predict_interval`.
+    random_state: seeds the bootstrap and the residual model.
+    """
+
+    def __init__(
+        self,
+        n_members: int = 5,
+        residual: bool = True,
+        residual_depth: int = 2,
+        residual_estimators: int = 60,
+        learning_rate: float = 0.05,
+        robust_scale: float = 0.25,
+        ridge: float = 0.05,
+        acceptance_weight: float = 0.5,
+        series_ridge: float = 1.0,
+        band: float = 0.8,
+        random_state: int | None = 0,
+    ) -> None:
+        self.n_members = n_members
+        self.residual = residual
+        self.residual_depth = residual_depth
+        self.residual_estimators = residual_estimators
+        self.learning_rate = learning_rate
+        self.robust_scale = robust_scale
+        self.ridge = ridge
+        self.acceptance_weight = acceptance_weight
+        self.series_ridge = series_ridge
+        self.band = band
+        self.random_state = random_state
+
+    # -- fitting ---------------------------------------------------------------------------
+
+    def _fit_one(
+        self,
+        X: np.ndarray,
+        y: np.ndarray,
+        w: np.ndarray,
+        acc: np.ndarray,
+        series: np.ndarray,
+        start: CostParams,
+        seed: int,
+    ) -> tuple[CostParams, GradientBoostingRegressor | None]:
+        params = fit_cost_params(
+            X,
+            y,
+            w,
+            acc,
+            start=start,
+            robust_scale=self.robust_scale,
+            ridge=self.ridge,
+            acceptance_weight=self.acceptance_weight,
+            series=series if self.series_ridge > 0 else None,
+            series_ridge=self.series_ridge,
+        )
+        if not self.residual or len(y) < 10:
+            return params, None
+        structural, _ = predict_tps(X, params)
+        target = np.log(y) - np.log(np.maximum(structural, 1e-9))
+        gbm = GradientBoostingRegressor(
+            loss="huber",
+            max_depth=self.residual_depth,
+            n_estimators=self.residual_estimators,
+            learning_rate=self.learning_rate,
+            subsample=0.8,
+            random_state=seed,
+        )
+        gbm.fit(self._residual_X(X), target, sample_weight=w)
+        return params, gbm
+
+    @staticmethod
+    def _residual_X(X: np.ndarray) -> np.ndarray:
+        return np.column_stack([column(X, name) for name in _RESIDUAL_FEATURES])
+
+    def fit(
+        self,
+        X: np.ndarray,
+        y: np.ndarray,
+        sample_weight: np.ndarray | None = None,
+        groups: np.ndarray | None = None,
+        acceptance: np.ndarray | None = None,
+        series: np.ndarray | None = None,
+    ) -> SpeculationRegressor:
+        """Fit on rows X (FEATURES) and measured tokens/s y.
+
+        groups: the target model of each row (bootstrap unit); acceptance: llama.cpp's reported
+        accepted/drafted fraction where known (NaN elsewhere); series: the K sweep a row belongs
+        to ("" for none), for the per-sweep random effects (see `fit_cost_params`).
+        """
+        X = np.asarray(X, dtype=float)
+        y = np.asarray(y, dtype=float)
+        if X.ndim != 2 or X.shape[1] != len(FEATURES):
+            raise ValueError(f"X must have {len(FEATURES)} columns (features.FEATURES)")
+        if len(y) != len(X) or not np.all(y > 0):
+            raise ValueError("y must be positive tokens/s, one per row of X")
+        w = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
+        acc = np.full(len(y), np.nan) if acceptance is None else np.asarray(acceptance, float)
+        g = np.arange(len(y)) if groups is None else np.asarray(groups)
+        ser = np.full(len(y), "", dtype=object) if series is None else np.asarray(series, object)
+        rng = np.random.default_rng(self.random_state)
+
+        self.n_features_in_ = X.shape[1]
+        self.params_, self.residual_model_ = self._fit_one(X, y, w, acc, ser, _PRIOR, 0)
+        log_err = np.log(y) - np.log(self._point(X, self.params_, self.residual_model_))
+        # robust scatter of single measurements around the fit (MAD -> sigma)
+        med = np.median(log_err)
+        self.noise_ = float(1.4826 * np.median(np.abs(log_err - med)))
+
+        self.members_: list[tuple[CostParams, GradientBoostingRegressor | None]] = []
+        unique = np.unique(g)
+        for m in range(self.n_members):
+            pick = rng.choice(unique, size=len(unique), replace=True)
+            counts = {u: c for u, c in zip(*np.unique(pick, return_counts=True), strict=True)}
+            wm = w * np.array([counts.get(gi, 0) for gi in g], dtype=float)
+            keep = wm > 0
+            self.members_.append(
+                self._fit_one(X[keep], y[keep], wm[keep], acc[keep], ser[keep], self.params_, m + 1)
+            )
+        return self
+
+    # -- prediction ------------------------------------------------------------------------
+
+    def _point(
+        self, X: np.ndarray, params: CostParams, gbm: GradientBoostingRegressor | None
+    ) -> np.ndarray:
+        tps, _ = predict_tps(X, params)
+        if gbm is not None:
+            tps = tps * np.exp(gbm.predict(self._residual_X(X)))
+        return tps
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Predicted decode tokens/s."""
+        check_is_fitted(self, "params_")
+        return self._point(np.asarray(X, dtype=float), self.params_, self.residual_model_)
+
+    def predict_structural(self, X: np.ndarray) -> np.ndarray:
+        """The cost model's prediction alone, without the learned residual."""
+        check_is_fitted(self, "params_")
+        return predict_tps(np.asarray(X, dtype=float), self.params_)[0]
+
+    def predict_acceptance(self, X: np.ndarray) -> np.ndarray:
+        """Per-token acceptance probability (0 for plain decoding)."""
+        check_is_fitted(self, "params_")
+        return predict_tps(np.asarray(X, dtype=float), self.params_)[1]
+
+    def predict_log_sigma(self, X: np.ndarray) -> np.ndarray:
+        """Standard deviation of log tokens/s: ensemble spread and measurement scatter."""
+        check_is_fitted(self, "params_")
+        X = np.asarray(X, dtype=float)
+        spread = np.zeros(len(X))
+        if self.members_:
+            logs = np.log([self._point(X, p, g) for p, g in self.members_])
+            spread = logs.std(axis=0)
+        return np.sqrt(spread**2 + self.noise_**2)
+
+    def predict_interval(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(low, point, high) tokens/s; the band holds `band` of the probability."""
+        mid = self.predict(X)
+        z = NormalDist().inv_cdf(0.5 + self.band / 2)
+        sigma = self.predict_log_sigma(X)
+        return mid * np.exp(-z * sigma), mid, mid * np.exp(z * sigma)
+
+    def with_params(self, **changes: float) -> SpeculationRegressor:
+        """A fitted copy with some cost constants replaced (what-if analysis)."""
+        check_is_fitted(self, "params_")
+        new = self.__class__(**self.get_params())
+        new.__dict__.update({k: v for k, v in self.__dict__.items() if k.endswith("_")})
+        new.params_ = replace(self.params_, **changes)
+        return new

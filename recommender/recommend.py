@@ -1,0 +1,511 @@
+"""What to run for a target: ranked configurations with predicted speed, band, evidence, why.
+
+`recommend` gathers the candidates the registry allows (compatible drafts from the auditor,
+n-gram lookup, the target's MTP heads, and - under the speed policy - fewer MoE experts), scores
+them with the speed model, pulls each towards this host's measurements where they exist, and
+ranks them. "Do not speculate" and "no compatible draft" are answers like any other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+from specreg.recommender.costmodel import (
+    expected_tokens_per_step,
+    roofline_tps,
+    step_seconds,
+)
+from specreg.recommender.features import (
+    TASKS,
+    ConfigFacts,
+    Method,
+    feature_matrix,
+)
+from specreg.recommender.host import HostFacts
+from specreg.recommender.local import NGRAM_MATCH_DEFAULT, draft_fields, target_fields
+from specreg.recommender.model import SpeculationRegressor
+from specreg.recommender.prior import Observation
+from specreg.registry.queries import ModelRecord, get_model, resolve_model
+
+from specreg.errors import UsageError
+
+POLICIES = ("quality", "speed")
+TASK_CHOICES = tuple(t for t in TASKS if t != "unknown")
+K_GRID = (2, 3, 4, 6, 8, 12, 16, 24, 32)
+NGRAM_K_GRID = (8, 16, 32)
+MTP_K_GRID = (1, 2, 3)
+MAX_DRAFTS = 6
+# Hypothetical drafts for "this draft would fit": same tokenizer, Q8_0.
+HYPOTHETICAL_PARAMS_B = (0.1, 0.25, 0.5, 1.0, 1.5, 3.0)
+HYPOTHETICAL_BPW = 8.5
+# Speculation must beat plain decoding by this much (point estimate) to be worth its memory.
+MIN_GAIN = 1.05
+# Scatter of one recorded local run (log tokens/s), for weighing it against the prediction.
+LOCAL_RUN_SIGMA = 0.08
+N_EVIDENCE = 3
+
+SPEC_TYPES = {
+    Method.NONE: "none",
+    Method.DRAFT: "draft-simple",
+    Method.NGRAM: "ngram-mod",
+    Method.MTP: "draft-mtp",
+}
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    value: str
+    lossless: bool
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A measured run close to an option: where it comes from and what it measured."""
+
+    row_id: str
+    source: str  # seed | sweep | local
+    summary: str
+    tps: float
+    speedup: float | None
+
+
+@dataclass(frozen=True)
+class Option:
+    """One configuration with its prediction. Speeds are tokens/s, speedups vs plain decoding."""
+
+    method: Method
+    k: int | None
+    experts: int | None  # None: the model's default
+    temperature: float
+    draft_id: str | None
+    draft_name: str | None
+    draft_path: str | None
+    expert_key: str | None
+    tps: float
+    tps_lo: float
+    tps_hi: float
+    speedup: float
+    speedup_lo: float
+    speedup_hi: float
+    acceptance: float | None  # per-token, predicted
+    tokens_per_step: float | None
+    knobs: tuple[Knob, ...]
+    why: tuple[str, ...]
+    evidence: tuple[Evidence, ...] = ()
+    measured_tps: float | None = None  # this host's runs of exactly this configuration
+    n_measured: int = 0
+
+    @property
+    def spec_type(self) -> str:
+        return SPEC_TYPES[self.method]
+
+    @property
+    def lossless(self) -> bool:
+        return all(k.lossless for k in self.knobs)
+
+    @property
+    def label(self) -> str:
+        parts = [self.spec_type if self.method is not Method.NONE else "plain"]
+        if self.draft_name:
+            parts.append(self.draft_name)
+        if self.k is not None:
+            parts.append(f"K={self.k}")
+        if self.experts is not None:
+            parts.append(f"experts={self.experts}")
+        return " ".join(parts)
+
+    @property
+    def speedup_str(self) -> str:
+        return f"{self.speedup:.2f}x [{self.speedup_lo:.2f}-{self.speedup_hi:.2f}]"
+
+
+@dataclass(frozen=True)
+class Roofline:
+    bandwidth_gbs: float
+    bandwidth_source: str
+    read_gb: float  # bytes read per plain-decoded token
+    bound_tps: float
+    baseline_tps: float
+    baseline_measured: bool
+
+    @property
+    def fraction(self) -> float:
+        return self.baseline_tps / self.bound_tps if self.bound_tps > 0 else math.nan
+
+    @property
+    def line(self) -> str:
+        how = "measured" if self.baseline_measured else "predicted"
+        return (
+            f"roofline: {self.bandwidth_gbs:.0f} GB/s ({self.bandwidth_source}) / "
+            f"{self.read_gb:.2f} GB per token = {self.bound_tps:.1f} t/s bound; "
+            f"plain decoding {self.baseline_tps:.1f} t/s ({how}) = {self.fraction:.0%} of it"
+        )
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    target_id: str
+    target_name: str
+    target_path: str
+    task: str
+    policy: str
+    host: HostFacts
+    roofline: Roofline
+    options: tuple[Option, ...]  # allowed by the policy, best first; plain decoding included
+    speculate: bool
+    advice: tuple[str, ...]
+    n_compatible_drafts: int
+    n_considered: int
+    considered_experts: tuple[int, ...] = field(default=())
+
+    @property
+    def best(self) -> Option:
+        return self.options[0]
+
+
+def _evidence_space(configs: Sequence[ConfigFacts]) -> np.ndarray:
+    """Where runs are compared for closeness: sizes on a log scale, K, task, family, experts."""
+    rows = []
+    for c in configs:
+        rows.append(
+            [
+                math.log(max(c.target_active_b, 1e-3)),
+                math.log(max(c.target_read_gb, 1e-3)),
+                math.log(max(c.draft_params_b, 1e-3) / max(c.target_active_b, 1e-3))
+                if c.method is Method.DRAFT
+                else 0.0,
+                math.log2(max(c.k, 1)),
+                c.experts_ratio * 2,
+                float(c.same_family),
+                float(c.target_is_moe),
+                *(1.5 * float(c.task == t) for t in TASKS),
+            ]
+        )
+    return np.asarray(rows, dtype=float).reshape(len(rows), -1)
+
+
+def _evidence(c: ConfigFacts, pool: Sequence[Observation]) -> tuple[Evidence, ...]:
+    same = [o for o in pool if o.config.method is c.method]
+    if not same:
+        return ()
+    P = _evidence_space([o.config for o in same])
+    d = np.sqrt(((P - _evidence_space([c])[0]) ** 2).sum(axis=1))
+    # this host's runs are the best evidence: count them as closer
+    d = d - np.array([1.0 if o.source == "local" else 0.0 for o in same])
+    out = []
+    for i in np.argsort(d, kind="stable")[:N_EVIDENCE]:
+        o = same[int(i)]
+        oc = o.config
+        bits = [f"{oc.target_params_b:.3g}B target"]
+        if oc.method is Method.DRAFT:
+            bits.append(f"{oc.draft_params_b:.3g}B draft")
+        if oc.k:
+            bits.append(f"K={oc.k}")
+        if oc.experts_ratio < 1:
+            bits.append(f"experts {oc.experts}/{oc.default_experts}")
+        bits.append(oc.task)
+        sp = o.speedup
+        out.append(
+            Evidence(
+                row_id=o.row_id,
+                source=o.source,
+                summary=", ".join(bits),
+                tps=o.tps,
+                speedup=None if math.isnan(sp) else sp,
+            )
+        )
+    return tuple(out)
+
+
+def _config_key(c: ConfigFacts) -> tuple[object, ...]:
+    return (c.method, c.k, c.experts, round(c.draft_gb, 3), round(c.temperature, 3))
+
+
+def _posterior(mid: float, sigma: float, measured: list[float]) -> tuple[float, float]:
+    """Log-normal prediction combined with n local measurements (precision-weighted)."""
+    if not measured:
+        return mid, sigma
+    prec = 1 / sigma**2 + len(measured) / LOCAL_RUN_SIGMA**2
+    mean = (
+        math.log(mid) / sigma**2 + sum(math.log(m) for m in measured) / LOCAL_RUN_SIGMA**2
+    ) / prec
+    return math.exp(mean), math.sqrt(1 / prec)
+
+
+def _drafts(con: duckdb.DuckDBPyConnection, target: ModelRecord) -> list[tuple[ModelRecord, str]]:
+    """Compatible drafts (best first) with their tokenizer relation, via the auditor."""
+    from specreg.auditor import compatible_drafts
+
+    out = []
+    for pv in compatible_drafts(con, target):
+        if pv.spec_type not in (None, "draft-simple"):
+            continue  # EAGLE-3 / DFlash heads: not modelled by the prior
+        d = get_model(con, pv.draft.model_id)
+        if d is None or d.draft_kind:
+            continue
+        relation = "identical" if d.tok_fingerprint == target.tok_fingerprint else "padding-only"
+        if any(c.name == "pre_tokenizer" and not c.passed for c in pv.checks):
+            relation = "pre-tokenizer-differs"
+        out.append((d, relation))
+    return out[:MAX_DRAFTS]
+
+
+def _why(c: ConfigFacts, model: SpeculationRegressor, a: float, base_tps: float) -> tuple[str, ...]:
+    p = model.params_
+    out = []
+    t_target = 1.0 / base_tps
+    if c.method is Method.NONE and c.experts_ratio >= 1:
+        return ("plain decoding: the reference every speedup is measured against",)
+    if c.experts_ratio < 1:
+        share = p.expert_share + (1 - p.expert_share) * c.experts_ratio
+        out.append(
+            f"{c.experts} of {c.default_experts} experts: a step costs ~{share:.0%} of a full "
+            "one, and the output changes (behaviour-changing)"
+        )
+    if c.method is Method.NONE:
+        return tuple(out)
+    e = float(expected_tokens_per_step(a, c.k))
+    if c.method is Method.DRAFT:
+        t_d = float(
+            step_seconds(np.array(c.draft_gb), np.array(c.bandwidth_gbs), p.draft_eff, p.draft_tau)
+        )
+        rel = "same family" if c.same_family else "other family"
+        out.append(
+            f"acceptance ~{a:.0%} per token ({c.task}, {rel}, draft "
+            f"{c.draft_params_b / max(c.target_active_b, 1e-9):.1%} of the target's active "
+            f"parameters) -> {e:.1f} tokens per verification at K={c.k}"
+        )
+        out.append(
+            f"a draft step costs ~{t_d / t_target:.0%} of a target step; verifying K={c.k} "
+            f"costs {1 + p.verify_slope * c.k:.2f}x a single step"
+        )
+    elif c.method is Method.NGRAM:
+        out.append(
+            f"n-gram lookup reuses text already in the context: no draft model; acceptance "
+            f"~{a:.0%} for {c.task} -> {e:.1f} tokens per verification"
+        )
+    else:
+        out.append(
+            f"the target's own MTP heads: acceptance ~{a:.0%} -> {e:.1f} tokens per verification"
+            " (no measured runs in the prior: low confidence)"
+        )
+    return tuple(out)
+
+
+def _knobs(c: ConfigFacts, draft_name: str | None) -> tuple[Knob, ...]:
+    knobs = []
+    if c.method is Method.DRAFT:
+        knobs.append(Knob("draft", draft_name or "?", True))
+    if c.method is Method.NGRAM:
+        knobs.append(Knob("ngram", "ngram-mod", True))
+    if c.method is Method.MTP:
+        knobs.append(Knob("mtp", "draft-mtp", True))
+    if c.method is not Method.NONE:
+        knobs.append(Knob("K", str(c.k), True))
+    if c.experts_ratio < 1:
+        knobs.append(Knob("experts", f"{c.experts}/{c.default_experts}", False))
+    return tuple(knobs)
+
+
+def recommend(
+    con: duckdb.DuckDBPyConnection,
+    target_ref: str,
+    *,
+    model: SpeculationRegressor,
+    host: HostFacts,
+    task: str = "chat",
+    policy: str = "quality",
+    temperature: float = 0.0,
+    observations: Sequence[Observation] = (),
+) -> Recommendation:
+    """Rank configurations for `target_ref` on `host` for `task` under `policy`.
+
+    observations: the runs the model was trained on (prior + local), used as evidence and, for
+    this host's runs of a candidate, to pull its prediction towards what was measured.
+    """
+    if policy not in POLICIES:
+        raise UsageError(f"unknown policy {policy!r}: use quality or speed")
+    if task not in TASKS:
+        raise UsageError(f"unknown task {task!r}: use one of {', '.join(TASK_CHOICES)}")
+    target = resolve_model(con, target_ref)
+    if not target.n_params or not target.n_bytes:
+        raise UsageError(
+            f"{target.display_name} has no parameter count or size in the registry: rescan it"
+        )
+    tf = target_fields(target)
+    local = [
+        o
+        for o in observations
+        if o.source == "local" and o.group == target.model_id and o.host == host.fingerprint
+    ]
+    plain_runs = [
+        o.tps for o in local if o.config.method is Method.NONE and o.config.experts_ratio >= 1
+    ]
+    base = ConfigFacts(
+        bandwidth_gbs=host.bandwidth_gbs,
+        physical_cores=host.physical_cores,
+        **tf,
+        method=Method.NONE,
+        k=0,
+        experts=tf["default_experts"],
+        temperature=temperature,
+        task=task,
+        baseline_tps=float(np.median(plain_runs)) if plain_runs else math.nan,
+    )
+
+    # -- candidates ------------------------------------------------------------------------
+    cands: list[tuple[ConfigFacts, ModelRecord | None]] = [(base, None)]
+    drafts = _drafts(con, target)
+    for d, relation in drafts:
+        for k in K_GRID:
+            c = base.with_(method=Method.DRAFT, k=k, **draft_fields(d, target, relation))
+            cands.append((c, d))
+    for k in NGRAM_K_GRID:
+        cands.append((base.with_(method=Method.NGRAM, k=k, ngram_n=NGRAM_MATCH_DEFAULT), None))
+    if (target.nextn_predict_layers or 0) > 0:
+        for k in MTP_K_GRID:
+            cands.append((base.with_(method=Method.MTP, k=k), None))
+    reduced: list[int] = []
+    if policy == "speed" and target.is_moe and tf["default_experts"] > 1:
+        de = tf["default_experts"]
+        reduced = sorted({max(1, de // 2), max(1, (3 * de) // 4)} - {de})
+        full = list(cands)
+        for e in reduced:
+            cands.extend((c.with_(experts=e), d) for c, d in full)
+
+    # -- scoring ---------------------------------------------------------------------------
+    configs = [c for c, _ in cands]
+    X = feature_matrix(configs)
+    lo, mid, hi = model.predict_interval(X)
+    sigma = model.predict_log_sigma(X)
+    acc = model.predict_acceptance(X)
+    plain_tps = float(mid[0])
+    by_key: dict[tuple[object, ...], list[float]] = {}
+    for o in local:
+        by_key.setdefault(_config_key(o.config), []).append(o.tps)
+    measured_plain = by_key.get(_config_key(base), [])
+    if measured_plain:
+        plain_tps = _posterior(plain_tps, float(sigma[0]), measured_plain)[0]
+    pool = [*observations]
+    z = math.log(hi[0] / mid[0]) / sigma[0] if sigma[0] > 0 else 1.2816
+
+    options: list[Option] = []
+    for i, (c, d) in enumerate(cands):
+        allowed = policy == "speed" or not c.behaviour_changing
+        if not allowed:
+            continue
+        meas = by_key.get(_config_key(c), [])
+        m, s = _posterior(float(mid[i]), float(sigma[i]), meas)
+        tps, tlo, thi = m, m * math.exp(-z * s), m * math.exp(z * s)
+        a = float(acc[i]) if c.method is not Method.NONE else None
+        options.append(
+            Option(
+                method=c.method,
+                k=c.k if c.method is not Method.NONE else None,
+                experts=c.experts if c.experts_ratio < 1 else None,
+                temperature=c.temperature,
+                draft_id=d.model_id if d else None,
+                draft_name=d.display_name if d else None,
+                draft_path=d.path if d else None,
+                expert_key=target.expert_used_key if c.experts_ratio < 1 else None,
+                tps=tps,
+                tps_lo=tlo,
+                tps_hi=thi,
+                speedup=tps / plain_tps,
+                speedup_lo=tlo / plain_tps,
+                speedup_hi=thi / plain_tps,
+                acceptance=a,
+                tokens_per_step=float(expected_tokens_per_step(a, c.k)) if a is not None else None,
+                knobs=_knobs(c, d.display_name if d else None),
+                why=_why(c, model, a or 0.0, plain_tps),
+                evidence=_evidence(c, pool),
+                measured_tps=float(np.median(meas)) if meas else None,
+                n_measured=len(meas),
+            )
+        )
+    options.sort(key=lambda o: -o.tps)
+    spec = [o for o in options if o.method is not Method.NONE or o.experts is not None]
+    speculate = bool(spec) and spec[0].tps >= MIN_GAIN * plain_tps
+
+    # -- advice ----------------------------------------------------------------------------
+    advice: list[str] = []
+    if not speculate:
+        advice.append(
+            "do not speculate: no candidate is predicted to beat plain decoding by "
+            f"{MIN_GAIN - 1:.0%} on this host"
+        )
+        options.sort(key=lambda o: (o.method is not Method.NONE or o.experts is not None, -o.tps))
+    if not drafts:
+        advice.append(_no_draft_advice(target, base, model, task))
+    if target.is_hybrid or target.is_recurrent:
+        advice.append(
+            "hybrid/recurrent target: llama-server speculates on it with context checkpoints "
+            "(slower rollbacks than a plain transformer)"
+        )
+    read_gb = base.target_read_gb
+    roof = Roofline(
+        bandwidth_gbs=host.bandwidth_gbs,
+        bandwidth_source=host.source,
+        read_gb=read_gb,
+        bound_tps=roofline_tps(read_gb, host.bandwidth_gbs),
+        baseline_tps=plain_tps,
+        baseline_measured=bool(measured_plain),
+    )
+    if roof.baseline_measured and roof.fraction < 0.3:
+        advice.append(
+            f"plain decoding runs at {roof.fraction:.0%} of the memory-bandwidth bound: check "
+            "threads (-t = physical cores), NUMA interleave and memory pinning first"
+        )
+    return Recommendation(
+        target_id=target.model_id,
+        target_name=target.display_name,
+        target_path=target.path,
+        task=task,
+        policy=policy,
+        host=host,
+        roofline=roof,
+        options=tuple(options),
+        speculate=speculate,
+        advice=tuple(advice),
+        n_compatible_drafts=len(drafts),
+        n_considered=len(cands),
+        considered_experts=tuple(reduced),
+    )
+
+
+def _no_draft_advice(
+    target: ModelRecord, base: ConfigFacts, model: SpeculationRegressor, task: str
+) -> str:
+    """What would fit: the best hypothetical same-tokenizer draft, and the model-free modes."""
+    hyp = [
+        base.with_(
+            method=Method.DRAFT,
+            k=k,
+            draft_params_b=p,
+            draft_bpw=HYPOTHETICAL_BPW,
+            draft_gb=p * HYPOTHETICAL_BPW / 8,
+            draft_family=base.target_family,
+            tok_relation="identical",
+        )
+        for p in HYPOTHETICAL_PARAMS_B
+        for k in K_GRID
+    ]
+    pred = model.predict(feature_matrix([base, *hyp]))
+    i = int(np.argmax(pred[1:]))
+    best = hyp[i]
+    parts = ["no compatible draft in the registry"]
+    if task in ("summarize", "code", "json"):
+        parts.append(f"use ngram-mod for {task} (it reuses text from the prompt)")
+    if (target.nextn_predict_layers or 0) > 0:
+        parts.append("use the target's MTP heads (--spec-type draft-mtp)")
+    parts.append(
+        f"this draft would fit: a {best.draft_params_b:g}B {target.architecture or ''} model "
+        f"sharing the target's tokenizer (fingerprint {(target.tok_fingerprint or '?')[:12]}), "
+        f"Q8_0, K={best.k}: predicted {pred[1 + i] / pred[0]:.1f}x"
+    )
+    return "; ".join(parts)
