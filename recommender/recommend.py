@@ -226,6 +226,50 @@ def _config_key(c: ConfigFacts) -> tuple[object, ...]:
     return (c.method, c.k, c.experts, round(c.draft_gb, 3), round(c.temperature, 3))
 
 
+def _family(c: ConfigFacts) -> tuple[object, ...]:
+    return (c.method, round(c.draft_gb, 3), c.experts)
+
+
+def _local_correction(
+    cands: Sequence[tuple[ConfigFacts, object]],
+    local: Sequence[Observation],
+    mid: np.ndarray,
+    sigma: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Shift predictions by what this host's runs showed for the same family of options.
+
+    A family is one method + draft + expert count over all K. Its measured runs' mean log
+    ratio (measured / predicted) moves the whole family, shrunk towards zero while runs are
+    few; options of unmeasured families move by the mean over all speculative runs, shrunk
+    harder. So a few runs re-anchor the K curve of a pair without refitting the prior.
+    """
+    index = {_config_key(c): i for i, (c, _) in enumerate(cands)}
+    fam: dict[tuple[object, ...], list[float]] = {}
+    every: list[float] = []
+    for o in local:
+        i = index.get(_config_key(o.config))
+        if i is None or o.config.method is Method.NONE:
+            continue
+        r = math.log(o.tps) - math.log(float(mid[i]))
+        fam.setdefault(_family(o.config), []).append(r)
+        every.append(r)
+    if not every:
+        return mid, sigma
+    mid, sigma = mid.copy(), sigma.copy()
+    g = float(np.mean(every)) * len(every) / (len(every) + 2.0)
+    for i, (c, _) in enumerate(cands):
+        if c.method is Method.NONE:
+            continue
+        rs = fam.get(_family(c))
+        if rs:
+            n = len(rs)
+            mid[i] *= math.exp(float(np.mean(rs)) * n / (n + 0.5))
+            sigma[i] /= math.sqrt(1.0 + n)
+        else:
+            mid[i] *= math.exp(g)
+    return mid, sigma
+
+
 def _posterior(mid: float, sigma: float, measured: list[float]) -> tuple[float, float]:
     """Log-normal prediction combined with n local measurements (precision-weighted)."""
     if not measured:
@@ -391,6 +435,7 @@ def recommend(
     measured_plain = by_key.get(_config_key(base), [])
     if measured_plain:
         plain_tps = _posterior(plain_tps, float(sigma[0]), measured_plain)[0]
+    mid, sigma = _local_correction(cands, local, mid, sigma)
     pool = [*observations]
     z = math.log(hi[0] / mid[0]) / sigma[0] if sigma[0] > 0 else 1.2816
 

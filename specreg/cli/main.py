@@ -43,6 +43,8 @@ def _register() -> None:
         cli.add_command(command)
     for command in importlib.import_module("specreg.cli.audit_cmds").COMMANDS:
         cli.add_command(command)
+    for command in importlib.import_module("specreg.cli.recommend_cmds").COMMANDS:
+        cli.add_command(command)
 
 
 _register()

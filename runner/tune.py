@@ -1,0 +1,200 @@
+"""`specreg tune`: measure the likeliest configurations, refit, stop when the best is confirmed.
+
+The loop asks the recommender for a ranking, measures the top unmeasured option with the real
+llama-server (recorded like any run), refits on the new local evidence and asks again. It stops
+when the best measured configuration beats every unmeasured one's prediction (confirmed), or
+when the budget of runs is spent. Plain decoding is measured first: every speedup needs it, and
+it anchors the predictions for this host.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+from specreg.recommender.host import HostFacts
+from specreg.recommender.local import local_observations
+from specreg.recommender.prior import load_prior
+from specreg.recommender.recommend import Option, Recommendation, recommend
+from specreg.recommender.train import fit
+from specreg.runner import runs
+from specreg.runner.config import SPEC_NONE, Config, server_command
+from specreg.runner.host import Host
+from specreg.runner.llama import LlamaInstall
+from specreg.runner.workload import Workload
+
+log = logging.getLogger(__name__)
+
+# A run of an option: measured tokens/s (None when it failed) and the recorded run id.
+RunOption = Callable[[Option], tuple[float | None, int | None]]
+# Predictions within this share of the best measured speed do not need measuring.
+CONFIRM_MARGIN = 0.0
+
+
+def option_config(option: Option) -> Config:
+    """The runner's configuration for a recommended option."""
+    return Config(
+        spec_type=option.spec_type if option.spec_type != "none" else SPEC_NONE,
+        k=option.k,
+        experts=option.experts,
+        expert_key=option.expert_key,
+        temperature=option.temperature,
+    )
+
+
+def option_command(
+    option: Option,
+    target_path: str,
+    dialect: str,
+    host: Host,
+    server: Path | str = "llama-server",
+) -> list[str]:
+    """The exact llama-server command line for `option` with the user's build and host."""
+    draft = Path(option.draft_path) if option.draft_path else None
+    return server_command(
+        option_config(option), Path(target_path), draft, dialect, host, server=server
+    )
+
+
+def llama_runner(
+    con: duckdb.DuckDBPyConnection,
+    install: LlamaInstall,
+    host: Host,
+    target: Path,
+    workload: Workload,
+    *,
+    task: str | None,
+    n_predict: int = 64,
+    repeats: int = 3,
+) -> RunOption:
+    """Run options for real with llama-server; every run is recorded in the registry."""
+
+    def run_option(option: Option) -> tuple[float | None, int | None]:
+        draft = Path(option.draft_path) if option.draft_path else None
+        p = runs.plan(
+            con,
+            install,
+            host,
+            target,
+            draft,
+            option_config(option),
+            workload,
+            task=task,
+            n_predict=n_predict,
+            repeats=repeats,
+        )
+        out = runs.run(con, p)
+        return out.measurement.tokens_per_s, out.run_id
+
+    return run_option
+
+
+@dataclass(frozen=True)
+class TuneStep:
+    option: Option  # the prediction when it was chosen
+    measured_tps: float | None
+    run_id: int | None
+
+    @property
+    def label(self) -> str:
+        return self.option.label
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    target_name: str
+    steps: tuple[TuneStep, ...]
+    final: Recommendation
+    confirmed: bool
+    stop_reason: str
+    n_candidates: int
+
+    @property
+    def n_runs(self) -> int:
+        return len(self.steps)
+
+    @property
+    def best(self) -> TuneStep | None:
+        ok = [s for s in self.steps if s.measured_tps]
+        return max(ok, key=lambda s: s.measured_tps or 0.0) if ok else None
+
+    @property
+    def baseline_tps(self) -> float | None:
+        for s in self.steps:
+            if s.option.method.value == "none" and s.option.experts is None:
+                return s.measured_tps
+        return None
+
+
+def _key(o: Option) -> tuple[object, ...]:
+    return (o.method, o.k, o.experts, o.draft_id, o.temperature)
+
+
+def tune(
+    con: duckdb.DuckDBPyConnection,
+    target_ref: str,
+    run_option: RunOption,
+    *,
+    host: HostFacts,
+    task: str = "chat",
+    policy: str = "quality",
+    budget: int = 6,
+    refit: bool = True,
+    on_step: Callable[[TuneStep], None] | None = None,
+) -> TuneResult:
+    """Measure, refit, re-rank until the best is confirmed or `budget` runs are spent."""
+    prior = load_prior().observations
+    tried: dict[tuple[object, ...], TuneStep] = {}
+    steps: list[TuneStep] = []
+    model = fit()
+    stop = "budget spent"
+    confirmed = False
+    n_candidates = 0
+    while True:
+        local = local_observations(con, host)
+        if refit and local:
+            model = fit(local)
+        rec = recommend(
+            con,
+            target_ref,
+            model=model,
+            host=host,
+            task=task,
+            policy=policy,
+            observations=[*prior, *local],
+        )
+        n_candidates = len(rec.options)
+        measured = [s for s in steps if s.measured_tps]
+        pending = [o for o in rec.options if _key(o) not in tried]
+        plain = next(o for o in rec.options if o.method.value == "none" and o.experts is None)
+        if _key(plain) not in tried:
+            choice: Option | None = plain
+        elif not pending:
+            choice, stop, confirmed = None, "every candidate measured", True
+        else:
+            best = max((s.measured_tps or 0.0) for s in measured) if measured else 0.0
+            top = max(pending, key=lambda o: o.tps)
+            if best and best >= top.tps * (1 + CONFIRM_MARGIN):
+                choice, stop, confirmed = None, "best measured beats every prediction", True
+            else:
+                choice = top
+        if choice is None or len(steps) >= budget:
+            break
+        tps, run_id = run_option(choice)
+        step = TuneStep(choice, tps, run_id)
+        tried[_key(choice)] = step
+        steps.append(step)
+        log.info("tune: %s -> %s t/s", choice.label, tps)
+        if on_step is not None:
+            on_step(step)
+    return TuneResult(
+        target_name=rec.target_name,
+        steps=tuple(steps),
+        final=rec,
+        confirmed=confirmed,
+        stop_reason=stop,
+        n_candidates=n_candidates,
+    )
