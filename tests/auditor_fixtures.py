@@ -131,13 +131,14 @@ def mutations_for(header: GGUFHeader) -> list[Mutation]:
             "bos_changed_add_off", both(set_key(BOS, other_bos, u32), set_key(ADD_BOS, False, b))
         ),
         Mutation("add_eos_flipped", set_key(ADD_EOS, not add_eos, b)),
-        Mutation("add_bos_key_dropped", drop_key(ADD_BOS)),
         Mutation("text3", text_at(3)),
         Mutation("text4", text_at(4)),
         Mutation("text5", text_at(5)),
         Mutation("text1000", text_at(1000)),
         Mutation("text_last", text_at(n - 1)),
     ]
+    if ADD_BOS in kv:  # llama.cpp then falls back to its per-tokenizer default
+        out.append(Mutation("add_bos_key_dropped", drop_key(ADD_BOS)))
     if model == "gpt2":
         out.append(Mutation("model_llama", set_key(MODEL, "llama", GGUFValueType.STRING)))
         pre = kv.get(PRE)
