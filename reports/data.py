@@ -186,7 +186,8 @@ class RecView:
     command: str
     lossless: bool
     why: tuple[str, ...]
-    measured_tps: float | None  # a recorded run of this exact configuration, if any
+    advice: tuple[str, ...]
+    measured_tps: float | None  # this host's runs of exactly this configuration (median)
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,8 @@ class Roofline:
     bound_tps: float | None  # plain decoding bound from memory bandwidth and model bytes
     bandwidth_gbs: float | None
     measured_baseline_tps: float | None
+    predicted_baseline_tps: float | None = None  # the recommender's, when none was measured
+    bandwidth_source: str = ""  # user | estimate | reference
 
     @property
     def fraction(self) -> float | None:

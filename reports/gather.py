@@ -7,12 +7,11 @@ nothing to say yet (no runs recorded, no audit possible) yields an empty section
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -33,12 +32,17 @@ from specreg.reports.data import (
     TokFamily,
 )
 
+from specreg.errors import UsageError
+
 if TYPE_CHECKING:
     from specreg.registry.runs import RunRecord
 
 log = logging.getLogger(__name__)
 
-NO_RECOMMENDER = "the recommender is not available"
+NOT_RECOMMENDED = (
+    "not computed for this report: `specreg report --recommend` adds the recommender's answer "
+    "per task (it takes a while), or ask `specreg recommend TARGET --task TASK`"
+)
 TASKS = ("code", "prose", "summarize", "json", "math", "chat")
 _UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -330,78 +334,59 @@ def run_view(r: RunRecord, baseline_tps: float | None) -> RunView:
     )
 
 
-def _attr(obj: Any, *names: str) -> Any:
-    for n in names:
-        if hasattr(obj, n):
-            return getattr(obj, n)
-    return None
-
-
 # --- recommender ----------------------------------------------------------------------------
+
+# (con, target, task) -> (the recommender's Recommendation, the best option's exact command).
+# The caller binds the trained model, this host's facts and the user's llama.cpp build.
+Advise = Callable[[duckdb.DuckDBPyConnection, ModelRecord, str], tuple[Any, str]]
 
 
 def gather_recommendations(
-    con: duckdb.DuckDBPyConnection, target: ModelView, runs: Sequence[RunView]
+    con: duckdb.DuckDBPyConnection,
+    target: ModelView,
+    runs: Sequence[RunView],
+    advise: Advise | None,
+    tasks: Sequence[str] = TASKS,
 ) -> tuple[tuple[RecView, ...], Roofline | None, str]:
-    """The recommendation per task for one target, with the measured run of each, if any."""
+    """The recommendation per task for one target, next to what was measured."""
     baseline = _measured_baseline(runs)
-    measured_only = Roofline(None, None, baseline) if baseline is not None else None
-    try:
-        recommender = importlib.import_module("specreg.recommender")
-    except ImportError:
-        return (), measured_only, NO_RECOMMENDER
-    recommend = getattr(recommender, "recommend", None)
-    if recommend is None:
-        return (), measured_only, NO_RECOMMENDER
+    roofline = Roofline(None, None, baseline) if baseline is not None else None
+    if advise is None:
+        return (), roofline, NOT_RECOMMENDED
     recs: list[RecView] = []
-    roofline: Roofline | None = None
-    for task in TASKS:
-        rec = recommend(con, target.record, task=task)
-        best = _attr(rec, "best") or (_attr(rec, "configs") or [None])[0]
-        if roofline is None:
-            roof = _attr(rec, "roofline")
-            if roof is not None:
-                roofline = Roofline(
-                    _attr(roof, "bound_tps", "tokens_per_s"),
-                    _attr(roof, "bandwidth_gbs", "bandwidth"),
-                    baseline,
-                )
-        if best is None:
-            continue
-        recs.append(rec_view(task, best, runs))
-    if roofline is None and baseline is not None:
-        roofline = Roofline(None, None, baseline)
-    return tuple(recs), roofline, "" if recs else "no recommendation for this target"
+    for task in tasks:
+        try:
+            rec, command = advise(con, target.record, task)
+        except UsageError as err:  # e.g. a vocab-only file: nothing to predict from
+            return (), roofline, f"no recommendation: {err}"
+        recs.append(rec_view(task, rec, command))
+        roof = rec.roofline
+        roofline = Roofline(
+            roof.bound_tps,
+            roof.bandwidth_gbs,
+            baseline,
+            predicted_baseline_tps=None if roof.baseline_measured else roof.baseline_tps,
+            bandwidth_source=roof.bandwidth_source,
+        )
+    return tuple(recs), roofline, ""
 
 
-def rec_view(task: str, cfg: Any, runs: Sequence[RunView]) -> RecView:
-    k = _attr(cfg, "k")
-    draft = _attr(cfg, "draft_id")
-    spec = _attr(cfg, "spec_type")
-    measured = [
-        r.tokens_per_s
-        for r in runs
-        if r.ok
-        and r.task == task
-        and r.k == k
-        and r.draft_id == draft
-        and r.spec_type == spec
-        and r.tokens_per_s
-    ]
-    why = _attr(cfg, "why", "reasons") or ()
+def rec_view(task: str, rec: Any, command: str) -> RecView:
+    best = rec.best
     return RecView(
         task=task,
-        label=str(_attr(cfg, "label") or spec or "baseline"),
-        predicted_tps=_attr(cfg, "predicted_tps", "tokens_per_s"),
-        predicted_low=_attr(cfg, "tps_low", "predicted_low"),
-        predicted_high=_attr(cfg, "tps_high", "predicted_high"),
-        speedup=_attr(cfg, "speedup"),
-        speedup_low=_attr(cfg, "speedup_low"),
-        speedup_high=_attr(cfg, "speedup_high"),
-        command=str(_attr(cfg, "command") or ""),
-        lossless=bool(_attr(cfg, "lossless")),
-        why=tuple(str(w) for w in why),
-        measured_tps=sorted(measured)[len(measured) // 2] if measured else None,
+        label=best.label if rec.speculate else "plain decoding: do not speculate",
+        predicted_tps=best.tps,
+        predicted_low=best.tps_lo,
+        predicted_high=best.tps_hi,
+        speedup=best.speedup,
+        speedup_low=best.speedup_lo,
+        speedup_high=best.speedup_hi,
+        command=command,
+        lossless=best.lossless,
+        why=tuple(best.why),
+        advice=tuple(rec.advice),
+        measured_tps=best.measured_tps,
     )
 
 

@@ -54,16 +54,20 @@ def build_site(
     cache: Path | None = None,
     db_label: str = "",
     rules: Any = None,
+    advise: gather.Advise | None = None,
+    tasks: Sequence[str] = gather.TASKS,
 ) -> SiteResult:
     """Write the report for the registry behind `con` into `out_dir`.
 
     `cache` is a folder that keeps drawn figures and compiled templates between reports
     (None: draw and compile everything). `rules`: the auditor's RuleSet for the user's
-    llama.cpp build (None: the pinned build).
+    llama.cpp build (None: the pinned build). `advise`: the recommender bound to a model and
+    this host, asked once per target and task (None: no recommendations, which keeps the report
+    fast; the recommender takes about half a second per question).
     """
     t0 = time.perf_counter()
     figures = plots.PlotCache(cache / "figures" if cache else None)
-    site = gather_site(con, figures, db_label=db_label, rules=rules)
+    site = gather_site(con, figures, db_label=db_label, rules=rules, advise=advise, tasks=tasks)
     t_gather = time.perf_counter() - t0
     pages = render_site(site, Path(out_dir), template_cache=cache)
     return SiteResult(
@@ -86,6 +90,8 @@ def gather_site(
     *,
     db_label: str = "",
     rules: Any = None,
+    advise: gather.Advise | None = None,
+    tasks: Sequence[str] = gather.TASKS,
 ) -> SiteData:
     reg = gather.gather_registry(con)
     audit = gather.gather_audit(con, reg.models, rules)
@@ -115,14 +121,10 @@ def gather_site(
         runs_by_target[r.target_id].append(r)
 
     templates = gather.chat_templates(con)
-    rec_status = None
     targets = []
     for m in reg.models:
         t_runs = tuple(runs_by_target.get(m.model_id, ()))
-        recs, roofline, rec_note = gather.gather_recommendations(con, m, t_runs)
-        if rec_status is None:
-            available = rec_note != gather.NO_RECOMMENDER
-            rec_status = gather.PartStatus("recommender", available, "" if available else rec_note)
+        recs, roofline, rec_note = gather.gather_recommendations(con, m, t_runs, advise, tasks)
         usable = sorted(
             (p for p in by_target.get(m.model_id, []) if p.compatible),
             key=lambda p: (p.code, -models[p.draft_id].n_params, models[p.draft_id].name),
@@ -145,7 +147,11 @@ def gather_site(
         gather.PartStatus("registry", True, ""),
         audit_status,
         runs_status,
-        rec_status or gather.PartStatus("recommender", False, "no models"),
+        gather.PartStatus(
+            "recommender",
+            advise is not None,
+            "" if advise is not None else "not asked for this report (specreg report --recommend)",
+        ),
     )
     return SiteData(
         generated_at=datetime.now(timezone.utc),

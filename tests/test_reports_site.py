@@ -251,3 +251,23 @@ def test_second_report_draws_nothing_and_rewrites_nothing(report_db: Path, tmp_p
     assert first.n_plots == 2 and first.n_plots_cached == 0  # the graph and one K sweep
     assert second.n_plots == 2 and second.n_plots_cached == 2
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("target-*.html")} == stamps
+
+
+def test_recommendations_per_task_with_command_and_roofline(
+    report_db: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "site"
+    r = specreg("report", "--db", str(report_db), "-o", str(out), "--recommend", "--task", "code",
+                "--bandwidth", "100")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    page = Page(read(out, "target-" + model_id(report_db, SWEEP_TARGET) + ".html"))
+    commands = [c for c in page.texts["pre"] if "llama-server" in c]
+    assert len(commands) == 1  # one task asked for, one recommendation
+    with opened(report_db) as con:
+        paths = {m.name: m.path for m in list_models(con)}
+    assert any(
+        "llama-server" in c and paths[SWEEP_TARGET] in c and "--spec-type" in c for c in commands
+    ), commands
+    html = read(out, "target-" + model_id(report_db, SWEEP_TARGET) + ".html")
+    assert "at 100 GB/s, user)" in html  # the roofline from the bandwidth given
+    assert "measured baseline</dt><dd>3.0 t/s" in html
