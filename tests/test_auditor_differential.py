@@ -118,6 +118,10 @@ def test_verdicts_agree_on_every_pair(differential) -> None:  # type: ignore[no-
     # 342 real pairs plus ~50 mutated files (identical copies fold into one model).
     assert n >= 1000
     assert accepted >= 40 and n - accepted >= 300
+    print(
+        f"differential: {n} ordered pairs over {len(models)} files, {accepted} accepted by "
+        f"llama.cpp, {len(disagreements)} disagreements"
+    )
     assert disagreements == [], f"{len(disagreements)} of {n} pairs disagree"
 
 
