@@ -38,8 +38,8 @@ def audit_and_save(
 
 
 def stored_graph(con: duckdb.DuckDBPyConnection, audit_id: int | None = None) -> nx.Graph | None:
-    """The graph of a persisted audit (the latest by default), or None if none was saved."""
-    audit_id = audit_id or latest_audit_id(con)
+    """The graph of a persisted audit; by default the latest one, if no scan came after it."""
+    audit_id = audit_id or latest_audit_id(con, current=True)
     if audit_id is None:
         return None
     models = list_models(con)

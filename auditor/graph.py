@@ -78,25 +78,23 @@ def graph_from_edges(
         )
         size[mid] = m.n_params or 0
     by_pair = {(e.target_id, e.draft_id): e for e in edges}
-    for (t, d), e in by_pair.items():
-        if Verdict(e.verdict) is Verdict.INCOMPATIBLE or t not in g or d not in g:
+
+    def usable(e: StoredEdge | None) -> bool:
+        return e is not None and Verdict(e.verdict) is not Verdict.INCOMPATIBLE
+
+    for (t, d), e in sorted(by_pair.items()):
+        if not usable(e) or t not in g or d not in g:
             continue
-        # One edge per unordered pair: oriented smaller-drafts-for-larger when both work.
-        if size.get(d, 0) > size.get(t, 0) and (d, t) in by_pair:
-            rev = by_pair[(d, t)]
-            if Verdict(rev.verdict) is not Verdict.INCOMPATIBLE:
-                continue
         reverse = by_pair.get((d, t))
+        # One edge per unordered pair, oriented the way speculation makes sense: the smaller
+        # model drafts for the larger (ties: the larger id drafts), unless only one way works.
+        if usable(reverse) and (size.get(t, 0), d) < (size.get(d, 0), t):
+            continue
         g.add_edge(
-            t,
-            d,
-            target=t,
-            draft=d,
-            verdict=e.verdict,
-            llama_accepts=_scalar(e.llama_accepts),
-            findings=_scalar(e.findings),
+            t, d, target=t, draft=d, verdict=e.verdict,
+            llama_accepts=_scalar(e.llama_accepts), findings=_scalar(e.findings),
             reverse_verdict=reverse.verdict if reverse else Verdict.INCOMPATIBLE.value,
-        )
+        )  # fmt: skip
     return g
 
 

@@ -88,9 +88,21 @@ def save_audit(
     return audit_id
 
 
-def latest_audit_id(con: duckdb.DuckDBPyConnection) -> int | None:
+def latest_audit_id(con: duckdb.DuckDBPyConnection, *, current: bool = False) -> int | None:
+    """The newest saved audit; with `current`, only if no scan finished after it."""
     row = con.execute("SELECT max(audit_id) FROM audit_runs").fetchone()
-    return None if row is None or row[0] is None else int(row[0])
+    if row is None or row[0] is None:
+        return None
+    audit_id = int(row[0])
+    if current:
+        stale = con.execute(
+            "SELECT count(*) FROM scans WHERE finished_at > "
+            "(SELECT created_at FROM audit_runs WHERE audit_id = ?)",
+            [audit_id],
+        ).fetchone()
+        if stale and stale[0]:
+            return None
+    return audit_id
 
 
 def stored_edges(con: duckdb.DuckDBPyConnection, audit_id: int) -> list[StoredEdge]:

@@ -153,3 +153,23 @@ def test_rules_follow_the_users_binary(scanned_db: Path, tmp_path: Path) -> None
     ]
     code, out = _run("compat", *pair, *db, "--llama-build", "11434")
     assert code == 0
+
+
+def test_saved_audit_round_trips_and_goes_stale(scanned_db: Path, sparse_tree: Path) -> None:
+    import networkx as nx
+    from specreg.auditor import audit_and_save, build_graph, stored_graph
+    from specreg.registry.db import opened
+    from specreg.registry.scan import scan_paths
+
+    with opened(scanned_db) as con:
+        result, audit_id = audit_and_save(con)
+        saved = stored_graph(con)
+        fresh = build_graph(con)
+        assert saved is not None
+        assert nx.utils.graphs_equal(saved, fresh)
+        n_rows = con.execute(
+            "SELECT count(*) FROM audit_pairs WHERE audit_id = ?", [audit_id]
+        ).fetchone()
+        assert n_rows is not None and n_rows[0] == len(result.pairs)
+        scan_paths(con, [sparse_tree])  # a later scan makes the saved audit stale
+        assert stored_graph(con) is None

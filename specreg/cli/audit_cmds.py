@@ -238,7 +238,7 @@ def graph() -> None:
 )
 @db_option
 def graph_export(fmt: str, output: Path | None, db_path: Path | None) -> None:
-    """Export the graph of the latest saved audit (auditing now if there is none)."""
+    """Export the graph of the latest saved audit (auditing now if a scan came after it)."""
     with opened(resolve_db(db_path)) as con:
         g = auditor.stored_graph(con)
         if g is None:
