@@ -41,6 +41,7 @@ class Config:
     temperature: float = 0.0
     seed: int = DEFAULT_SEED
     ctx: int = DEFAULT_CTX
+    threads: int | None = None  # None: one per physical core of the host
 
     def __post_init__(self) -> None:
         if self.spec_type not in SPEC_TYPES:
@@ -51,6 +52,8 @@ class Config:
             raise UsageError(f"--k must be at least 1, got {self.k}")
         if self.experts is not None and self.experts < 1:
             raise UsageError(f"--experts must be at least 1, got {self.experts}")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"--threads must be at least 1, got {self.threads}")
         if self.temperature < 0:
             raise UsageError(f"--temp must be >= 0, got {self.temperature}")
 
@@ -88,7 +91,7 @@ class Config:
 
     def baseline(self) -> Config:
         """The full, plain reference: no speculation, all experts, greedy."""
-        return Config(seed=self.seed, ctx=self.ctx)
+        return Config(seed=self.seed, ctx=self.ctx, threads=self.threads)
 
     def with_(self, **changes: Any) -> Config:
         return replace(self, **changes)
@@ -153,7 +156,8 @@ def server_argv(
     """llama-server flags for `config` (no binary, address or port): reusable in any command."""
     if config.needs_draft and draft_path is None:
         raise UsageError(f"{config.spec_type} needs a draft model: pass --draft PATH")
-    argv = ["-m", str(target_path), "-t", str(host.threads), "-c", str(config.ctx)]
+    threads = config.threads or host.threads
+    argv = ["-m", str(target_path), "-t", str(threads), "-c", str(config.ctx)]
     if dialect == DIALECT_SPEC_TYPE:
         argv += _spec_type_flags(config, draft_path)
     elif dialect == DIALECT_DRAFT_MAX:

@@ -130,3 +130,9 @@ def test_user_prompts(tmp_path: Path) -> None:
     f.write_text('{"text": "x"}\n')
     with pytest.raises(UsageError, match=r'mine.jsonl:1 has no "prompt" string'):
         load_workload(prompts_file=f)
+
+
+def test_threads_override() -> None:
+    argv = server_argv(Config(threads=1), T, None, DIALECT_SPEC_TYPE, host(cores=8))
+    assert argv[argv.index("-t") + 1] == "1"
+    assert Config(threads=1).baseline().threads == 1

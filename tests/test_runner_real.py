@@ -26,12 +26,15 @@ from specreg.cli.main import cli
 pytestmark = pytest.mark.llama
 
 N_PREDICT = 32
+# One thread: on a 2-core host shared with other jobs, -t 2 spins and slows down many times
+# over; these tests check behaviour, not speed.
+THREADS = 1
 
 
 def plan(con, install, target, draft=None, config=None, task="code", n=1, repeats=2):  # type: ignore[no-untyped-def]
     workload = load_workload((task,)).head(n)
     return runs.plan(
-        con, install, detect_host(), target, draft, config or Config(), workload,
+        con, install, detect_host(), target, draft, (config or Config()).with_(threads=THREADS), workload,
         task=task, n_predict=N_PREDICT, repeats=repeats, contention_retries=0,
     )  # fmt: skip
 
@@ -151,6 +154,7 @@ def test_verify_cli_prints_verdict_and_records_both_runs(
         "verify", str(small_models.smollm2.path), "--draft",
         str(small_models.draft("smollm2", "Q4_0").path), "--k", "3", "--repeat", "1",
         "--n-predict", "16", "--max-prompts", "1", "--llama-bin", str(llama_bin),
+        "--threads", "1", "--retries", "0",
     ]  # fmt: skip
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output

@@ -52,6 +52,9 @@ def _run_options(func: F) -> F:
         click.option("--seed", type=int, default=42, show_default=True),
         click.option("--ctx", type=int, default=4096, show_default=True, help="Context size."),
         click.option(
+            "--threads", type=int, default=None, help="llama.cpp threads (default: physical cores)."
+        ),
+        click.option(
             "--task", "tasks", multiple=True, type=click.Choice(TASKS), help="Prompt set."
         ),
         click.option(
@@ -97,6 +100,7 @@ def _plan(con: Any, kw: dict[str, Any]) -> runs.Plan:
         temperature=kw["temp"],
         seed=kw["seed"],
         ctx=kw["ctx"],
+        threads=kw["threads"],
     )
     tasks = tuple(kw["tasks"]) or ("code",)
     workload = load_workload(tasks, kw["prompts_file"]).head(kw["max_prompts"])
