@@ -33,8 +33,9 @@ THREADS = 1
 
 def plan(con, install, target, draft=None, config=None, task="code", n=1, repeats=2):  # type: ignore[no-untyped-def]
     workload = load_workload((task,)).head(n)
+    config = (config or Config()).with_(threads=THREADS)
     return runs.plan(
-        con, install, detect_host(), target, draft, (config or Config()).with_(threads=THREADS), workload,
+        con, install, detect_host(), target, draft, config, workload,
         task=task, n_predict=N_PREDICT, repeats=repeats, contention_retries=0,
     )  # fmt: skip
 
