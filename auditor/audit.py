@@ -200,22 +200,33 @@ def audit_all(
                 counts[hit[0].value] += 1
                 pairs.append(PairSummary(t.model_id or "", d.model_id or "", hit[0], True, hit[1]))
 
-    # Bound drafts (EAGLE-3, DFlash, DSpark) skip the vocabulary check: judge them directly.
+    # Bound drafts (EAGLE-3, DFlash, DSpark) skip the vocabulary check; their binding reads the
+    # target's shape, so the memo key holds that shape instead of a vocabulary class.
+    bound_memo: dict[tuple[Any, ...], tuple[Verdict, tuple[str, ...]]] = {}
     for d in bound:
+        size_d, tpl_d = _size(d), d.chat_template_sha256
+        d_key = (d.draft_binding, d.draft_kind, bool(d.is_mmproj), d.bos_id is None)
         for t in models:
             if t is d:
                 continue
-            pv = judge(t, d, rules, vocabs, vision_dirs=vdirs)
-            counts[pv.verdict.value] += 1
-            pairs.append(
-                PairSummary(
-                    t.model_id or "",
-                    d.model_id or "",
-                    pv.verdict,
-                    None,
-                    tuple(c.name for c in pv.failed),
-                )
+            size_t, tpl_t = _size(t), t.chat_template_sha256
+            ratio_ok = (size_t / size_d >= MIN_USEFUL_SIZE_RATIO) if size_t and size_d else None
+            bound_key = (
+                d_key,
+                _cap_signature(t, vdirs),
+                t.embedding_length,
+                t.block_count,
+                t.bos_id is None,
+                bool(tpl_t and tpl_d and tpl_t != tpl_d),
+                ratio_ok,
             )
+            hit = bound_memo.get(bound_key)
+            if hit is None:
+                pv = judge(t, d, rules, vocabs, vision_dirs=vdirs)
+                hit = bound_memo[bound_key] = (pv.verdict, tuple(c.name for c in pv.failed))
+            counts[hit[0].value] += 1
+            pairs.append(PairSummary(t.model_id or "", d.model_id or "", hit[0], None, hit[1]))
+
     # A draft head as the target is never servable.
     if bound and plain:
         counts[Verdict.INCOMPATIBLE.value] += len(bound) * len(plain)
