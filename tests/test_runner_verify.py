@@ -92,8 +92,26 @@ def test_confident_divergence_fails() -> None:
     assert v.verdict == "fail"
     assert v.reason == (
         "output differs from the baseline at a confident position: prompt code-1 token 2 "
-        "(baseline p=0.950 vs config token p=0.010)"
+        "(baseline p=0.950 vs config token p=0.010, numerical noise n/a)"
     )
+
+
+def test_flip_within_measured_noise_is_a_near_tie() -> None:
+    # Measured on gemma-3-270m + Q4_0 draft (summarize-2, token 13): the baseline preferred
+    # its token by 0.050, while re-decoding the prefix in one batch preferred it by 0.140.
+    probs = [tp(1, (1, 0.9)), tp(2, (2, 0.9)), tp(3, (3, 0.385), (7, 0.335))]
+    probe = Probe(2, tp(3, (3, 0.419), (7, 0.279)), ".", " because")
+    v = judge(base_run((1, 2, 3), probs=probs), cfg_run((1, 2, 7), probe=probe))
+    (p,) = v.prompts
+    assert p.verdict == "near-tie" and v.verdict == "pass"
+    assert p.margin == pytest.approx(0.05) and p.noise == pytest.approx(0.09)
+
+
+def test_confident_baseline_is_never_excused_by_noise() -> None:
+    probs = [tp(1, (1, 0.9)), tp(2, (2, 0.9)), tp(3, (3, 0.60), (7, 0.30))]
+    probe = Probe(2, tp(7, (7, 0.7), (3, 0.2)), "a", "b")  # noise 0.8, capped at 0.25
+    v = judge(base_run((1, 2, 3), probs=probs), cfg_run((1, 2, 7), probe=probe))
+    assert v.prompts[0].verdict == "diverged" and v.verdict == "fail"
 
 
 def test_token_outside_top_candidates_fails() -> None:

@@ -289,9 +289,15 @@ def _print_verify(baseline: RunRecord, r: RunRecord) -> None:
         d = p.divergence
         if d and p.verdict in ("near-tie", "diverged", "changed"):
             out.print(
-                f"  {p.prompt_id} @ token {d['position']}: baseline {d['baseline_text']!r} "
-                f"vs config {d['config_text']!r} (p {d['baseline_probs']} / {d['config_probs']})"
+                f"  {p.prompt_id} @ token {d['position']} ({p.verdict}: margin "
+                f"{_p(d.get('margin'))}, noise {_p(d.get('noise'))}):"
             )
+            out.print(f"    baseline {d['baseline_text']!r}")
+            out.print(f"    config   {d['config_text']!r}")
+
+
+def _p(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _print_runs(records: list[RunRecord]) -> None:
