@@ -54,9 +54,7 @@ def _rules(llama_build: int | None, llama_bin: Path | None) -> auditor.RuleSet:
 
 
 def _exit_findings() -> None:
-    # SystemExit rather than click's Exit: `main()` runs click with standalone_mode=False, where
-    # click returns an Exit's code instead of raising it.
-    sys.exit(EXIT_FINDINGS)
+    raise click.exceptions.Exit(EXIT_FINDINGS)
 
 
 def _mark(passed: bool, severity: Severity) -> str:
