@@ -190,6 +190,7 @@ class Plan:
     startup_timeout: float
     request_timeout: float
     contention_retries: int = 2
+    notes: tuple[str, ...] = ()  # things the user should know before reading the numbers
 
 
 def plan(
@@ -225,7 +226,20 @@ def plan(
             f"{Path(target).name} has no MTP (NextN) layers, so draft-mtp cannot run on it: "
             "use a draft model or an n-gram method"
         )
+    notes = []
+    if config.experts is not None:
+        if target_rec.expert_count and config.experts > target_rec.expert_count:
+            raise UsageError(
+                f"--experts {config.experts} exceeds the {target_rec.expert_count} experts of "
+                f"{Path(target).name}"
+            )
+        if not target_rec.is_moe:
+            notes.append(
+                f"{Path(target).name} is not a mixture of experts: llama.cpp ignores the "
+                "expert-count override, so expect the baseline's output"
+            )
     return Plan(
+        notes=tuple(notes),
         install=install,
         host=host,
         target=target_rec,

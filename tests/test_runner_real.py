@@ -123,6 +123,10 @@ def test_expert_override_path_runs(
     p = plan(con, llama_install, target, None, Config(experts=1), repeats=1)
     arch = resolve_model(con, target).architecture
     assert p.config.expert_key == f"{arch}.expert_used_count"
+    assert p.notes == (
+        f"{target.name} is not a mixture of experts: llama.cpp ignores the expert-count "
+        "override, so expect the baseline's output",
+    )
     out = runs.verify(con, p)
     v = out.verification
     assert v.config.ok, v.config.failure

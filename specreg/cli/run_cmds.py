@@ -104,7 +104,7 @@ def _plan(con: Any, kw: dict[str, Any]) -> runs.Plan:
     )
     tasks = tuple(kw["tasks"]) or ("code",)
     workload = load_workload(tasks, kw["prompts_file"]).head(kw["max_prompts"])
-    return runs.plan(
+    planned = runs.plan(
         con,
         find_llama(kw["llama_bin"]),
         detect_host(),
@@ -118,6 +118,9 @@ def _plan(con: Any, kw: dict[str, Any]) -> runs.Plan:
         startup_timeout=kw["timeout"],
         contention_retries=kw["retries"],
     )
+    for note in planned.notes:
+        err_console().print(f"note: {note}")
+    return planned
 
 
 def _record_json(record: RunRecord) -> dict[str, Any]:
