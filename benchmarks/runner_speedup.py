@@ -26,13 +26,16 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tasks", default="code,summarize")
     ap.add_argument("--k", default="2,4,8")
+    ap.add_argument("--threads", type=int, default=None, help="default: physical cores")
+    ap.add_argument("--retries", type=int, default=2, help="re-measure contended samples")
     args = ap.parse_args()
     install = find_llama()
     host = detect_host()
     models = ensure_test_models(install.binary("llama-quantize"))
     workload = load_workload(tuple(args.tasks.split(",")))
     ks = [int(k) for k in args.k.split(",")]
-    print(f"host: {host.cpu_model}, {host.physical_cores} cores, threads {host.threads}")
+    threads = args.threads or host.threads
+    print(f"host: {host.cpu_model}, {host.physical_cores} cores, llama.cpp threads {threads}")
     print(
         f"llama.cpp {install.version}; prompts {workload.name} ({len(workload.prompts)}); "
         f"n_predict {args.n_predict}; repeats {args.repeat}\n"
@@ -44,17 +47,18 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for target in (models.smollm2, models.gemma3):
         t0 = time.monotonic()
-        kw = dict(n_predict=args.n_predict, repeats=args.repeat)
-        base = measure(install, host, Config(), target.path, None, workload, with_probs=True, **kw)
+        kw = dict(n_predict=args.n_predict, repeats=args.repeat, contention_retries=args.retries)
+        plain = Config(threads=args.threads)
+        base = measure(install, host, plain, target.path, None, workload, with_probs=True, **kw)
         refs = {p.prompt.prompt_id: p.tokens for p in base.prompts}
         configs = [
-            (Config(spec_type="draft-simple", k=k), models.draft(target.family, q))
+            (plain.with_(spec_type="draft-simple", k=k), models.draft(target.family, q))
             for q in ("Q8_0", "Q4_0")
             for k in ks
         ]
-        configs += [(Config(spec_type=t), None) for t in ("ngram-simple", "ngram-mod")]
+        configs += [(plain.with_(spec_type=t), None) for t in ("ngram-simple", "ngram-mod")]
         other = models.gemma3 if target.family == "smollm2" else models.smollm2
-        configs.append((Config(spec_type="draft-simple", k=4), other))
+        configs.append((plain.with_(spec_type="draft-simple", k=4), other))
         for cfg, draft in configs:
             m = measure(install, host, cfg, target.path, draft.path if draft else None,
                         workload, reference_tokens=refs, **kw)  # fmt: skip
