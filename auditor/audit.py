@@ -127,7 +127,7 @@ def audit_all(
 
     # The vocabulary check is symmetric, so compute it once per unordered class pair; texts are
     # compared once per unordered pair of distinct token lists.
-    text_cache: dict[tuple[str, str], bool] = {}
+    text_cache: dict[tuple[tuple[str, bool], ...], bool] = {}
     n_text = 0
     class_verdicts: list[ClassVerdict] = []
     outcomes: dict[tuple[int, int], VocabOutcome] = {}
@@ -139,9 +139,11 @@ def audit_all(
             outcome = None
             failed = _scalar_failures(ta, tb, rules)
             if not failed:
-                sa, sb = sorted((ta.vocab_sha or "", tb.vocab_sha or ""))
-                key = (sa, sb)
-                if ta.vocab_sha == tb.vocab_sha:
+                # hybriddna loaders rewrite texts, so the tokenizer model is part of the key.
+                sides = ((ta.vocab_sha or "", ta.tok_model == "hybriddna"),
+                         (tb.vocab_sha or "", tb.tok_model == "hybriddna"))  # fmt: skip
+                key = tuple(sorted(sides))
+                if sides[0] == sides[1]:
                     text_ok = True
                 elif key in text_cache:
                     text_ok = text_cache[key]
@@ -157,7 +159,7 @@ def audit_all(
             n_pairs = len(members[a]) * len(members[b]) - (len(members[a]) if a == b else 0)
             class_verdicts.append(ClassVerdict(a, b, not failed, failed, n_pairs))
             if not failed and n_pairs:
-                if outcome is None and ta.vocab_sha == tb.vocab_sha:
+                if outcome is None and sides[0] == sides[1]:
                     # One token list: equal texts and no extra ids, nothing to load.
                     outcome = vocab_checks(ta, tb, None, None, rules)
                 outcomes[(a, b)] = outcome or vocab_checks(

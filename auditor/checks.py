@@ -14,7 +14,12 @@ from typing import Any, Protocol
 import numpy as np
 from specreg.auditor.rules import RuleSet
 from specreg.auditor.verdict import Check, Severity
-from specreg.auditor.vocab import ExtraTokens, extra_tokens, first_text_difference
+from specreg.auditor.vocab import (
+    ExtraTokens,
+    dna_strip_start,
+    extra_tokens,
+    first_text_difference,
+)
 from specreg.registry.gguf_header import StringArray
 
 # llama_vocab_type numbers (include/llama.h), for the evidence: users compare them with logs.
@@ -159,7 +164,9 @@ def vocab_checks(
     stop = min(n_t, n_d)
     first: int | None = None
     if vt is not None and vd is not None:
-        first = first_text_difference(vt.tokens, vd.tokens, start)
+        strip_t = dna_strip_start(vt.tokens) if _get(t, "tok_model") == "hybriddna" else None
+        strip_d = dna_strip_start(vd.tokens) if _get(d, "tok_model") == "hybriddna" else None
+        first = first_text_difference(vt.tokens, vd.tokens, start, strip_t, strip_d)
     elif (vt is None) != (vd is None) and stop > start:
         first = start  # one side has token texts, the other only dummies ("")
     text_values: dict[str, Any] = {"start_id": start, "stop_id": stop, "first_differing_id": first}

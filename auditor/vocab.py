@@ -29,11 +29,26 @@ _PADDING_TEXT = re.compile(
 _PADDING_TYPES = (int(TokenType.UNUSED),)
 
 
-def llama_text(tokens: StringArray, i: int) -> bytes:
+# hybriddna vocabularies: the loader strips this marker from the k-mers after "<oov>".
+DNA_KMER_MARKER = b"\xee\x80\x80"
+
+
+def dna_strip_start(tokens: StringArray) -> int | None:
+    """The first id whose text the hybriddna loader strips the k-mer marker from."""
+    for i in range(len(tokens)):
+        if tokens.item_bytes(i) == b"<oov>":
+            return i + 1
+    return None
+
+
+def llama_text(tokens: StringArray, i: int, strip_from: int | None = None) -> bytes:
     """Token i's text as `strcmp` in common_speculative_are_compatible sees it."""
     raw = tokens.item_bytes(i)
     if not raw:
         return b"[EMPTY_%d]" % i
+    if (strip_from is not None and i >= strip_from and len(raw) > len(DNA_KMER_MARKER)
+            and raw.endswith(DNA_KMER_MARKER)):  # fmt: skip
+        raw = raw[: -len(DNA_KMER_MARKER)]
     nul = raw.find(b"\0")
     return raw if nul < 0 else raw[:nul]
 
@@ -52,8 +67,20 @@ def _first_raw_difference(a: bytes, b: bytes) -> int:
     return -1 if len(a) == len(b) else n
 
 
-def first_text_difference(tgt: StringArray, dft: StringArray, start: int = 5) -> int | None:
-    """The first id in [start, min(n_tgt, n_dft)) whose llama.cpp texts differ, or None."""
+def first_text_difference(
+    tgt: StringArray,
+    dft: StringArray,
+    start: int = 5,
+    strip_tgt: int | None = None,
+    strip_dft: int | None = None,
+) -> int | None:
+    """The first id in [start, min(n_tgt, n_dft)) whose llama.cpp texts differ, or None.
+
+    `strip_*`: where the hybriddna loader starts rewriting texts (see `dna_strip_start`).
+    """
+    if strip_tgt != strip_dft:
+        # Equal bytes no longer mean equal texts: only the token loop is exact.
+        return naive_first_text_difference(tgt, dft, start, strip_tgt, strip_dft)
     stop = min(len(tgt), len(dft))
     i = start
     while i < stop:
@@ -67,16 +94,22 @@ def first_text_difference(tgt: StringArray, dft: StringArray, start: int = 5) ->
         rel = tgt.offsets[i : stop + 1] - tgt.offsets[i]
         j = i + int(np.searchsorted(rel, p, side="right")) - 1
         j = min(max(j, i), stop - 1)
-        if llama_text(tgt, j) != llama_text(dft, j):
+        if llama_text(tgt, j, strip_tgt) != llama_text(dft, j, strip_dft):
             return j
         i = j + 1
     return None
 
 
-def naive_first_text_difference(tgt: StringArray, dft: StringArray, start: int = 5) -> int | None:
+def naive_first_text_difference(
+    tgt: StringArray,
+    dft: StringArray,
+    start: int = 5,
+    strip_tgt: int | None = None,
+    strip_dft: int | None = None,
+) -> int | None:
     """Token by token, as the C++ loop does; the benchmark's and the tests' reference."""
     for i in range(start, min(len(tgt), len(dft))):
-        if llama_text(tgt, i) != llama_text(dft, i):
+        if llama_text(tgt, i, strip_tgt) != llama_text(dft, i, strip_dft):
             return i
     return None
 

@@ -9,7 +9,11 @@ import pytest
 from gguf.constants import TokenType
 from specreg.auditor import Verdict, audit_all, check_pair, compatible_drafts, rules_for_build
 from specreg.auditor.rules import PINNED_BUILD, RULESETS
-from specreg.auditor.vocab import first_text_difference, naive_first_text_difference
+from specreg.auditor.vocab import (
+    dna_strip_start,
+    first_text_difference,
+    naive_first_text_difference,
+)
 from specreg.registry.db import opened
 from specreg.registry.gguf_header import read_header
 from specreg.registry.queries import list_models
@@ -61,6 +65,25 @@ def test_llama_text_quirks(gguf_factory) -> None:  # type: ignore[no-untyped-def
     tb = read_header(gguf_factory("b.gguf", tokens=b)).kv["tokenizer.ggml.tokens"]
     assert first_text_difference(ta, tb) == 20
     assert naive_first_text_difference(ta, tb) == 20
+
+
+def test_hybriddna_marker_is_stripped_like_the_loader(gguf_factory) -> None:  # type: ignore[no-untyped-def]
+    """The hybriddna loader erases the k-mer marker after <oov>: a vocabulary with the marker
+    matches one without it from there on, but not before."""
+    marker = "\ue000"
+    plain = [f"t{i}" for i in range(10)] + ["<oov>"] + ["ACGT", "TTGA", "GG"]
+    marked = plain[:11] + [k + marker for k in plain[11:]]
+    early = list(marked)
+    early[6] = "t6" + marker  # before <oov>: not stripped
+    ta = read_header(gguf_factory("p.gguf", tokens=plain)).kv["tokenizer.ggml.tokens"]
+    tb = read_header(gguf_factory("m.gguf", tokens=marked)).kv["tokenizer.ggml.tokens"]
+    tc = read_header(gguf_factory("e.gguf", tokens=early)).kv["tokenizer.ggml.tokens"]
+    strip = dna_strip_start(tb)
+    assert strip == 11
+    assert first_text_difference(ta, tb) == 11  # read raw, the texts differ
+    assert first_text_difference(ta, tb, strip_dft=strip) is None
+    assert first_text_difference(ta, tc, strip_dft=strip) == 6
+    assert first_text_difference(tb, tc, 5, strip, strip) == 6
 
 
 def test_incompatible_pair_explains_every_check(vocab_dir: Path, tmp_path: Path) -> None:
