@@ -19,7 +19,7 @@ from specreg.recommender.host import HostFacts
 from specreg.recommender.local import local_observations
 from specreg.recommender.prior import load_prior
 from specreg.recommender.recommend import Option, Recommendation, recommend
-from specreg.recommender.train import fit
+from specreg.recommender.train import default_estimator, fit
 from specreg.runner import runs
 from specreg.runner.config import SPEC_NONE, Config, server_command
 from specreg.runner.host import Host
@@ -149,14 +149,17 @@ def tune(
     prior = load_prior().observations
     tried: dict[tuple[object, ...], TuneStep] = {}
     steps: list[TuneStep] = []
-    model = fit()
+    # A small ensemble: the loop refits after every run, and this host's runs move the
+    # ranking mostly through the recommender's local correction, not through the refit.
+    estimator = default_estimator().set_params(n_members=2)
+    model = fit(estimator=estimator)
     stop = "budget spent"
     confirmed = False
     n_candidates = 0
     while True:
         local = local_observations(con, host)
         if refit and local:
-            model = fit(local)
+            model = fit(local, estimator)
         rec = recommend(
             con,
             target_ref,

@@ -19,6 +19,7 @@ from specreg.recommender.prior import load_prior
 from specreg.recommender.recommend import POLICIES, TASK_CHOICES, Recommendation, recommend
 from specreg.recommender.train import fit, load_trained, train
 from specreg.registry.db import opened
+from specreg.registry.queries import resolve_model
 from specreg.runner.host import Host, detect_host
 from specreg.runner.llama import DIALECT_SPEC_TYPE, find_llama
 from specreg.runner.tune import TuneResult, TuneStep, llama_runner, option_command, tune
@@ -100,6 +101,7 @@ def recommend_cmd(
     """Rank configurations for TARGET: predicted t/s and speedup band, command, why."""
     host, facts = _host(bandwidth)
     with opened(resolve_db(db_path)) as con:
+        resolve_model(con, target)  # an unknown target fails before the model is fitted
         local = local_observations(con, facts)
         trained = load_trained()
         model = trained[0] if trained else fit(local)

@@ -1,0 +1,67 @@
+"""`specreg train` and `specreg recommend` through the CLI: JSON, text, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from specreg.cli.main import cli
+
+TARGET = "Qwen2.5 Coder 32B Instruct"
+
+
+def _run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def _specreg(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "specreg", *args], capture_output=True, text=True)
+
+
+def test_train_then_recommend_json_and_text(scanned_db: Path, specreg_home: Path) -> None:
+    code, out = _run("train", "--no-cv", "--bandwidth", "460", "--db", str(scanned_db), "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["version"] == "1" and doc["kind"] == "train"
+    assert doc["summary"]["n_prior"] > 400 and doc["summary"]["n_local"] == 0
+    assert (specreg_home / "recommender" / "model.joblib").exists()
+
+    args = ("recommend", TARGET, "--task", "code", "--bandwidth", "460", "--db", str(scanned_db))
+    code, out = _run(*args, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["version"] == "1" and doc["kind"] == "recommendation"
+    assert doc["policy"] == "quality" and doc["task"] == "code" and doc["speculate"] is True
+    assert doc["host"]["source"] == "user" and doc["host"]["bandwidth_gbs"] == 460
+    assert 0 < doc["roofline"]["fraction"] < 1
+    best = doc["options"][0]
+    assert best["method"] == "draft" and best["lossless"] is True
+    assert best["speedup_lo"] < best["speedup"] < best["speedup_hi"]
+    assert "--spec-type draft-simple --spec-draft-model" in best["command"]
+    assert f"--spec-draft-n-max {best['k']}" in best["command"]
+    assert best["evidence"] and best["why"]
+
+    code, out = _run(*args)
+    assert code == 0
+    assert out.splitlines()[0] == f"{TARGET}  task=code  policy=quality"
+    assert out.splitlines()[1].startswith("roofline: 460 GB/s (user) / 21.06 GB per token")
+    assert "run: draft-simple Qwen2.5 Coder 0.5B Instruct K=" in out
+
+
+def test_unknown_target_is_a_usage_error(scanned_db: Path) -> None:
+    r = _specreg("recommend", "nope", "--bandwidth", "100", "--db", str(scanned_db))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == (
+        "error: no model matches 'nope': give a path, an id from `specreg models`, or a name"
+    )
+
+
+def test_unknown_policy_is_a_usage_error(scanned_db: Path) -> None:
+    r = _specreg("recommend", TARGET, "--policy", "fast", "--db", str(scanned_db))
+    assert r.returncode == 2
+    assert "Invalid value for '--policy': 'fast' is not one of 'quality', 'speed'." in r.stderr

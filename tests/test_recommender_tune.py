@@ -1,0 +1,107 @@
+"""`tune`: few runs reach the best configuration an exhaustive sweep finds."""
+
+# ruff: noqa: F811  (pytest fixtures imported from the fixture modules are used as arguments)
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pytest
+from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
+from recommender_fixtures import demo_con, demo_model  # noqa: F401
+from specreg.recommender.costmodel import CostParams, predict_tps
+from specreg.recommender.features import ConfigFacts, Method, feature_matrix
+from specreg.recommender.host import HostFacts
+from specreg.recommender.local import draft_fields, target_fields
+from specreg.recommender.recommend import Option
+from specreg.registry.queries import get_model
+from specreg.registry.runs import RunRecord, record_run
+from specreg.runner.tune import tune
+
+HOST = HostFacts(20.0, 2, "user", fingerprint="test-host")
+# The "true" host: cheaper drafts, higher acceptance than the prior believes.
+TRUE = CostParams(
+    target_eff=0.5, draft_eff=0.3, draft_tau=0.001, verify_slope=0.06, acc_bias=1.6, acc_family=1.0
+)
+
+
+def _true_tps(con, target, option: Option) -> float:  # type: ignore[no-untyped-def]
+    tf = target_fields(target)
+    c = ConfigFacts(
+        bandwidth_gbs=HOST.bandwidth_gbs, physical_cores=2, **tf, method=option.method,
+        k=option.k or 0, experts=option.experts or tf["default_experts"], temperature=0.0,
+        task="code", ngram_n=4,
+    )  # fmt: skip
+    if option.method is Method.DRAFT:
+        c = c.with_(**draft_fields(get_model(con, option.draft_id), target))
+    return float(predict_tps(feature_matrix([c]), TRUE)[0][0])
+
+
+def _simulated_runner(con, target):  # type: ignore[no-untyped-def]
+    def run(option: Option) -> tuple[float | None, int | None]:
+        tps = _true_tps(con, target, option)
+        rec = RunRecord(
+            kind="run", status="ok", started_at=datetime.now(timezone.utc), config={},
+            config_label=option.label, spec_type=option.spec_type,
+            target_model_id=target.model_id, draft_model_id=option.draft_id, k=option.k,
+            experts=option.experts, temperature=0.0, task="code", tokens_per_s=tps,
+            host_fingerprint=HOST.fingerprint,
+        )  # fmt: skip
+        return tps, record_run(con, rec)
+
+    return run
+
+
+def test_tune_finds_the_best_with_a_quarter_of_the_sweep(demo_con) -> None:  # type: ignore[no-untyped-def]
+    target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
+    result = tune(
+        demo_con, target.model_id, _simulated_runner(demo_con, target), host=HOST,
+        task="code", budget=50,
+    )  # fmt: skip
+    sweep = [_true_tps(demo_con, target, o) for o in result.final.options]
+    assert result.n_candidates == len(sweep) >= 20
+    assert result.best is not None and result.best.measured_tps is not None
+    assert result.best.measured_tps >= 0.95 * max(sweep)
+    assert result.n_runs <= len(sweep) / 4
+    assert result.confirmed and result.steps[0].option.method is Method.NONE
+
+
+def test_tune_stops_at_the_budget(demo_con) -> None:  # type: ignore[no-untyped-def]
+    target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
+    result = tune(
+        demo_con, target.model_id, _simulated_runner(demo_con, target), host=HOST,
+        task="code", budget=2,
+    )  # fmt: skip
+    assert result.n_runs == 2 and result.stop_reason == "budget spent"
+
+
+@pytest.mark.llama
+def test_tune_on_real_small_models_beats_a_quarter_of_the_sweep(
+    specreg_home: Path, llama_install, small_models
+) -> None:  # type: ignore[no-untyped-def]
+    """Exhaustive sweep of every candidate the recommender considers vs the tune loop."""
+    from specreg.registry.db import opened
+    from specreg.registry.scan import scan_paths
+    from specreg.runner.host import detect_host
+    from specreg.runner.tune import llama_runner
+    from specreg.runner.workload import load_workload
+
+    host = detect_host()
+    facts = HostFacts(20.0, host.physical_cores, "user", fingerprint=host.fingerprint)
+    target = small_models.smollm2.path
+    with opened(specreg_home / "registry.duckdb") as con:
+        scan_paths(con, [m.path for m in small_models.all])
+        run = llama_runner(
+            con, llama_install, host, target, load_workload(("code",)).head(1),
+            task="code", n_predict=48, repeats=2,
+        )  # fmt: skip
+        result = tune(con, str(target), run, host=facts, task="code", budget=8)
+        measured = {o.label: run(o)[0] for o in result.final.options}
+    sweep_best = max(v for v in measured.values() if v)
+    assert result.best is not None and result.best.measured_tps
+    assert result.n_runs <= math.floor(len(measured) / 4)
+    # the tuned choice, re-measured in the sweep, holds up against the sweep's best
+    assert max(result.best.measured_tps, measured[result.best.label] or 0) >= 0.95 * sweep_best
+    assert np.isfinite(sweep_best)
