@@ -125,6 +125,12 @@ def remedies_for(
             "use a llama.cpp build whose server speculates with context checkpoints "
             f"(the pinned build {PINNED_RULES.since_build} does)"
         )
+    vocab_refused = any(c.llama_check and not c.passed for c in checks)
+    if vocab_refused and rules.server_translates_vocab:
+        out.append(
+            "this build's llama-server translates tokens between the two vocabularies instead "
+            "of refusing the draft (slower, lower acceptance); llama-speculative still refuses"
+        )
     if verdict is Verdict.INCOMPATIBLE or verdict is Verdict.RISKY:
         if rules.ngram_spec_types:
             out.append("use an n-gram mode, no draft needed: --spec-type ngram-mod")

@@ -269,6 +269,8 @@ def test_bos_comma_case_explains_itself(seed_db: Path) -> None:
     assert bos_new.values["ids_compared"] is False
     # A real remedy: the registry holds a draft the old build accepts for this target.
     assert any("DRAFT 0.75B" in r for r in old.remedies)
+    assert any("translates tokens" in r for r in old.remedies)
+    assert not any("translates tokens" in r for r in new.remedies)
 
 
 def test_deepseek_gap_of_128_is_padding(seed_db: Path) -> None:
