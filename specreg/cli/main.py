@@ -23,31 +23,50 @@ Set SPECREG_HOME to relocate all state; SPECREG_DEBUG=1 shows tracebacks.
 """
 
 
-@click.group(help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
+# Command -> the module defining it. Modules load only when one of their commands runs, so
+# `specreg scan` does not pay for scikit-learn or matplotlib.
+COMMAND_MODULES = {
+    "scan": "scan_cmds",
+    "models": "scan_cmds",
+    "show": "scan_cmds",
+    "demo": "scan_cmds",
+    "compat": "audit_cmds",
+    "drafts": "audit_cmds",
+    "audit": "audit_cmds",
+    "graph": "audit_cmds",
+    "recommend": "recommend_cmds",
+    "train": "recommend_cmds",
+    "tune": "recommend_cmds",
+    "run": "run_cmds",
+    "verify": "run_cmds",
+    "runs": "run_cmds",
+    "llama": "run_cmds",
+    "report": "report_cmds",
+    "plan": "declare_cmds",
+    "import": "declare_cmds",
+    "propose": "declare_cmds",
+    "apply": "declare_cmds",
+    "export": "declare_cmds",
+    "init": "declare_cmds",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMAND_MODULES)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = COMMAND_MODULES.get(cmd_name)
+        if module is None:
+            return None
+        commands = importlib.import_module(f"specreg.cli.{module}").COMMANDS
+        return next((c for c in commands if c.name == cmd_name), None)
+
+
+@click.group(cls=LazyGroup, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="specreg")
 def cli() -> None:
     pass
-
-
-def _register() -> None:
-    from specreg.cli import scan_cmds
-
-    for module in (scan_cmds,):
-        for command in module.COMMANDS:
-            cli.add_command(command)
-    for command in importlib.import_module("specreg.cli.run_cmds").COMMANDS:
-        cli.add_command(command)
-    for command in importlib.import_module("specreg.cli.declare_cmds").COMMANDS:
-        cli.add_command(command)
-    for command in importlib.import_module("specreg.cli.report_cmds").COMMANDS:
-        cli.add_command(command)
-    for command in importlib.import_module("specreg.cli.audit_cmds").COMMANDS:
-        cli.add_command(command)
-    for command in importlib.import_module("specreg.cli.recommend_cmds").COMMANDS:
-        cli.add_command(command)
-
-
-_register()
 
 
 def main() -> None:
