@@ -150,7 +150,7 @@ def grouped_cv(
         idx = np.flatnonzero(spec)
         if len(idx):
             lo, mid, hi = model.predict_interval(data.X[idx])
-            for j, i in enumerate(idx):
+            for j, i in enumerate(idx.tolist()):
                 o = obs[i]
                 meas = o.speedup
                 pred = mid[j] / o.config.baseline_tps

@@ -154,6 +154,10 @@ def _num(text: str) -> float | None:
         return None
 
 
+def _int(value: object) -> int:
+    return value if isinstance(value, int) else 0
+
+
 def parse_speedup(text: str) -> float | None:
     """The reports' wording: `10.0x`, `+48%`, `3.4x vs Q8_0` (a different baseline: None)."""
     t = (text or "").strip()
@@ -173,7 +177,7 @@ def parse_speedup(text: str) -> float | None:
 
 
 def _rows(name: str) -> list[dict[str, str]]:
-    ref = resources.files("specreg.recommender").joinpath("data", name)
+    ref = resources.files("specreg.recommender").joinpath("data").joinpath(name)
     try:
         raw = ref.read_bytes()
     except FileNotFoundError as err:
@@ -314,7 +318,7 @@ def _sweep_observations(skipped: list[tuple[str, str]]) -> Iterator[Observation]
             "lookup": Method.NGRAM,
             "moe_reduce+lookup": Method.NGRAM,
         }[r["method"]]
-        default_experts = int(_num(r["target_baseline_experts"]) or target["default_experts"])
+        default_experts = int(_num(r["target_baseline_experts"]) or _int(target["default_experts"]))
         experts = int(_num(r["experts"]) or default_experts)
         draft: dict[str, object] = {}
         if method is Method.DRAFT:
@@ -416,7 +420,7 @@ def _seed_observations(skipped: list[tuple[str, str]]) -> Iterator[Observation]:
             draft = {**d, "tok_relation": "identical" if same else "unknown"}
         elif method is Method.NGRAM:
             k = k or PRIOR_NGRAM_K
-        default_experts = int(_num(r["default_experts"]) or target["default_experts"])
+        default_experts = int(_num(r["default_experts"]) or _int(target["default_experts"]))
         experts = int(_num(r["experts_used"]) or default_experts)
         acc = _num(r["acceptance_pct"])
         config = ConfigFacts(
