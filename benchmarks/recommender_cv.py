@@ -17,7 +17,6 @@ import json
 import time
 
 import numpy as np
-
 from specreg.recommender.costmodel import predict_tps
 from specreg.recommender.evaluate import K_LOSS_TOLERANCE, CVReport, grouped_cv, training_set
 from specreg.recommender.model import SpeculationRegressor
@@ -45,6 +44,20 @@ def shape_ceiling(model: SpeculationRegressor) -> float:
     return float(np.mean(good))
 
 
+def level_scatter(model: SpeculationRegressor) -> tuple[float, float]:
+    """Spread of each sweep's level around the fit, and of its points around its own level.
+
+    The first is what a held-out target's speedup cannot be better than without its own runs
+    (baselines measured on other prompts than the speed tests); the second is single-run noise.
+    """
+    data = training_set(load_prior().observations)
+    r = np.log(data.y) - np.log(model.predict_structural(data.X))
+    names = sorted({s for s in data.series if s})
+    levels = [float(np.median(r[data.series == s])) for s in names]
+    within = [float(np.std(r[data.series == s] - lv)) for s, lv in zip(names, levels, strict=True)]
+    return float(np.std(levels)), float(np.mean(within))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--members", type=int, default=3, help="ensemble members per fit")
@@ -60,6 +73,7 @@ def main() -> None:
         data.X, data.y, groups=data.groups, acceptance=data.acceptance, series=data.series
     )
     ceiling = shape_ceiling(full)
+    between, within = level_scatter(full)
     out = {
         "folds": report.n_folds,
         "sweeps": len(report.series),
@@ -72,6 +86,8 @@ def main() -> None:
         "speedup_median_ape_all": float(np.median(report.speedup_ape)),
         "band80_coverage": report.coverage,
         "in_sample_shape_ceiling": ceiling,
+        "sweep_level_sd_log": between,
+        "within_sweep_sd_log": within,
         "seconds": seconds,
     }
     if args.json:
@@ -100,6 +116,10 @@ def main() -> None:
     )
     print(f"80% band coverage on held-out runs: {report.coverage:.0%}")
     print(f"in-sample ceiling of the cost-model shape (K within 10%): {ceiling:.0%}")
+    print(
+        f"scatter (log tokens/s): sweep levels around the fit sd {between:.2f}, points around "
+        f"their sweep's level sd {within:.2f}"
+    )
     print(f"({seconds:.0f} s)")
 
 
