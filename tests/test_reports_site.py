@@ -25,6 +25,7 @@ from reports_fixtures import (  # noqa: F401  (fixtures)
 )
 from specreg.registry.db import opened
 from specreg.registry.queries import list_models
+from specreg.registry.scan import scan_paths
 from specreg.reports import build_site
 from specreg.reports.data import SiteData
 from specreg.reports.plots import PlotCache
@@ -271,3 +272,14 @@ def test_recommendations_per_task_with_command_and_roofline(
     html = read(out, "target-" + model_id(report_db, SWEEP_TARGET) + ".html")
     assert "at 100 GB/s, user)" in html  # the roofline from the bandwidth given
     assert "measured baseline</dt><dd>3.0 t/s" in html
+
+
+def test_empty_registry_gives_a_site_of_notes(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    with opened(tmp_path / "registry.duckdb") as con:
+        scan_paths(con, [tmp_path / "models"])
+        result = build_site(con, tmp_path / "site", cache=None)
+    assert result.n_models == 0 and [p.name for p in result.pages] == [
+        "index.html", "matrix.html", "graph.html", "runs.html",
+    ]  # fmt: skip
+    assert "fewer than two models: no pairs to audit" in read(tmp_path / "site", "matrix.html")
