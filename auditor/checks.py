@@ -7,7 +7,6 @@ so `audit_all` can run them once per vocabulary class instead of once per pair.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,9 +41,6 @@ NULL_TOKEN = -1
 class VocabLike(Protocol):
     tokens: StringArray
     token_types: np.ndarray | None
-
-
-VocabLoader = Callable[[str], "VocabLike | None"]
 
 
 def _get(m: Any, name: str, default: Any = None) -> Any:
@@ -198,7 +194,7 @@ def vocab_checks(
     return VocabOutcome(tuple(checks), accepts, first, extra)
 
 
-def extra_tokens_check(outcome: VocabOutcome, n_t: int, n_d: int) -> Check | None:
+def extra_tokens_check(outcome: VocabOutcome) -> Check | None:
     """The size rule lets real tokens through; name them (risky at run time)."""
     ex = outcome.extra
     if ex is None:
@@ -396,7 +392,7 @@ def capability_checks(t: Any, d: Any, rules: RuleSet, vision: bool = False) -> l
 def risk_checks(t: Any, d: Any, outcome: VocabOutcome | None, rules: RuleSet) -> list[Check]:
     checks: list[Check] = []
     if outcome is not None:
-        ex = extra_tokens_check(outcome, int(_get(t, "n_tokens", 0)), int(_get(d, "n_tokens", 0)))
+        ex = extra_tokens_check(outcome)
         if ex is not None:
             checks.append(ex)
     missing = [
