@@ -21,7 +21,7 @@ from typing import Any
 
 import networkx as nx
 
-_CACHE_VERSION = "1"
+_CACHE_VERSION = "2"  # bump when a drawing changes: cached SVGs are keyed by it
 # Qualitative colours for tokenizer families (matplotlib's tab10, then greys).
 FAMILY_COLOURS = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -137,6 +137,12 @@ def cluster_layout(
     return pos, centres
 
 
+def _edge_kind(verdict: str) -> str:
+    if "risky" in verdict:
+        return "risky"
+    return "warnings" if "warn" in verdict else "compatible"
+
+
 def graph_svg(
     graph: nx.Graph,
     family_of: Mapping[str, int],
@@ -178,21 +184,17 @@ def graph_svg(
         ax = fig.add_axes((0, 0, 1, 1))
         ax.set_axis_off()
         ax.set_aspect("equal")
-        warn = [(a, b) for a, b, v in edges if "warn" in v]
-        good = [(a, b) for a, b, v in edges if "warn" not in v]
-        ax.add_patch(
-            PathPatch(segments(good), fill=False, edgecolor="#2e7d32", linewidth=0.6, alpha=0.45)
+        # One compound path per verdict, styled like the matrix's colours.
+        styles = (
+            ("compatible", "#2e7d32", "-", 0.45),
+            ("warnings", "#9ccc65", "--", 0.8),
+            ("risky", "#fb8c00", ":", 0.9),
         )
-        ax.add_patch(
-            PathPatch(
-                segments(warn),
-                fill=False,
-                edgecolor="#f9a825",
-                linewidth=0.6,
-                alpha=0.7,
-                linestyle="--",
-            )
-        )
+        for kind, colour, style, alpha in styles:
+            chosen = [(a, b) for a, b, v in edges if _edge_kind(v) == kind]
+            if chosen:
+                ax.add_patch(PathPatch(segments(chosen), fill=False, edgecolor=colour,
+                                       linewidth=0.6, alpha=alpha, linestyle=style))  # fmt: skip
         for fam, (cx, cy, r) in centres.items():
             ax.text(
                 cx,
