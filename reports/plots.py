@@ -21,7 +21,8 @@ from typing import Any
 
 import networkx as nx
 
-_CACHE_VERSION = "2"  # bump when a drawing changes: cached SVGs are keyed by it
+# Cached SVGs are keyed by this file's own text too: changing a drawing invalidates them.
+_CACHE_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 # Qualitative colours for tokenizer families (matplotlib's tab10, then greys).
 FAMILY_COLOURS = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
