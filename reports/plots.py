@@ -178,7 +178,7 @@ def graph_svg(
         pos, centres = cluster_layout(nodes, family_of)
         xs = [p[0] for p in pos.values()]
         ys = [p[1] for p in pos.values()]
-        span_x = max(xs) - min(xs) + 3
+        span_x = max(xs) - min(xs) + _LABEL_WIDTH + 0.8
         span_y = max(ys) - min(ys) + 3
         width = min(16.0, max(6.0, span_x * 1.1))
         fig = _figure(width, min(30.0, max(4.0, width * span_y / span_x)))
@@ -228,7 +228,7 @@ def graph_svg(
                     color="#333333",
                     zorder=4,
                 )
-        ax.set_xlim(min(xs) - 1.5, max(xs) + 1.5)
+        ax.set_xlim(min(xs) - _LABEL_WIDTH / 2 - 0.4, max(xs) + _LABEL_WIDTH / 2 + 0.4)
         ax.set_ylim(min(ys) - 1.0, max(ys) + 1.1)
         return _svg(fig, salt)
 
