@@ -117,6 +117,8 @@ class Option:
             parts.append(f"K={self.k}")
         if self.experts is not None:
             parts.append(f"experts={self.experts}")
+        if any(k.name == "temperature" for k in self.knobs):
+            parts.append(f"temp={self.temperature:g}")
         return " ".join(parts)
 
     @property
@@ -287,8 +289,8 @@ def _drafts(con: duckdb.DuckDBPyConnection, target: ModelRecord) -> list[tuple[M
 
     out = []
     for pv in compatible_drafts(con, target):
-        if pv.spec_type not in (None, "draft-simple"):
-            continue  # EAGLE-3 / DFlash heads: not modelled by the prior
+        if pv.spec_type != "draft-simple":
+            continue  # EAGLE-3 / DFlash heads are not modelled by the prior; None cannot run
         d = get_model(con, pv.draft.model_id)
         if d is None or d.draft_kind:
             continue
@@ -341,7 +343,7 @@ def _why(c: ConfigFacts, model: SpeculationRegressor, a: float, base_tps: float)
     return tuple(out)
 
 
-def _knobs(c: ConfigFacts, draft_name: str | None) -> tuple[Knob, ...]:
+def _knobs(c: ConfigFacts, draft_name: str | None, user_temp: float) -> tuple[Knob, ...]:
     knobs = []
     if c.method is Method.DRAFT:
         knobs.append(Knob("draft", draft_name or "?", True))
@@ -353,6 +355,8 @@ def _knobs(c: ConfigFacts, draft_name: str | None) -> tuple[Knob, ...]:
         knobs.append(Knob("K", str(c.k), True))
     if c.experts_ratio < 1:
         knobs.append(Knob("experts", f"{c.experts}/{c.default_experts}", False))
+    if c.temperature != user_temp:
+        knobs.append(Knob("temperature", f"{c.temperature:g} (was {user_temp:g})", False))
     return tuple(knobs)
 
 
@@ -422,6 +426,12 @@ def recommend(
         for e in reduced:
             cands.extend((c.with_(experts=e), d) for c, d in full)
 
+    if policy == "speed" and temperature > 0:
+        # greedy sampling raises acceptance, at the price of deterministic output
+        cands.extend(
+            (c.with_(temperature=0.0), d) for c, d in list(cands) if c.method is not Method.NONE
+        )
+
     # -- scoring ---------------------------------------------------------------------------
     configs = [c for c, _ in cands]
     X = feature_matrix(configs)
@@ -441,7 +451,8 @@ def recommend(
 
     options: list[Option] = []
     for i, (c, d) in enumerate(cands):
-        allowed = policy == "speed" or not c.behaviour_changing
+        changes_output = c.behaviour_changing or c.temperature != temperature
+        allowed = policy == "speed" or not changes_output
         if not allowed:
             continue
         meas = by_key.get(_config_key(c), [])
@@ -466,7 +477,7 @@ def recommend(
                 speedup_hi=thi / plain_tps,
                 acceptance=a,
                 tokens_per_step=float(expected_tokens_per_step(a, c.k)) if a is not None else None,
-                knobs=_knobs(c, d.display_name if d else None),
+                knobs=_knobs(c, d.display_name if d else None, temperature),
                 why=_why(c, model, a or 0.0, plain_tps),
                 evidence=_evidence(c, pool),
                 measured_tps=float(np.median(meas)) if meas else None,

@@ -74,6 +74,16 @@ def test_moe_speed_policy_considers_fewer_experts_quality_never(demo_con, prior_
     assert all(o.lossless for o in quality.options)
 
 
+def test_lower_temperature_is_offered_only_under_speed(demo_con, prior_model):  # type: ignore[no-untyped-def]
+    target = demo_model(demo_con, "Qwen2.5-Coder", "32B").model_id
+    kw = {"model": prior_model, "host": REFERENCE_HOST, "task": "prose", "temperature": 0.7}
+    speed = recommend(demo_con, target, policy="speed", **kw)
+    quality = recommend(demo_con, target, policy="quality", **kw)
+    greedy = [o for o in speed.options if o.temperature == 0.0]
+    assert greedy and all(not o.lossless and "temp=0" in o.label for o in greedy)
+    assert all(o.temperature == 0.7 and o.lossless for o in quality.options)
+
+
 def test_every_option_has_band_evidence_and_why(demo_con, prior_model):  # type: ignore[no-untyped-def]
     rec = _rec(demo_con, prior_model, "Qwen2.5-Coder", "32B", "code")
     for o in rec.options[:5]:
