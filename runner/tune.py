@@ -1,10 +1,12 @@
 """`specreg tune`: measure the likeliest configurations, refit, stop when the best is confirmed.
 
 The loop asks the recommender for a ranking, measures the top unmeasured option with the real
-llama-server (recorded like any run), refits on the new local evidence and asks again. It stops
-when the best measured configuration beats every unmeasured one's prediction (confirmed), or
-when the budget of runs is spent. Plain decoding is measured first: every speedup needs it, and
-it anchors the predictions for this host.
+llama-server (recorded like any run), refits on the new local evidence and asks again. Plain
+decoding is measured first (every speedup needs it, and it anchors this host), then the most
+promising K of every method/draft family once (a probe re-anchors that family's whole K curve,
+which the prior from another host may place wrongly), then the top predictions. It stops when
+the best measured configuration beats every unmeasured one's prediction (confirmed), or when
+the budget of runs is spent.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ log = logging.getLogger(__name__)
 RunOption = Callable[[Option], tuple[float | None, int | None]]
 # Predictions within this share of the best measured speed do not need measuring.
 CONFIRM_MARGIN = 0.0
+# A family never measured is probed if its best prediction reaches this share of the best
+# measured speed: the prior may be off by that much on a new host.
+PROBE_RATIO = 0.5
 
 
 def option_config(option: Option) -> Config:
@@ -129,6 +134,11 @@ class TuneResult:
         return None
 
 
+def _family(o: Option) -> tuple[object, ...]:
+    """Options that share a K curve: one method, draft, expert count and temperature."""
+    return (o.method, o.draft_id, o.experts, o.temperature)
+
+
 def _key(o: Option) -> tuple[object, ...]:
     return (o.method, o.k, o.experts, o.draft_id, o.temperature)
 
@@ -178,9 +188,17 @@ def tune(
         elif not pending:
             choice, stop, confirmed = None, "every candidate measured", True
         else:
+            probed = {_family(s.option) for s in steps}
             best = max((s.measured_tps or 0.0) for s in measured) if measured else 0.0
+            unprobed = [
+                o for o in pending if _family(o) not in probed and o.tps >= PROBE_RATIO * best
+            ]
             top = max(pending, key=lambda o: o.tps)
-            if best and best >= top.tps * (1 + CONFIRM_MARGIN):
+            if unprobed:
+                # One probe per method/draft before any verdict: the prior comes from another
+                # host and other models, and a probe re-anchors that whole K curve.
+                choice = max(unprobed, key=lambda o: o.tps)
+            elif best and best >= top.tps * (1 + CONFIRM_MARGIN):
                 choice, stop, confirmed = None, "best measured beats every prediction", True
             else:
                 choice = top
