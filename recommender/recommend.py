@@ -39,7 +39,7 @@ K_GRID = (2, 3, 4, 6, 8, 12, 16, 24, 32)
 NGRAM_K_GRID = (8, 16, 32)
 MTP_K_GRID = (1, 2, 3)
 MAX_DRAFTS = 6
-MAX_DRAFT_SHARE = 0.5  # of the target's file size
+MAX_DRAFT_SHARE = 1.0  # of the target's file size
 # Hypothetical drafts for "this draft would fit": same tokenizer, Q8_0.
 HYPOTHETICAL_PARAMS_B = (0.1, 0.25, 0.5, 1.0, 1.5, 3.0)
 HYPOTHETICAL_BPW = 8.5
@@ -294,7 +294,7 @@ def _drafts(con: duckdb.DuckDBPyConnection, target: ModelRecord) -> list[tuple[M
             continue  # EAGLE-3 / DFlash heads are not modelled by the prior; None cannot run
         d = get_model(con, pv.draft.model_id)
         if d is None or d.draft_kind or (d.n_bytes or 0) > MAX_DRAFT_SHARE * (target.n_bytes or 0):
-            continue  # a draft as big as the target cannot pay for itself
+            continue  # a draft bigger than the target cannot pay for itself
         relation = "identical" if d.tok_fingerprint == target.tok_fingerprint else "padding-only"
         if any(c.name == "pre_tokenizer" and not c.passed for c in pv.checks):
             relation = "pre-tokenizer-differs"
