@@ -15,6 +15,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -53,6 +54,22 @@ HINTS = {
     "request": "the server rejected the request; see the server log",
     "spec-init": "the draft cannot speculate for this target (`specreg audit` explains why)",
 }
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGKILL it when specreg dies.
+
+    Our own cleanup kills the process group on every exit path we control; this covers the
+    ones we do not (specreg itself SIGKILLed, or its test runner timed out), which otherwise
+    leave an orphaned llama-server holding cores and memory.
+    """
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
 class ServerFailed(LlamaError):
@@ -305,6 +322,7 @@ class LlamaServer:
                     stderr=subprocess.STDOUT,
                     env=self.env,
                     start_new_session=True,  # own process group: killed as a whole
+                    preexec_fn=_die_with_parent,
                 )
             except OSError as err:
                 raise ServerFailed(

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 import textwrap
 import time
@@ -356,3 +357,25 @@ def test_usage_errors_exit_2(tmp_path: Path, target: Path) -> None:
         "error: target.gguf has no MTP (NextN) layers, so draft-mtp cannot run on it: use a "
         "draft model or an n-gram method",
     )
+
+
+def test_sigkill_of_specreg_takes_the_server_with_it(tmp_path: Path, target: Path) -> None:
+    """No cleanup code runs when specreg is SIGKILLed; the kernel must end llama-server."""
+    bin_dir, pids = make_fake(tmp_path, "hang")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specreg", "run", str(target), "--llama-bin", str(bin_dir),
+         "--timeout", "60", "--repeat", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not pids.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    server, helper_child = (int(p) for p in pids.read_text().split()[:2])
+    deadline = time.monotonic() + 5
+    while alive(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(helper_child, signal.SIGKILL)  # the fake's own child; llama-server has none
+    assert not alive(server), "llama-server outlived a SIGKILLed specreg"
