@@ -20,18 +20,8 @@ from specreg.auditor.vocab import (
     first_text_difference,
 )
 from specreg.registry.gguf_header import StringArray
+from specreg.registry.llama_vocab import VOCAB_TYPE_IDS  # numbers users see in llama.cpp logs
 
-# llama_vocab_type numbers (include/llama.h), for the evidence: users compare them with logs.
-VOCAB_TYPE_IDS = {
-    "NONE": 0,
-    "SPM": 1,
-    "BPE": 2,
-    "WPM": 3,
-    "UGM": 4,
-    "RWKV": 5,
-    "PLAMO2": 6,
-    "TEST": 7,
-}
 # A draft must be this many times smaller than the target's active weights to pay for itself;
 # the reference host's self-speculative runs (ratio 1-2) ran slower than no speculation.
 MIN_USEFUL_SIZE_RATIO = 4.0

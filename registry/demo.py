@@ -318,10 +318,11 @@ def _add_arch(w: GGUFWriter, a: Arch) -> None:
     if a.sliding_window:
         w.add_sliding_window(a.sliding_window)
     for key, value in a.extra_kv:
-        _add_any(w, key, value)
+        add_kv(w, key, value)
 
 
-def _add_any(w: GGUFWriter, key: str, value: Any) -> None:
+def add_kv(w: GGUFWriter, key: str, value: Any) -> None:
+    """Add one key with the GGUF type its Python value implies (int as uint32)."""
     if isinstance(value, bool):
         w.add_bool(key, value)
     elif isinstance(value, int):
@@ -359,13 +360,13 @@ def write_sparse_gguf(
     if metadata:
         for key, value in (general or {}).items():
             if value is not None:
-                _add_any(w, f"general.{key}", value)
+                add_kv(w, f"general.{key}", value)
         if arch_shape is not None:
             _add_arch(w, arch_shape)
         if vocab is not None:
             _add_vocab(w, vocab)
         for key, value in kv or ():
-            _add_any(w, key, value)
+            add_kv(w, key, value)
     else:
         # Later parts carry only the split keys and their tensors, as gguf-split writes them.
         w.kv_data[0].pop("general.architecture", None)

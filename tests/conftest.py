@@ -83,6 +83,7 @@ def gguf_factory(tmp_path: Path) -> GGUFFactory:
         directory: Path | None = None,
     ) -> Path:
         import numpy as np
+        from specreg.registry.demo import add_kv
 
         path = (directory or tmp_path / "models") / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,16 +112,7 @@ def gguf_factory(tmp_path: Path) -> GGUFFactory:
         if add_eos is not None:
             w.add_add_eos_token(add_eos)
         for key, value in (kv or {}).items():
-            if isinstance(value, bool):
-                w.add_bool(key, value)
-            elif isinstance(value, int):
-                w.add_uint32(key, value)
-            elif isinstance(value, float):
-                w.add_float32(key, value)
-            elif isinstance(value, str):
-                w.add_string(key, value)
-            else:
-                w.add_array(key, list(value))
+            add_kv(w, key, value)
         for tname, shape in tensors:
             w.add_tensor(tname, np.zeros(shape, dtype=np.float32))
         w.write_header_to_file()
