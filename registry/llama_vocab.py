@@ -241,21 +241,17 @@ def effective_vocab(kv: dict[str, Any]) -> EffectiveVocab:
     add_bos_stored = _bool_key(kv, Keys.Tokenizer.ADD_BOS)
     add_eos_stored = _bool_key(kv, Keys.Tokenizer.ADD_EOS)
 
-    def refused(reason: str, vocab_type: str | None = None) -> EffectiveVocab:
+    def without_specials(
+        vocab_type: str | None, size: int, error: str | None = None
+    ) -> EffectiveVocab:
         return EffectiveVocab(
-            vocab_type,
-            pre,
-            n_tokens,
-            TOKEN_NULL,
-            TOKEN_NULL,
-            TOKEN_NULL,
-            TOKEN_NULL,
-            False,
-            False,
-            add_bos_stored,
-            add_eos_stored,
-            reason,
-        )
+            vocab_type, pre, size, bos_id=TOKEN_NULL, eos_id=TOKEN_NULL, eot_id=TOKEN_NULL,
+            pad_id=TOKEN_NULL, add_bos=False, add_eos=False, add_bos_stored=add_bos_stored,
+            add_eos_stored=add_eos_stored, error=error,
+        )  # fmt: skip
+
+    def refused(reason: str, vocab_type: str | None = None) -> EffectiveVocab:
+        return without_specials(vocab_type, n_tokens, reason)
 
     if not isinstance(model, str):
         return refused("no tokenizer.ggml.model key: llama.cpp cannot load a vocabulary")
@@ -264,19 +260,7 @@ def effective_vocab(kv: dict[str, Any]) -> EffectiveVocab:
         return refused(f"unknown tokenizer '{model}'")
     if vocab_type == "NONE":
         size = _int_key(kv, Keys.LLM.VOCAB_SIZE.format(arch=kv.get(Keys.General.ARCHITECTURE)))
-        return EffectiveVocab(
-            "NONE",
-            pre,
-            size or 0,
-            TOKEN_NULL,
-            TOKEN_NULL,
-            TOKEN_NULL,
-            TOKEN_NULL,
-            False,
-            False,
-            add_bos_stored,
-            add_eos_stored,
-        )
+        return without_specials("NONE", size or 0)
     if model == "gemma4":
         pre = "gemma4"
     if (
