@@ -402,16 +402,19 @@ class LlamaServer:
         ctype_json = raw[:1] in (b"{", b"[")
         return status, (json.loads(raw) if ctype_json else raw.decode(errors="replace"))
 
+    def _timed_out(self, path: str) -> ServerFailed:
+        return ServerFailed(
+            "timeout",
+            f"llama-server did not answer {path} within {self.request_timeout:.0f} s",
+            llama_message(self.log_text()),
+            self.log_path,
+        )
+
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
             status, payload = self._http(method, path, body, timeout=self.request_timeout)
         except TimeoutError as err:
-            raise ServerFailed(
-                "timeout",
-                f"llama-server did not answer {path} within {self.request_timeout:.0f} s",
-                llama_message(self.log_text()),
-                self.log_path,
-            ) from err
+            raise self._timed_out(path) from err
         except (urllib.error.URLError, ConnectionError, OSError) as err:
             rc = None
             if self.proc is not None:
@@ -421,12 +424,7 @@ class LlamaServer:
             if rc is not None:
                 raise self._exited(rc, f"during {path}") from err
             if isinstance(getattr(err, "reason", None), (TimeoutError, socket.timeout)):
-                raise ServerFailed(
-                    "timeout",
-                    f"llama-server did not answer {path} within {self.request_timeout:.0f} s",
-                    llama_message(self.log_text()),
-                    self.log_path,
-                ) from err
+                raise self._timed_out(path) from err
             raise ServerFailed(
                 "crash", f"lost the connection to llama-server during {path}", str(err), None
             ) from err
