@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 N_PROBS = 5
 WARMUP_TOKENS = 8
+# The engine every plain run and every server-supported method uses; `legacy` adds the others.
+ENGINE_SERVER = "server"
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,8 @@ class PromptResult:
 
     @property
     def stable(self) -> bool:
-        """All repeats produced the same tokens (greedy decoding should)."""
-        return len({s.tokens for s in self.samples}) <= 1
+        """All repeats produced the same output (greedy decoding should): tokens, or text."""
+        return len({(s.tokens, s.content) for s in self.samples}) <= 1
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class Measurement:
     speculative_active: bool | None = None
     failure: ServerFailed | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    engine: str = ENGINE_SERVER  # or the legacy binary that ran it (runner/legacy.py)
 
     @property
     def ok(self) -> bool:
@@ -211,13 +214,35 @@ def measure(
     contention_retries: int = 2,
     startup_timeout: float = STARTUP_TIMEOUT_S,
     request_timeout: float = REQUEST_TIMEOUT_S,
+    engine: str = ENGINE_SERVER,
+    eog_texts: tuple[str, ...] = (),
 ) -> Measurement:
     """Run `config` on `workload`. Never raises for llama.cpp failures: they are returned.
 
     `with_probs` adds one untimed request per prompt asking for the top probabilities at
     every position; `reference_tokens` makes the server probe the first position where its
-    output departs from the reference.
+    output departs from the reference. `engine` names a legacy binary (`llama-speculative`,
+    `llama-lookup`) to run instead of llama-server; those print text only, so they take
+    neither, and `eog_texts` (the target's end-of-generation pieces) is cut from their text.
     """
+    if engine != ENGINE_SERVER:
+        from specreg.runner.legacy import measure_legacy  # legacy imports this module
+
+        return measure_legacy(
+            install,
+            host,
+            config,
+            target,
+            draft,
+            workload,
+            tool=engine,
+            n_predict=n_predict,
+            repeats=repeats,
+            warmup=warmup,
+            contention_retries=contention_retries,
+            timeout=startup_timeout + request_timeout,
+            eog_texts=eog_texts,
+        )
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
     stamp = started_at.strftime("%Y%m%dT%H%M%S%f")

@@ -16,8 +16,10 @@ from specreg.registry.runs import PromptRecord, RunRecord, record_run
 from specreg.registry.scan import scan_paths
 from specreg.runner.config import Config
 from specreg.runner.host import Host
+from specreg.runner.legacy import ENGINE_AUTO, LOOKUP, choose_engine
 from specreg.runner.llama import LlamaInstall
-from specreg.runner.measure import Measurement, measure
+from specreg.runner.measure import ENGINE_SERVER, Measurement, measure
+from specreg.runner.server import Completion
 from specreg.runner.verify import PromptVerdict, Verification, judge
 from specreg.runner.workload import Workload
 
@@ -88,7 +90,7 @@ def _prompt_records(
                 foreign_cpu_s=tuple(s.foreign_cpu_s or 0.0 for s in p.samples),
                 draft_n=p.draft_n,
                 draft_n_accepted=p.draft_n_accepted,
-                output_sha256=_tokens_sha(p.tokens),
+                output_sha256=_tokens_sha(p.tokens) if p.tokens or not first else _text_sha(first),
                 stop_type=first.stop_type if first else None,
                 verdict=v.verdict if v else None,
                 divergence=v.to_json() if v else None,
@@ -101,6 +103,13 @@ def _tokens_sha(tokens: tuple[int, ...]) -> str:
     import hashlib
 
     return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()
+
+
+def _text_sha(sample: Completion) -> str:
+    """Legacy engines print text, not token ids: their output is identified by its text."""
+    import hashlib
+
+    return hashlib.sha256(b"text:" + sample.content.encode()).hexdigest()
 
 
 def to_record(
@@ -129,7 +138,7 @@ def to_record(
         draft_model_id=draft_id,
         target_path=os.fspath(m.target),
         draft_path=os.fspath(m.draft) if m.draft else None,
-        config=c.to_json(),
+        config={**c.to_json(), "engine": m.engine},
         config_label=c.label,
         spec_type=c.spec_type,
         k=c.k,
@@ -191,6 +200,11 @@ class Plan:
     request_timeout: float
     contention_retries: int = 2
     notes: tuple[str, ...] = ()  # things the user should know before reading the numbers
+    engine: str = ENGINE_SERVER  # for the config; baselines always run on llama-server
+
+    @property
+    def eog_texts(self) -> tuple[str, ...]:
+        return tuple(t for t in (self.target.eos_text, self.target.eot_text) if t)
 
 
 def plan(
@@ -208,17 +222,13 @@ def plan(
     startup_timeout: float = 180.0,
     request_timeout: float = 600.0,
     contention_retries: int = 2,
+    engine: str = ENGINE_AUTO,
 ) -> Plan:
     if config.needs_draft and draft is None:
         raise UsageError(f"{config.spec_type} needs a draft model: pass --draft PATH")
     if draft is not None and not config.speculative:
         raise UsageError("--draft given without speculation: add --spec-type draft-simple")
-    if config.speculative and not install.supports(config.spec_type):
-        raise UsageError(
-            f"this llama.cpp ({install.version}, {install.dialect} dialect) has no "
-            f"--spec-type {config.spec_type}: choose one of "
-            f"{', '.join(install.spec_types) or 'draft-simple'}"
-        )
+    chosen = choose_engine(install, config, engine)
     target_rec = model_record(con, target)
     draft_rec = model_record(con, draft) if draft is not None else None
     if config.spec_type == "draft-mtp" and draft is None and not target_rec.has_mtp_tensors:
@@ -227,6 +237,12 @@ def plan(
             "use a draft model or an n-gram method"
         )
     notes = []
+    if chosen != ENGINE_SERVER:
+        how = "its own n-gram cache lookup" if chosen == LOOKUP else "draft-model speculation"
+        notes.append(
+            f"{config.spec_type} runs on {chosen} ({how}), one process per prompt; it prints "
+            "text, so verification compares text"
+        )
     if config.experts is not None:
         if target_rec.expert_count and config.experts > target_rec.expert_count:
             raise UsageError(
@@ -240,6 +256,7 @@ def plan(
             )
     return Plan(
         notes=tuple(notes),
+        engine=chosen,
         install=install,
         host=host,
         target=target_rec,
@@ -270,13 +287,20 @@ def _measure(p: Plan, config: Config, draft: Path | None, **kw: object) -> Measu
         startup_timeout=p.startup_timeout,
         request_timeout=p.request_timeout,
         contention_retries=p.contention_retries,
+        eog_texts=p.eog_texts,
         **kw,  # type: ignore[arg-type]
     )
 
 
+def _config_kw(p: Plan, refs: dict[str, tuple[int, ...]] | None) -> dict[str, object]:
+    if p.engine != ENGINE_SERVER:
+        return {"engine": p.engine}  # text only: no token ids to probe a divergence with
+    return {"reference_tokens": refs}
+
+
 def run(con: duckdb.DuckDBPyConnection, p: Plan) -> RunOutcome:
     """Measure the planned config and record it (failed or not)."""
-    m = _measure(p, p.config, p.draft_path)
+    m = _measure(p, p.config, p.draft_path, engine=p.engine)
     draft_id = p.draft.model_id if p.draft else None
     run_id = record_run(con, to_record(m, "run", p.target.model_id, draft_id, task=p.task))
     return RunOutcome(run_id, m)
@@ -288,10 +312,10 @@ def verify(con: duckdb.DuckDBPyConnection, p: Plan) -> VerifyOutcome:
     base_id = record_run(con, to_record(base, "baseline", p.target.model_id, None, task=p.task))
     refs = {r.prompt.prompt_id: r.tokens for r in base.prompts} if base.ok else None
     if base.ok:
-        cfg = _measure(p, p.config, p.draft_path, reference_tokens=refs)
+        cfg = _measure(p, p.config, p.draft_path, **_config_kw(p, refs))
     else:
         # No point starting the config's server when the plain model does not even run.
-        cfg = replace(base, config=p.config, draft=p.draft_path, prompts=())
+        cfg = replace(base, config=p.config, draft=p.draft_path, prompts=(), engine=p.engine)
     result = judge(base, cfg)
     draft_id = p.draft.model_id if p.draft else None
     run_id = record_run(

@@ -4,6 +4,10 @@ On CPU, greedy speculative output need not equal the baseline token for token: v
 K tokens in one batch changes the arithmetic, and near-tied logits can flip. So a divergence
 is judged by the top probabilities at its position, in both runs: near-tied candidates are
 "equivalent up to numerics" (with the margin), a confident divergence fails.
+
+The legacy engines (llama-speculative, llama-lookup) print text, not token ids, so their
+output is compared as text over the common length (they overshoot n_predict), and a
+divergence there cannot be probed: it fails, with both continuations shown.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ IDENTICAL = "identical"
 NEAR_TIE = "near-tie"
 DIVERGED = "diverged"
 CHANGED = "changed"  # behaviour-changing config: divergence is expected, only measured
+TEXT_IDENTICAL = "text-identical"  # legacy engines: same text over the common length
+TEXT_DIVERGED = "text-diverged"  # legacy engines: no near-tie probe, so not explained
+TEXT_CONTEXT = 40  # characters of each continuation shown from a text divergence
 
 
 @dataclass(frozen=True)
@@ -39,12 +46,14 @@ class PromptVerdict:
     noise: float | None = None  # how far that margin moves between two computations
     baseline_text: str = ""
     config_text: str = ""
+    unit: str = "token"  # what `position` counts: token, or char for legacy engines
 
     def to_json(self) -> dict[str, Any] | None:
         if self.position is None:
             return None
         return {
             "position": self.position,
+            "unit": self.unit,
             "baseline_token": self.baseline_token,
             "config_token": self.config_token,
             "baseline_probs": list(self.baseline_probs),
@@ -79,9 +88,34 @@ class Verification:
         return "behaviour-changing" if self.config.config.behaviour_changing else "lossless"
 
 
+def _judge_text(base: PromptResult, cfg: PromptResult, lossless: bool) -> PromptVerdict:
+    pid = base.prompt.prompt_id
+    sa, sb = base.samples[0], cfg.samples[0]
+    a, b = sa.content, sb.content
+    n = min(len(a), len(b))
+    pos = next((i for i in range(n) if a[i] != b[i]), None)
+    if pos is None and len(a) != len(b):
+        # Running past the shorter text is overshoot (or n_predict); stopping short at the
+        # end of text while the other went on is a difference.
+        shorter = sa if len(a) < len(b) else sb
+        pos = n if shorter.stop_type == "eos" else None
+    if pos is None:
+        return PromptVerdict(pid, TEXT_IDENTICAL)
+    return PromptVerdict(
+        prompt_id=pid,
+        verdict=TEXT_DIVERGED if lossless else CHANGED,
+        position=pos,
+        baseline_text=a[pos : pos + TEXT_CONTEXT],
+        config_text=b[pos : pos + TEXT_CONTEXT],
+        unit="char",
+    )
+
+
 def _judge(base: PromptResult, cfg: PromptResult, lossless: bool) -> PromptVerdict:
     pid = base.prompt.prompt_id
     a, b = base.tokens, cfg.tokens
+    if not (a and b) and base.samples and cfg.samples:
+        return _judge_text(base, cfg, lossless)
     pos = first_divergence(a, b)
     if pos is None:
         return PromptVerdict(pid, IDENTICAL)
@@ -170,6 +204,17 @@ def judge(baseline: Measurement, config: Measurement) -> Verification:
     diverged = [v for v in verdicts if v.verdict == DIVERGED]
     ties = [v for v in verdicts if v.verdict == NEAR_TIE]
     same = sum(v.verdict == IDENTICAL for v in verdicts)
+    same_text = sum(v.verdict == TEXT_IDENTICAL for v in verdicts)
+    text_diverged = [v for v in verdicts if v.verdict == TEXT_DIVERGED]
+    if text_diverged:
+        v = text_diverged[0]
+        reason = (
+            f"output text differs from the baseline: prompt {v.prompt_id} char {v.position} "
+            f"(baseline {v.baseline_text!r}, config {v.config_text!r}); {config.engine} prints "
+            "text, not tokens, so no near-tie probe is available and batch-shape numerics "
+            "can be neither confirmed nor ruled out"
+        )
+        return Verification(baseline, config, verdicts, "fail", reason, speedup, spread)
     if diverged:
         v = diverged[0]
         reason = (
@@ -178,7 +223,12 @@ def judge(baseline: Measurement, config: Measurement) -> Verification:
             f"config token p={_p(v.baseline_probs[1])}, numerical noise {_p(v.noise)})"
         )
         return Verification(baseline, config, verdicts, "fail", reason, speedup, spread)
-    if lossless:
+    if lossless and same_text:
+        parts.append(
+            f"identical text on {same_text}/{n} prompts over the common length ({config.engine} "
+            "prints text, not tokens; no near-tie probe)"
+        )
+    elif lossless:
         parts.append(f"identical tokens on {same}/{n} prompts")
         if ties:
             worst = max(v.margin or 0.0 for v in ties)
@@ -188,7 +238,8 @@ def judge(baseline: Measurement, config: Measurement) -> Verification:
         first = min((v.position or 0) for v in changed) if changed else None
         parts.append(
             f"behaviour-changing ({cfg.label}): differs from the full baseline on "
-            f"{len(changed)}/{n} prompts" + (f", first at token {first}" if changed else "")
+            f"{len(changed)}/{n} prompts"
+            + (f", first at {changed[0].unit} {first}" if changed else "")
         )
     if speedup is not None:
         parts.append(f"{'slower than' if speedup < 1 else 'faster than'} baseline: {speedup:.2f}x")

@@ -17,6 +17,7 @@ from specreg.registry.runs import RunRecord, get_run, list_runs
 from specreg.runner import llama_build, runs, small_models
 from specreg.runner.config import SPEC_TYPES, Config
 from specreg.runner.host import detect_host
+from specreg.runner.legacy import ENGINE_AUTO, ENGINES
 from specreg.runner.llama import find_llama
 from specreg.runner.workload import TASKS, load_workload
 
@@ -76,6 +77,14 @@ def _run_options(func: F) -> F:
         click.option(
             "--timeout", type=float, default=180.0, show_default=True, help="Startup timeout, s."
         ),
+        click.option(
+            "--engine",
+            type=click.Choice(ENGINES),
+            default=ENGINE_AUTO,
+            show_default=True,
+            help="llama-server, or the legacy llama-speculative/llama-lookup (auto: legacy only "
+            "when this llama-server lacks the method).",
+        ),
         _llama_bin_option,
         db_option,
         json_option,
@@ -117,6 +126,7 @@ def _plan(con: Any, kw: dict[str, Any]) -> runs.Plan:
         repeats=kw["repeats"],
         startup_timeout=kw["timeout"],
         contention_retries=kw["retries"],
+        engine=kw["engine"],
     )
     for note in planned.notes:
         err_console().print(f"note: {note}")
@@ -130,7 +140,8 @@ def _record_json(record: RunRecord) -> dict[str, Any]:
 @click.command("run")
 @_run_options
 def run_cmd(**kw: Any) -> None:
-    """Measure one configuration of TARGET with llama-server and record the run.
+    """Measure one configuration of TARGET with llama-server (or a legacy binary, see
+    --engine) and record the run.
 
     Exit 1 if the run failed (it is recorded as failed, with llama.cpp's message).
     """
@@ -257,7 +268,9 @@ def _tps(value: float | None) -> str:
 
 def _print_run(r: RunRecord) -> None:
     out = console()
-    out.print(f"run {r.run_id} ({r.kind}) {r.config_label}: {r.status}")
+    engine = r.config.get("engine", "server")
+    on = f" on {engine}" if engine != "server" else ""
+    out.print(f"run {r.run_id} ({r.kind}) {r.config_label}{on}: {r.status}")
     if r.status != "ok":
         out.print(f"  llama.cpp said: {r.llama_message or '-'}")
         out.print(f"  log: {r.log_path}")
@@ -290,7 +303,11 @@ def _print_verify(baseline: RunRecord, r: RunRecord) -> None:
     _print_run(r)
     for p in r.prompts:
         d = p.divergence
-        if d and p.verdict in ("near-tie", "diverged", "changed"):
+        if d and d.get("unit") == "char":
+            out.print(f"  {p.prompt_id} @ char {d['position']} ({p.verdict}, text only):")
+            out.print(f"    baseline {d['baseline_text']!r}")
+            out.print(f"    config   {d['config_text']!r}")
+        elif d and p.verdict in ("near-tie", "diverged", "changed"):
             out.print(
                 f"  {p.prompt_id} @ token {d['position']} ({p.verdict}: margin "
                 f"{_p(d.get('margin'))}, noise {_p(d.get('noise'))}):"

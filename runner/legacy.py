@@ -1,0 +1,552 @@
+"""The legacy llama.cpp example binaries as speculative engines, one process per prompt.
+
+Builds whose llama-server predates n-gram speculation (the `draft-max` dialect) still ship
+`llama-lookup`, and `llama-speculative` runs draft-model speculation on every build. Each
+prompt is one process: it loads the model(s), echoes the prompt and prints the generation
+on stdout, prints its stat block on stderr, and exits. Like llama-server, the process runs
+in its own process group that every exit path kills, and dies with specreg.
+
+These tools print text, not token ids: their samples carry the generated text only, and
+verification compares text (see `verify`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import resource
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from specreg.runner.config import NGRAM_TYPES, Config
+from specreg.runner.host import Host
+from specreg.runner.llama import LlamaInstall, _run_text
+from specreg.runner.measure import (
+    ENGINE_SERVER,
+    WARMUP_TOKENS,
+    Measurement,
+    PromptResult,
+    _contended,
+    logs_dir,
+)
+from specreg.runner.server import (
+    Completion,
+    ServerFailed,
+    _cpu_ticks_total,
+    _die_with_parent,
+    classify_exit,
+    llama_message,
+    strip_log_prefix,
+)
+from specreg.runner.workload import Prompt, Workload
+
+from specreg.errors import LlamaError, UsageError
+
+log = logging.getLogger(__name__)
+
+ENGINE_AUTO = "auto"
+ENGINE_LEGACY = "legacy"
+ENGINES = (ENGINE_AUTO, ENGINE_SERVER, ENGINE_LEGACY)
+SPECULATIVE = "llama-speculative"
+LOOKUP = "llama-lookup"
+LEGACY_TOOLS = (SPECULATIVE, LOOKUP)
+
+# Stands for the per-prompt temporary file in the recorded command line.
+PROMPT_FILE = "PROMPT.txt"
+STOP_GRACE_S = 5.0
+
+# llama-speculative's own vocabulary checks end with `return 1` and one of these lines.
+VOCAB_MISMATCH = re.compile(r"draft model [^\n]*must (?:closely )?match target model[^\n]*")
+# End-of-generation pieces the tools print as text (`common_token_to_piece` with specials);
+# the target's own EOS/EOT texts from the registry are tried first.
+KNOWN_EOG = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>", "</s>", "<|eot_id|>")
+
+_STAT = {
+    "encoded": re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds"),
+    "decoded": re.compile(
+        r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s*([\d.]+|inf|nan)"
+    ),
+    "n_draft": re.compile(r"^n_draft\s*=\s*(\d+)", re.M),
+    "n_predict": re.compile(r"^n_predict\s*=\s*(\d+)", re.M),
+    "n_drafted": re.compile(r"^n_drafted\s*=\s*(\d+)", re.M),
+    "n_accept": re.compile(r"^n_accept\s*=\s*(\d+)", re.M),
+    "accept": re.compile(r"^accept\s*=\s*(-?[\d.]+|-?nan|-?inf)%", re.M),
+}
+
+
+@dataclass(frozen=True)
+class LegacyStats:
+    """The stat block llama-speculative and llama-lookup print when they finish."""
+
+    encoded_n: int
+    encoded_s: float
+    decoded_n: int
+    decoded_s: float
+    decoded_tps: float
+    n_draft: int
+    n_predict: int
+    n_drafted: int
+    n_accept: int
+    accept_pct: float | None  # None when nothing was drafted (the tools print nan)
+
+
+def parse_stats(log_text: str) -> LegacyStats | None:
+    """The stat block from a legacy tool's stderr (log prefixes allowed), or None."""
+    text = "\n".join(strip_log_prefix(line) for line in log_text.splitlines())
+    found = {name: regex.findall(text) for name, regex in _STAT.items()}
+    if not all(found[k] for k in ("encoded", "decoded", "n_drafted", "n_accept")):
+        return None
+    encoded, decoded = found["encoded"][-1], found["decoded"][-1]
+    accept = found["accept"][-1] if found["accept"] else "nan"
+
+    def last_int(name: str, default: int) -> int:
+        return int(found[name][-1]) if found[name] else default
+
+    return LegacyStats(
+        encoded_n=int(encoded[0]),
+        encoded_s=float(encoded[1]),
+        decoded_n=int(decoded[0]),
+        decoded_s=float(decoded[1]),
+        decoded_tps=float(decoded[2]),
+        n_draft=last_int("n_draft", 0),
+        n_predict=last_int("n_predict", int(decoded[0])),
+        n_drafted=last_int("n_drafted", 0),
+        n_accept=last_int("n_accept", 0),
+        accept_pct=None if "nan" in accept or "inf" in accept else float(accept),
+    )
+
+
+def generated_text(stdout: str, prompt: str, eog_texts: Sequence[str] = ()) -> tuple[str, bool]:
+    """(the generation, whether it ended with an end-of-generation piece) from stdout.
+
+    stdout is `\\n\\n`, the prompt's tokens as pieces (for gemma `<bos>` first), the
+    generation, then `\\n\\n` twice; -f drops one trailing newline of the prompt file.
+    """
+    text = stdout.removeprefix("\n\n")
+    for _ in range(2):
+        text = text.removesuffix("\n\n")
+    at = text.find(prompt) if prompt else -1
+    if at >= 0:
+        text = text[at + len(prompt) :]
+    else:
+        log.warning("the prompt echo was not found in the output; keeping the whole text")
+    for eog in (*eog_texts, *KNOWN_EOG):
+        if eog and text.endswith(eog):
+            return text[: -len(eog)], True
+    return text, False
+
+
+def legacy_tool(spec_type: str) -> str | None:
+    """The legacy binary that implements `spec_type`, if any."""
+    if spec_type == "draft-simple":
+        return SPECULATIVE
+    if spec_type in NGRAM_TYPES:
+        return LOOKUP
+    return None
+
+
+def choose_engine(install: LlamaInstall, config: Config, engine: str = ENGINE_AUTO) -> str:
+    """`server`, `llama-speculative` or `llama-lookup` for `config` on this llama.cpp."""
+    if engine not in ENGINES:
+        raise UsageError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
+    where = f"this llama.cpp ({install.version}, {install.dialect} dialect)"
+    if not config.speculative:
+        if engine == ENGINE_LEGACY:
+            raise UsageError(
+                "--engine legacy needs speculation: plain decoding always runs on llama-server"
+            )
+        return ENGINE_SERVER
+    tool = legacy_tool(config.spec_type)
+    in_server = install.supports(config.spec_type)
+    if engine == ENGINE_SERVER or (engine == ENGINE_AUTO and in_server):
+        if in_server:
+            return ENGINE_SERVER
+        hint = f"use --engine legacy ({tool})" if tool else "use a newer llama.cpp"
+        raise UsageError(
+            f"{where} has no --spec-type {config.spec_type} in llama-server: {hint}, or choose "
+            f"one of {', '.join(install.spec_types) or 'draft-simple'}"
+        )
+    if tool is None:
+        raise UsageError(
+            f"{config.spec_type} has no legacy engine (llama-speculative runs draft-simple, "
+            f"llama-lookup the n-gram types) and {where} lacks it in llama-server: use a "
+            "newer llama.cpp (`specreg llama build`)"
+        )
+    if tool not in install.binaries:
+        raise UsageError(
+            f"{where} lacks {config.spec_type} in llama-server and has no {tool} in "
+            f"{install.bin_dir}: build {tool} too, or use `specreg llama build`"
+        )
+    return tool
+
+
+@dataclass(frozen=True)
+class LegacyFlags:
+    """How one legacy binary spells the draft-length knobs (from its --help)."""
+
+    n_max: str  # --spec-draft-n-max (2026) | --draft-max (2024-25) | --draft (older lookup)
+    n_min: str | None
+    p_min: str | None
+
+
+def parse_legacy_flags(help_text: str) -> LegacyFlags | None:
+    def has(flag: str) -> bool:
+        # Removed flags stay in the help text ("the argument has been removed"): ignore them.
+        for line in help_text.splitlines():
+            if re.search(rf"(^|[\s,]){re.escape(flag)}\b(?!-)", line) and "removed" not in line:
+                return True
+        return False
+
+    if has("--spec-draft-n-max"):
+        return LegacyFlags("--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min")
+    p_min = "--draft-p-min" if has("--draft-p-min") else None
+    if has("--draft-max"):
+        return LegacyFlags("--draft-max", "--draft-min" if has("--draft-min") else None, p_min)
+    if has("--draft"):
+        return LegacyFlags("--draft", None, p_min)
+    return None
+
+
+_FLAGS_CACHE: dict[tuple[str, int], LegacyFlags] = {}
+
+
+def legacy_flags(binary: Path) -> LegacyFlags:
+    """The flag spelling of `binary`, probed once per file version."""
+    key = (str(binary), binary.stat().st_mtime_ns if binary.exists() else 0)
+    if key not in _FLAGS_CACHE:
+        rc, help_text = _run_text([str(binary), "--help"])
+        flags = parse_legacy_flags(help_text)
+        if flags is None:
+            last = (help_text.strip().splitlines() or [f"exit code {rc}"])[-1][:120]
+            raise LlamaError(
+                f"{binary} has no draft-length flag (--spec-draft-n-max, --draft-max or --draft) "
+                f"in its --help (it said: {last}): use llama.cpp from 2024 or later"
+            )
+        _FLAGS_CACHE[key] = flags
+    return _FLAGS_CACHE[key]
+
+
+def legacy_argv(
+    tool: str,
+    flags: LegacyFlags,
+    config: Config,
+    target: Path,
+    draft: Path | None,
+    prompt_file: Path | str,
+    n_predict: int,
+    host: Host,
+) -> list[str]:
+    """Flags for `tool` (no binary): one generation of `prompt_file` under `config`."""
+    argv = ["-m", str(target)]
+    if tool == SPECULATIVE:
+        if draft is None:
+            raise UsageError(f"{config.spec_type} needs a draft model: pass --draft PATH")
+        argv += ["-md", str(draft)]
+    if config.k is not None:
+        argv += [flags.n_max, str(config.k)]
+    if config.k_min is not None and flags.n_min:
+        argv += [flags.n_min, str(config.k_min)]
+    if config.p_min is not None and flags.p_min:
+        argv += [flags.p_min, f"{config.p_min:g}"]
+    if config.draft_threads is not None and tool == SPECULATIVE:
+        argv += ["-td", str(config.draft_threads)]
+    argv += ["-f", str(prompt_file), "-n", str(n_predict)]
+    argv += ["--temp", f"{config.temperature:g}", "--seed", str(config.seed)]
+    argv += ["-t", str(config.threads or host.threads), "-c", str(config.ctx)]
+    if config.experts is not None:
+        if not config.expert_key:
+            raise UsageError("--experts needs the target's expert-count key (run `specreg scan`)")
+        # The legacy tools apply the override to the draft too.
+        argv += ["--override-kv", f"{config.expert_key}=int:{config.experts}"]
+    return argv
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    returncode: int
+    stdout: str
+    log_text: str  # this invocation's stderr
+    wall_s: float
+    foreign_cpu_s: float | None
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=STOP_GRACE_S)
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_tool(
+    argv: list[str], *, env: Mapping[str, str], log_path: Path, timeout: float
+) -> ToolOutput:
+    """Run one legacy invocation to completion; stderr goes to `log_path`, stdout is returned.
+
+    Raises `ServerFailed` when it cannot start or outlives `timeout` (its group is killed).
+    """
+    name = Path(argv[0]).name
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    hz = os.sysconf("SC_CLK_TCK")
+    with log_path.open("ab") as err_log, tempfile.TemporaryFile() as out:
+        err_log.write(f"$ {shlex.join(argv)}\n".encode())
+        err_log.flush()
+        offset = err_log.tell()
+        total0, children0, self0 = _cpu_ticks_total(), _children_cpu_s(), sum(os.times()[:2])
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err_log,
+                env=dict(env),
+                start_new_session=True,  # own process group: killed as a whole
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as err:
+            raise ServerFailed(
+                "crash", f"cannot start {argv[0]}", err.strerror or str(err), log_path
+            ) from err
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise ServerFailed(
+                "timeout",
+                f"{name} did not finish within {timeout:.0f} s",
+                llama_message(_read_from(log_path, offset)),
+                log_path,
+            ) from None
+        finally:
+            # Every exit path, Ctrl-C included; also children that outlived the leader.
+            _kill_group(proc)
+        wall = time.monotonic() - start
+        total1, children1 = _cpu_ticks_total(), _children_cpu_s()
+        foreign = None
+        if total0 is not None and total1 is not None:
+            own = sum(os.times()[:2]) - self0
+            foreign = max(0.0, (total1 - total0) / hz - (children1 - children0) - own)
+        out.seek(0)
+        stdout = out.read().decode(errors="replace")
+        err_log.write(b"--- stdout ---\n" + stdout.encode() + b"\n--- end ---\n")
+    return ToolOutput(rc, stdout, _read_from(log_path, offset), wall, foreign)
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace").split("--- stdout ---\n", 1)[0]
+    except OSError:
+        return ""
+
+
+def failure_of(name: str, result: ToolOutput, log_path: Path) -> ServerFailed | None:
+    """The failure a finished invocation stands for, with llama.cpp's own line; None if ok."""
+    rc, text = result.returncode, result.log_text
+    if rc == 0:
+        if parse_stats(text) is None:
+            return ServerFailed(
+                "crash", f"{name} exited without its statistics", llama_message(text), log_path
+            )
+        return None
+    if rc == 1 and VOCAB_MISMATCH.search(text):
+        return ServerFailed(
+            "spec-init",
+            f"{name} refused the draft (exit code 1)",
+            llama_message(text, VOCAB_MISMATCH),
+            log_path,
+        )
+    how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+    if rc in (134, 139) or rc < 0:
+        how += " (crash)"
+    return ServerFailed(classify_exit(text, rc), f"{name} {how}", llama_message(text), log_path)
+
+
+def to_completion(
+    result: ToolOutput, prompt: str, n_predict: int, tool: str, eog: Sequence[str]
+) -> Completion:
+    stats = parse_stats(result.log_text)
+    assert stats is not None  # failure_of() has ruled this out
+    content, ended = generated_text(result.stdout, prompt, eog)
+    return Completion(
+        tokens=(),  # the legacy tools print text, not token ids
+        content=content,
+        predicted_n=stats.decoded_n,
+        predicted_ms=stats.decoded_s * 1000,
+        prompt_n=stats.encoded_n,
+        prompt_ms=stats.encoded_s * 1000,
+        draft_n=stats.n_drafted,
+        draft_n_accepted=stats.n_accept,
+        stop_type="eos" if ended or stats.decoded_n < n_predict else "limit",
+        spec_types=tool,
+        wall_s=result.wall_s,
+        foreign_cpu_s=result.foreign_cpu_s,
+    )
+
+
+class LegacyEngine:
+    """One legacy binary set up for one configuration; `generate` runs one prompt."""
+
+    def __init__(
+        self,
+        install: LlamaInstall,
+        host: Host,
+        tool: str,
+        config: Config,
+        target: Path,
+        draft: Path | None,
+        *,
+        log_path: Path,
+        timeout: float,
+        eog_texts: Sequence[str] = (),
+    ):
+        self.binary = install.binary(tool)
+        self.tool = tool
+        self.host = host
+        self.config = config
+        self.target = target
+        self.draft = draft
+        self.log_path = log_path
+        self.timeout = timeout
+        self.eog_texts = tuple(eog_texts)
+        self.flags = legacy_flags(self.binary)
+
+    def command(self, prompt_file: Path | str, n_predict: int) -> list[str]:
+        flags = legacy_argv(
+            self.tool,
+            self.flags,
+            self.config,
+            self.target,
+            self.draft,
+            prompt_file,
+            n_predict,
+            self.host,
+        )
+        return [*self.host.launch_prefix(), str(self.binary), *flags]
+
+    def generate(self, prompt: str, n_predict: int) -> Completion:
+        """One process, one prompt. Raises `ServerFailed` with llama.cpp's message."""
+        with tempfile.TemporaryDirectory(prefix="specreg-prompt-") as tmp:
+            prompt_file = Path(tmp) / PROMPT_FILE
+            # -f drops one trailing newline; add one so the model sees the prompt as given.
+            prompt_file.write_text(prompt + "\n" if prompt.endswith("\n") else prompt)
+            result = run_tool(
+                self.command(prompt_file, n_predict),
+                env=self.host.env(),
+                log_path=self.log_path,
+                timeout=self.timeout,
+            )
+        failure = failure_of(self.tool, result, self.log_path)
+        if failure is not None:
+            raise failure
+        return to_completion(result, prompt, n_predict, self.tool, self.eog_texts)
+
+
+def measure_legacy(
+    install: LlamaInstall,
+    host: Host,
+    config: Config,
+    target: Path,
+    draft: Path | None,
+    workload: Workload,
+    *,
+    tool: str,
+    n_predict: int = 64,
+    repeats: int = 3,
+    warmup: bool = True,
+    contention_retries: int = 2,
+    timeout: float = 780.0,
+    eog_texts: Sequence[str] = (),
+) -> Measurement:
+    """Like `measure`, with one `tool` process per prompt and repeat. Never raises for
+    llama.cpp failures: they are returned."""
+    started_at = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    stamp = started_at.strftime("%Y%m%dT%H%M%S%f")
+    log_path = logs_dir() / f"{tool}-{stamp}.log"
+    common = dict(
+        config=config,
+        target=target,
+        draft=draft,
+        install=install,
+        host=host,
+        workload=workload,
+        n_predict=n_predict,
+        repeats=repeats,
+        started_at=started_at,
+        log_path=log_path,
+        engine=tool,
+    )
+    engine = LegacyEngine(
+        install, host, tool, config, target, draft,
+        log_path=log_path, timeout=timeout, eog_texts=eog_texts,
+    )  # fmt: skip
+    argv = tuple(engine.command(PROMPT_FILE, n_predict))
+    results: list[PromptResult] = []
+    try:
+        if warmup:
+            engine.generate(workload.prompts[0].text, WARMUP_TOKENS)
+        samples: dict[str, list[Completion]] = {p.prompt_id: [] for p in workload.prompts}
+        contended: dict[str, int] = {p.prompt_id: 0 for p in workload.prompts}
+        for _ in range(repeats):
+            for prompt in workload.prompts:
+                samples[prompt.prompt_id].append(
+                    _sample(engine, prompt, n_predict, host, contention_retries, contended)
+                )
+        results = [
+            PromptResult(p, tuple(samples[p.prompt_id]), contended=contended[p.prompt_id])
+            for p in workload.prompts
+        ]
+    except ServerFailed as err:
+        return Measurement(
+            **common,  # type: ignore[arg-type]
+            argv=argv,
+            seconds=time.monotonic() - t0,
+            prompts=tuple(results),
+            speculative_active=None,
+            failure=err,
+        )
+    return Measurement(
+        **common,  # type: ignore[arg-type]
+        argv=argv,
+        seconds=time.monotonic() - t0,
+        prompts=tuple(results),
+        # The legacy tools have no plain mode: a finished run speculated (draft_n says how much).
+        speculative_active=True,
+    )
+
+
+def _sample(
+    engine: LegacyEngine,
+    prompt: Prompt,
+    n_predict: int,
+    host: Host,
+    retries: int,
+    contended: dict[str, int],
+) -> Completion:
+    best: Completion | None = None
+    for attempt in range(retries + 1):
+        got = engine.generate(prompt.text, n_predict)
+        if best is None or (got.foreign_cpu_s or 0) < (best.foreign_cpu_s or 0):
+            best = got
+        if not _contended(got, host):
+            break
+        if attempt < retries:
+            contended[prompt.prompt_id] += 1
+    assert best is not None
+    return best
