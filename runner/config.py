@@ -196,5 +196,9 @@ def server_command(
         "-np",
         "1",
         "--metrics",
+        # llama.cpp logs an applied override ("validate_override: Using metadata override")
+        # and the n_expert_used it loaded only from verbosity 4 (~30 more lines a request),
+        # so the run's log can show that --experts reached the model.
+        *(["-lv", "4"] if config.experts is not None else []),
         *server_argv(config, target_path, draft_path, dialect, host),
     ]

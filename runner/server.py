@@ -41,6 +41,9 @@ OOM = re.compile(
 )
 LOAD_FAILED = re.compile(r"failed to load model|error loading model|unable to load model", re.I)
 ARG_ERROR = re.compile(r"error while handling argument|invalid argument|unknown argument", re.I)
+# ggml_abort prints `<file>:<line>: GGML_ASSERT(<cond>) failed` (or its own message) and then a
+# gdb backtrace whose frames also say "abort": the assertion line is the telling one.
+GGML_ABORT = re.compile(r"GGML_ASSERT\(.*\) failed|^\S+\.(?:c|cpp|h):\d+: \S")
 # Log lines look like `0.02.882.176 E srv  load_model: ...` (timestamp and level prefix).
 LOG_PREFIX = re.compile(r"^\s*(?:\d+\.\d+\.\d+\.\d+\s+)?(?:[DIWE]\s+)?")
 
@@ -94,7 +97,7 @@ def llama_message(log_text: str, pattern: re.Pattern[str] | None = None) -> str:
     lines = [line for line in lines if line]
     # llama.cpp logs the cause first and a generic summary after it ("error loading model:
     # <cause>" then "failed to load model"), so the first match is the telling one.
-    for regex in (pattern, OOM, LOAD_FAILED, ARG_ERROR):
+    for regex in (pattern, OOM, LOAD_FAILED, ARG_ERROR, GGML_ABORT):
         hits = [line for line in lines if regex is not None and regex.search(line)]
         if hits:
             return hits[0][:400]

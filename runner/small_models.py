@@ -46,6 +46,9 @@ class SmallModels:
     smollm2: SmallModel
     gemma3: SmallModel
     drafts: tuple[SmallModel, ...]
+    # Written by runner/synthetic.py (tiny real MoE with SmolLM2's tokenizer); kept out of
+    # `all` so tests that scan every real model do not gain a same-vocabulary draft.
+    synthetic: tuple[SmallModel, ...] = ()
 
     def draft(self, family: str, quant: str) -> SmallModel:
         for model in self.drafts:
@@ -157,11 +160,15 @@ def quantize(quantize_bin: Path, src: SmallModel, quant: str, threads: int = 2) 
 
 
 def ensure_test_models(quantize_bin: Path) -> SmallModels:
-    """Fetch both targets (once) and make their Q8_0 and Q4_0 drafts (once)."""
+    """Fetch both targets (once) and make their Q8_0 and Q4_0 drafts (once); write the
+    synthetic MoE model and its Q8_0 draft (once)."""
     dest = models_dir()
     wheels = dest / "wheels"
     dest.mkdir(parents=True, exist_ok=True)
     smollm2 = fetch_smollm2(dest, wheels)
     gemma3 = fetch_gemma3(dest, wheels)
     drafts = tuple(quantize(quantize_bin, m, q) for m in (smollm2, gemma3) for q in DRAFT_QUANTS)
-    return SmallModels(smollm2=smollm2, gemma3=gemma3, drafts=drafts)
+    from specreg.runner.synthetic import ensure_synthetic_models  # imports this module
+
+    synthetic = ensure_synthetic_models(dest, smollm2.path, quantize_bin)
+    return SmallModels(smollm2=smollm2, gemma3=gemma3, drafts=drafts, synthetic=synthetic.all)

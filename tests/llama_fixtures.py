@@ -14,6 +14,7 @@ import pytest
 from specreg.runner.llama import ENV_LLAMA_BIN, LlamaInstall, probe_install
 from specreg.runner.llama_build import BuildInfo, cached_build
 from specreg.runner.small_models import SmallModels
+from specreg.runner.synthetic import SyntheticModels
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -72,4 +73,19 @@ def small_models(llama_install: LlamaInstall) -> SmallModels:
         return ensure_test_models(llama_install.binary("llama-quantize"))
     except Exception as err:  # noqa: BLE001 - reported through require_real()
         require_real(False, f"the small test models ({err})")
+        raise
+
+
+@pytest.fixture(scope="session")
+def synthetic_models(llama_install: LlamaInstall, small_models: SmallModels) -> SyntheticModels:
+    """A tiny real qwen3moe (8 experts, 2 used, SmolLM2's tokenizer) and its Q8_0 draft."""
+    from specreg.runner.small_models import models_dir
+    from specreg.runner.synthetic import ensure_synthetic_models
+
+    try:
+        return ensure_synthetic_models(
+            models_dir(), small_models.smollm2.path, llama_install.binary("llama-quantize")
+        )
+    except Exception as err:  # noqa: BLE001 - reported through require_real()
+        require_real(False, f"the synthetic MoE model ({err})")
         raise

@@ -1,0 +1,248 @@
+"""Tiny *real* mixture-of-experts GGUFs, written with gguf.GGUFWriter from seeded numpy.
+
+PyPI carries no small MoE model, so the expert-count override (`--experts`) could only be
+exercised on dense models, where llama.cpp ignores it. These files load and generate in the
+pinned llama.cpp like any converted model: a real architecture (`qwen3moe`), real
+tokenizer (every `tokenizer.*` key copied from SmolLM2, so text goes in and out), weights
+that are seeded noise with a structure that makes next-token distributions confident:
+
+* the output head is a token chain: the row of token `next(c)` is the (scaled) embedding of
+  `c`, so with the residual stream close to the input embedding the model continues a fixed
+  cycle through ordinary word tokens (`Ġword` pieces; every other row is zero, so it never
+  emits a special token and never stops early);
+* attention and the MoE layers add perturbations of a calibrated size to the residual
+  stream, so the context and the experts decide where the chain is left. Routing 1 expert
+  instead of 2 changes the perturbation, and the text changes at the first position where
+  it matters.
+
+The bytes depend only on the spec and the tokenizer source: scales calibrated with float
+matmuls are rounded to 3 significant digits before use, so BLAS rounding cannot leak in.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf.constants import LlamaFileType, TokenType
+from specreg.runner.small_models import SmallModel, _install_atomic, quantize
+
+log = logging.getLogger(__name__)
+
+# The self-speculative draft made from each synthetic target with llama-quantize.
+SYNTHETIC_DRAFT_QUANT = "Q8_0"
+# Word pieces the chain walks through: a leading-space marker and lowercase letters.
+_WORD_PIECE = re.compile(r"^Ġ[a-z]{3,}$")
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """Shape and weight scales of a synthetic MoE model; `version` names the file."""
+
+    arch: str = "qwen3moe"
+    n_layer: int = 2
+    n_embd: int = 128
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 32
+    n_expert: int = 8
+    n_expert_used: int = 2
+    n_ff_exp: int = 64
+    context_length: int = 4096
+    rope_freq_base: float = 10000.0
+    rms_eps: float = 1e-6
+    seed: int = 20261121
+    chain_logit: float = 12.0  # logit of the chain's next token when the stream is pure
+    moe_ratio: float = 1.0  # |MoE output| / |its input| with all routed experts
+    attn_ratio: float = 0.3  # |attention output| / |its input|, roughly
+    router_std: float = 2.0  # spread of the router logits
+    version: int = 1
+
+    @property
+    def family(self) -> str:
+        return f"synth-{self.arch}-v{self.version}"
+
+    @property
+    def file_name(self) -> str:
+        return (
+            f"{self.family}-{self.n_expert}x{self.n_ff_exp}-L{self.n_layer}-d{self.n_embd}.F16.gguf"
+        )
+
+
+@dataclass(frozen=True)
+class SyntheticModels:
+    """The synthetic MoE target and its requantized self-speculative draft."""
+
+    moe: SmallModel
+    moe_draft: SmallModel
+    spec: MoeSpec
+
+    @property
+    def all(self) -> tuple[SmallModel, ...]:
+        return (self.moe, self.moe_draft)
+
+
+@dataclass(frozen=True)
+class _Tokenizer:
+    fields: tuple[tuple[str, object, GGUFValueType, GGUFValueType | None], ...]
+    tokens: tuple[str, ...]
+    token_types: tuple[int, ...]
+
+
+def read_tokenizer(source: Path) -> _Tokenizer:
+    """Every `tokenizer.*` key of a GGUF, in file order, ready for GGUFWriter.add_key_value."""
+    reader = GGUFReader(source)
+    fields = []
+    tokens: tuple[str, ...] = ()
+    types: tuple[int, ...] = ()
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == GGUFValueType.ARRAY else None
+        fields.append((name, value, vtype, sub))
+        if name == "tokenizer.ggml.tokens":
+            tokens = tuple(value)
+        elif name == "tokenizer.ggml.token_type":
+            types = tuple(int(t) for t in value)
+    if not tokens or len(types) != len(tokens):
+        raise ValueError(f"{source} has no token list with token types")
+    return _Tokenizer(tuple(fields), tokens, types)
+
+
+def _rms_unit(x: np.ndarray) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True))
+
+
+def _round3(x: float) -> float:
+    return float(f"{x:.3g}")
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def _moe_forward(
+    x: np.ndarray, router: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, k: int
+) -> np.ndarray:
+    """qwen3moe's expert FFN (softmax router, top-k, weights renormalised) in numpy."""
+    logits = x @ router.T
+    top = np.argsort(-logits, axis=1)[:, :k]
+    sel = np.take_along_axis(logits, top, axis=1)
+    w = np.exp(sel - sel.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    out = np.zeros_like(x)
+    for slot in range(k):
+        e = top[:, slot]
+        h = _silu(np.einsum("nd,nfd->nf", x, gate[e])) * np.einsum("nd,nfd->nf", x, up[e])
+        out += w[:, slot : slot + 1] * np.einsum("nf,ndf->nd", h, down[e])
+    return out
+
+
+def _dense(rng: np.random.Generator, rows: int, cols: int, gain: float = 1.0) -> np.ndarray:
+    """A (rows, cols) projection that keeps unit-RMS inputs at RMS `gain`."""
+    return (rng.standard_normal((rows, cols)) * (gain / np.sqrt(cols))).astype(np.float32)
+
+
+def _chain_order(tok: _Tokenizer, rng: np.random.Generator) -> np.ndarray:
+    words = [
+        i
+        for i, (text, kind) in enumerate(zip(tok.tokens, tok.token_types, strict=True))
+        if kind == TokenType.NORMAL and _WORD_PIECE.match(text)
+    ]
+    if len(words) < 100:
+        raise ValueError(f"the tokenizer has only {len(words)} word pieces; need at least 100")
+    return rng.permutation(np.array(words, dtype=np.int64))
+
+
+def moe_tensors(spec: MoeSpec, tok: _Tokenizer) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, array) in file order; numpy shapes are ggml's ne reversed."""
+    rng = np.random.default_rng(spec.seed)
+    n_vocab, d, hd = len(tok.tokens), spec.n_embd, spec.head_dim
+    embd = _rms_unit(rng.standard_normal((n_vocab, d)))
+    order = _chain_order(tok, rng)
+    # Row next(c) of the head is embd[c]: logit = scale * <embd[c], rmsnorm(h)> = scale * d
+    # when h is the embedding of c itself.
+    head = np.zeros((n_vocab, d))
+    head[np.roll(order, -1)] = embd[order] * (spec.chain_logit / d)
+    yield "token_embd.weight", embd.astype(np.float16)
+    yield "output_norm.weight", np.ones(d, dtype=np.float32)
+    yield "output.weight", head.astype(np.float16)
+
+    probe = _rms_unit(rng.standard_normal((512, d)))
+    for il in range(spec.n_layer):
+        p = f"blk.{il}."
+        q_dim, kv_dim = spec.n_head * hd, spec.n_head_kv * hd
+        yield p + "attn_norm.weight", np.ones(d, dtype=np.float32)
+        for name, rows in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+            yield f"{p}{name}.weight", _dense(rng, rows, d)
+        yield p + "attn_output.weight", _dense(rng, d, q_dim, spec.attn_ratio)
+        yield p + "attn_k_norm.weight", np.ones(hd, dtype=np.float32)
+        yield p + "attn_q_norm.weight", np.ones(hd, dtype=np.float32)
+        yield p + "ffn_norm.weight", np.ones(d, dtype=np.float32)
+
+        router = rng.standard_normal((spec.n_expert, d)) * (spec.router_std / np.sqrt(d))
+        n_ff = spec.n_ff_exp
+        gate = rng.standard_normal((spec.n_expert, n_ff, d)) / np.sqrt(d)
+        up = rng.standard_normal((spec.n_expert, n_ff, d)) / np.sqrt(d)
+        down = rng.standard_normal((spec.n_expert, d, n_ff)) / np.sqrt(n_ff)
+        out = _moe_forward(probe, router, gate, up, down, spec.n_expert_used)
+        ratio = float(np.mean(np.sqrt(np.mean(out * out, axis=1))))
+        down = down * _round3(spec.moe_ratio / ratio)
+        yield p + "ffn_gate_inp.weight", router.astype(np.float32)
+        yield p + "ffn_gate_exps.weight", gate.astype(np.float16)
+        yield p + "ffn_down_exps.weight", down.astype(np.float16)
+        yield p + "ffn_up_exps.weight", up.astype(np.float16)
+
+
+def write_moe_gguf(out: Path, tokenizer_source: Path, spec: MoeSpec = MoeSpec()) -> Path:
+    """Write the synthetic MoE model to `out` (atomically: a `.part` file renamed)."""
+    tok = read_tokenizer(tokenizer_source)
+
+    def write(tmp: Path) -> None:
+        w = GGUFWriter(tmp, spec.arch)
+        w.add_name(f"specreg synthetic {spec.arch} {spec.n_expert}x{spec.n_ff_exp}")
+        w.add_file_type(LlamaFileType.MOSTLY_F16)
+        w.add_context_length(spec.context_length)
+        w.add_embedding_length(spec.n_embd)
+        w.add_block_count(spec.n_layer)
+        w.add_feed_forward_length(spec.n_ff_exp * spec.n_expert_used)
+        w.add_head_count(spec.n_head)
+        w.add_head_count_kv(spec.n_head_kv)
+        w.add_key_length(spec.head_dim)
+        w.add_value_length(spec.head_dim)
+        w.add_rope_dimension_count(spec.head_dim)
+        w.add_rope_freq_base(spec.rope_freq_base)
+        w.add_layer_norm_rms_eps(spec.rms_eps)
+        w.add_expert_count(spec.n_expert)
+        w.add_expert_used_count(spec.n_expert_used)
+        w.add_expert_feed_forward_length(spec.n_ff_exp)
+        for name, value, vtype, sub in tok.fields:
+            w.add_key_value(name, value, vtype, sub_type=sub)
+        for name, array in moe_tensors(spec, tok):
+            w.add_tensor(name, array)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    _install_atomic(out, write)
+    return out
+
+
+def ensure_synthetic_models(
+    dest: Path, tokenizer_source: Path, quantize_bin: Path, spec: MoeSpec = MoeSpec()
+) -> SyntheticModels:
+    """Write the synthetic MoE (once) next to the other small models, and its Q8_0 draft."""
+    out = dest / spec.file_name
+    if not out.exists():
+        log.info("writing synthetic %s model %s", spec.arch, out)
+        write_moe_gguf(out, tokenizer_source, spec)
+    moe = SmallModel(spec.family, "F16", out, out.stat().st_size)
+    return SyntheticModels(moe, quantize(quantize_bin, moe, SYNTHETIC_DRAFT_QUANT), spec)
