@@ -57,11 +57,11 @@ class MoeSpec:
     rope_freq_base: float = 10000.0
     rms_eps: float = 1e-6
     seed: int = 20261121
-    chain_logit: float = 12.0  # logit of the chain's next token when the stream is pure
+    chain_logit: float = 28.0  # logit of the chain's next token when the stream is pure
     moe_ratio: float = 1.0  # |MoE output| / |its input| with all routed experts
     attn_ratio: float = 0.3  # |attention output| / |its input|, roughly
     router_std: float = 2.0  # spread of the router logits
-    version: int = 1
+    version: int = 2
 
     @property
     def family(self) -> str:
