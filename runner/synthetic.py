@@ -15,6 +15,10 @@ that are seeded noise with a structure that makes next-token distributions confi
   instead of 2 changes the perturbation, and the text changes at the first position where
   it matters.
 
+A second model, `glm4moe` with one NextN block (`MTP_SPEC`), runs `--spec-type draft-mtp`:
+its MTP block has learnt the chain (it keeps only the embedding of the token it is given),
+so the drafts it proposes are the ones the trunk mostly accepts.
+
 The bytes depend only on the spec and the tokenizer source: scales calibrated with float
 matmuls are rounded to 3 significant digits before use, so BLAS rounding cannot leak in.
 """
@@ -29,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
-from gguf.constants import LlamaFileType, TokenType
+from gguf.constants import ExpertGatingFuncType, LlamaFileType, TokenType
 from specreg.runner.small_models import SmallModel, _install_atomic, quantize
 
 log = logging.getLogger(__name__)
@@ -61,11 +65,15 @@ class MoeSpec:
     moe_ratio: float = 1.0  # |MoE output| / |its input| with all routed experts
     attn_ratio: float = 0.3  # |attention output| / |its input|, roughly
     router_std: float = 2.0  # spread of the router logits
+    n_expert_shared: int = 0  # glm4moe: always-on shared expert(s) next to the routed ones
+    shared_ratio: float = 0.3  # |shared expert output| / |its input|
+    nextn_layers: int = 0  # glm4moe: NextN (MTP) blocks after the trunk, for draft-mtp
     version: int = 2
 
     @property
     def family(self) -> str:
-        return f"synth-{self.arch}-v{self.version}"
+        mtp = "-mtp" if self.nextn_layers else ""
+        return f"synth-{self.arch}{mtp}-v{self.version}"
 
     @property
     def file_name(self) -> str:
@@ -74,17 +82,24 @@ class MoeSpec:
         )
 
 
+# A GLM-4.5-style MoE (sigmoid router, one shared expert) with one NextN block: the
+# smallest thing the pinned llama.cpp runs with --spec-type draft-mtp.
+MTP_SPEC = MoeSpec(arch="glm4moe", n_expert_shared=1, nextn_layers=1)
+
+
 @dataclass(frozen=True)
 class SyntheticModels:
-    """The synthetic MoE target and its requantized self-speculative draft."""
+    """The synthetic MoE target, its requantized self-speculative draft, and the MTP model."""
 
     moe: SmallModel
     moe_draft: SmallModel
+    mtp: SmallModel
     spec: MoeSpec
+    mtp_spec: MoeSpec
 
     @property
     def all(self) -> tuple[SmallModel, ...]:
-        return (self.moe, self.moe_draft)
+        return (self.moe, self.moe_draft, self.mtp)
 
 
 @dataclass(frozen=True)
@@ -129,13 +144,20 @@ def _silu(x: np.ndarray) -> np.ndarray:
 
 
 def _moe_forward(
-    x: np.ndarray, router: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, k: int
+    x: np.ndarray,
+    router: np.ndarray,
+    gate: np.ndarray,
+    up: np.ndarray,
+    down: np.ndarray,
+    k: int,
+    sigmoid: bool = False,
 ) -> np.ndarray:
-    """qwen3moe's expert FFN (softmax router, top-k, weights renormalised) in numpy."""
+    """The routed expert FFN in numpy: softmax (qwen3moe) or sigmoid (glm4moe) router,
+    top-k, selected weights renormalised."""
     logits = x @ router.T
     top = np.argsort(-logits, axis=1)[:, :k]
     sel = np.take_along_axis(logits, top, axis=1)
-    w = np.exp(sel - sel.max(axis=1, keepdims=True))
+    w = 1.0 / (1.0 + np.exp(-sel)) if sigmoid else np.exp(sel - sel.max(axis=1, keepdims=True))
     w /= w.sum(axis=1, keepdims=True)
     out = np.zeros_like(x)
     for slot in range(k):
@@ -159,6 +181,10 @@ def _chain_order(tok: _Tokenizer, rng: np.random.Generator) -> np.ndarray:
     if len(words) < 100:
         raise ValueError(f"the tokenizer has only {len(words)} word pieces; need at least 100")
     return rng.permutation(np.array(words, dtype=np.int64))
+
+
+def _rms_gain(out: np.ndarray) -> float:
+    return float(np.mean(np.sqrt(np.mean(out * out, axis=1))))
 
 
 def moe_tensors(spec: MoeSpec, tok: _Tokenizer) -> Iterator[tuple[str, np.ndarray]]:
@@ -185,20 +211,64 @@ def moe_tensors(spec: MoeSpec, tok: _Tokenizer) -> Iterator[tuple[str, np.ndarra
         yield p + "attn_output.weight", _dense(rng, d, q_dim, spec.attn_ratio)
         yield p + "attn_k_norm.weight", np.ones(hd, dtype=np.float32)
         yield p + "attn_q_norm.weight", np.ones(hd, dtype=np.float32)
-        yield p + "ffn_norm.weight", np.ones(d, dtype=np.float32)
+        yield p + _FFN_NORM[spec.arch], np.ones(d, dtype=np.float32)
+        yield from _moe_ffn(spec, rng, probe, p)
 
-        router = rng.standard_normal((spec.n_expert, d)) * (spec.router_std / np.sqrt(d))
-        n_ff = spec.n_ff_exp
-        gate = rng.standard_normal((spec.n_expert, n_ff, d)) / np.sqrt(d)
-        up = rng.standard_normal((spec.n_expert, n_ff, d)) / np.sqrt(d)
-        down = rng.standard_normal((spec.n_expert, d, n_ff)) / np.sqrt(n_ff)
-        out = _moe_forward(probe, router, gate, up, down, spec.n_expert_used)
-        ratio = float(np.mean(np.sqrt(np.mean(out * out, axis=1))))
-        down = down * _round3(spec.moe_ratio / ratio)
-        yield p + "ffn_gate_inp.weight", router.astype(np.float32)
-        yield p + "ffn_gate_exps.weight", gate.astype(np.float16)
-        yield p + "ffn_down_exps.weight", down.astype(np.float16)
-        yield p + "ffn_up_exps.weight", up.astype(np.float16)
+    for il in range(spec.n_layer, spec.n_layer + spec.nextn_layers):
+        yield from _nextn_block(spec, f"blk.{il}.")
+
+
+# The norm in front of the FFN: qwen3moe calls it ffn_norm, GLM post_attention_norm.
+_FFN_NORM = {"qwen3moe": "ffn_norm.weight", "glm4moe": "post_attention_norm.weight"}
+
+
+def _moe_ffn(
+    spec: MoeSpec, rng: np.random.Generator, probe: np.ndarray, p: str, *, silent: bool = False
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Router, routed experts (and shared ones) of one block; `silent` zeroes their outputs."""
+    d, n_ff, glm = spec.n_embd, spec.n_ff_exp, spec.arch == "glm4moe"
+    router = rng.standard_normal((spec.n_expert, d)) * (spec.router_std / np.sqrt(d))
+    gate = rng.standard_normal((spec.n_expert, n_ff, d)) / np.sqrt(d)
+    up = rng.standard_normal((spec.n_expert, n_ff, d)) / np.sqrt(d)
+    down = rng.standard_normal((spec.n_expert, d, n_ff)) / np.sqrt(n_ff)
+    out = _moe_forward(probe, router, gate, up, down, spec.n_expert_used, sigmoid=glm)
+    down = down * (0.0 if silent else _round3(spec.moe_ratio / _rms_gain(out)))
+    yield p + "ffn_gate_inp.weight", router.astype(np.float32)
+    if glm:
+        yield p + "exp_probs_b.bias", np.zeros(spec.n_expert, dtype=np.float32)
+    yield p + "ffn_gate_exps.weight", gate.astype(np.float16)
+    yield p + "ffn_down_exps.weight", down.astype(np.float16)
+    yield p + "ffn_up_exps.weight", up.astype(np.float16)
+    if spec.n_expert_shared:
+        n_sh = n_ff * spec.n_expert_shared
+        sh_gate, sh_up = _dense(rng, n_sh, d), _dense(rng, n_sh, d)
+        sh_down = _dense(rng, d, n_sh)
+        sh_out = (_silu(probe @ sh_gate.T) * (probe @ sh_up.T)) @ sh_down.T
+        sh_down = sh_down * (0.0 if silent else _round3(spec.shared_ratio / _rms_gain(sh_out)))
+        yield p + "ffn_gate_shexp.weight", sh_gate
+        yield p + "ffn_down_shexp.weight", sh_down.astype(np.float32)
+        yield p + "ffn_up_shexp.weight", sh_up
+
+
+def _nextn_block(spec: MoeSpec, p: str) -> Iterator[tuple[str, np.ndarray]]:
+    """A NextN (MTP) block that has learnt the chain: it predicts the token after x_{t+1}
+    from x_{t+1}'s embedding alone (eh_proj keeps the embedding half of [enorm(e); hnorm(h)]),
+    its attention and experts add nothing, and the shared head continues the chain."""
+    d, hd = spec.n_embd, spec.head_dim
+    q_dim, kv_dim = spec.n_head * hd, spec.n_head_kv * hd
+    rng = np.random.default_rng(spec.seed + 1)
+    probe = _rms_unit(rng.standard_normal((64, d)))
+    yield p + "attn_norm.weight", np.ones(d, dtype=np.float32)
+    for name, rows in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+        yield f"{p}{name}.weight", _dense(rng, rows, d)
+    yield p + "attn_output.weight", np.zeros((d, q_dim), dtype=np.float32)
+    yield p + _FFN_NORM[spec.arch], np.ones(d, dtype=np.float32)
+    yield from _moe_ffn(spec, rng, probe, p, silent=True)
+    eh_proj = np.zeros((d, 2 * d), dtype=np.float32)
+    eh_proj[:, :d] = np.eye(d)
+    yield p + "nextn.eh_proj.weight", eh_proj
+    yield p + "nextn.enorm.weight", np.ones(d, dtype=np.float32)
+    yield p + "nextn.hnorm.weight", np.ones(d, dtype=np.float32)
 
 
 def write_moe_gguf(out: Path, tokenizer_source: Path, spec: MoeSpec = MoeSpec()) -> Path:
@@ -211,7 +281,7 @@ def write_moe_gguf(out: Path, tokenizer_source: Path, spec: MoeSpec = MoeSpec())
         w.add_file_type(LlamaFileType.MOSTLY_F16)
         w.add_context_length(spec.context_length)
         w.add_embedding_length(spec.n_embd)
-        w.add_block_count(spec.n_layer)
+        w.add_block_count(spec.n_layer + spec.nextn_layers)
         w.add_feed_forward_length(spec.n_ff_exp * spec.n_expert_used)
         w.add_head_count(spec.n_head)
         w.add_head_count_kv(spec.n_head_kv)
@@ -223,6 +293,12 @@ def write_moe_gguf(out: Path, tokenizer_source: Path, spec: MoeSpec = MoeSpec())
         w.add_expert_count(spec.n_expert)
         w.add_expert_used_count(spec.n_expert_used)
         w.add_expert_feed_forward_length(spec.n_ff_exp)
+        if spec.arch == "glm4moe":
+            w.add_expert_shared_count(spec.n_expert_shared)
+            w.add_expert_weights_norm(True)
+            w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+        if spec.nextn_layers:
+            w.add_nextn_predict_layers(spec.nextn_layers)
         for name, value, vtype, sub in tok.fields:
             w.add_key_value(name, value, vtype, sub_type=sub)
         for name, array in moe_tensors(spec, tok):
@@ -236,13 +312,25 @@ def write_moe_gguf(out: Path, tokenizer_source: Path, spec: MoeSpec = MoeSpec())
     return out
 
 
-def ensure_synthetic_models(
-    dest: Path, tokenizer_source: Path, quantize_bin: Path, spec: MoeSpec = MoeSpec()
-) -> SyntheticModels:
-    """Write the synthetic MoE (once) next to the other small models, and its Q8_0 draft."""
+def ensure_synthetic_model(dest: Path, tokenizer_source: Path, spec: MoeSpec) -> SmallModel:
+    """The synthetic model for `spec` in `dest`, written once."""
     out = dest / spec.file_name
     if not out.exists():
         log.info("writing synthetic %s model %s", spec.arch, out)
         write_moe_gguf(out, tokenizer_source, spec)
-    moe = SmallModel(spec.family, "F16", out, out.stat().st_size)
-    return SyntheticModels(moe, quantize(quantize_bin, moe, SYNTHETIC_DRAFT_QUANT), spec)
+    return SmallModel(spec.family, "F16", out, out.stat().st_size)
+
+
+def ensure_synthetic_models(
+    dest: Path,
+    tokenizer_source: Path,
+    quantize_bin: Path,
+    spec: MoeSpec = MoeSpec(),
+    mtp_spec: MoeSpec = MTP_SPEC,
+) -> SyntheticModels:
+    """Write the synthetic MoE and MTP models (once) next to the other small models, and
+    the MoE's Q8_0 self-draft."""
+    moe = ensure_synthetic_model(dest, tokenizer_source, spec)
+    draft = quantize(quantize_bin, moe, SYNTHETIC_DRAFT_QUANT)
+    mtp = ensure_synthetic_model(dest, tokenizer_source, mtp_spec)
+    return SyntheticModels(moe, draft, mtp, spec, mtp_spec)

@@ -1,6 +1,7 @@
 # ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
-"""The MoE expert override on a real MoE model: the synthetic qwen3moe (8 experts, 2 used)
-that runner/synthetic.py writes, run by the pinned llama.cpp."""
+"""The MoE expert override and draft-mtp on real MoE models: the synthetic qwen3moe
+(8 experts, 2 used) and glm4moe with one NextN block that runner/synthetic.py writes, run by
+the pinned llama.cpp."""
 
 from __future__ import annotations
 
@@ -56,13 +57,16 @@ def con(specreg_home: Path):  # type: ignore[no-untyped-def]
         yield c
 
 
-def test_synthetic_moe_is_byte_for_byte_reproducible(
-    tmp_path: Path, small_models: SmallModels, synthetic_models: SyntheticModels
+@pytest.mark.parametrize("which", ["moe", "mtp"])
+def test_synthetic_models_are_byte_for_byte_reproducible(
+    tmp_path: Path, small_models: SmallModels, synthetic_models: SyntheticModels, which: str
 ) -> None:
-    again = write_moe_gguf(tmp_path / "again.gguf", small_models.smollm2.path)
-    assert again.read_bytes() == synthetic_models.moe.path.read_bytes()
+    spec = synthetic_models.spec if which == "moe" else synthetic_models.mtp_spec
+    cached = getattr(synthetic_models, which)
+    again = write_moe_gguf(tmp_path / "again.gguf", small_models.smollm2.path, spec)
+    assert again.read_bytes() == cached.path.read_bytes()
     assert not list(tmp_path.glob("*.part"))
-    assert synthetic_models.moe in small_models.synthetic
+    assert cached in small_models.synthetic
 
 
 def test_scan_marks_it_moe_with_its_expert_key(
@@ -167,3 +171,34 @@ def test_self_draft_speculates_on_the_moe(
     assert v.label == "lossless" and v.verdict == "pass", v.reason
     assert {p.verdict for p in v.prompts} <= {"identical", "near-tie"}
     assert get_run(con, out.run_id).draft_n == v.config.draft_n
+
+
+def test_scan_finds_the_mtp_layers(synthetic_models: SyntheticModels, con) -> None:  # type: ignore[no-untyped-def]
+    record = runs.model_record(con, synthetic_models.mtp.path)
+    assert (record.architecture, record.block_count) == ("glm4moe", 3)
+    assert record.nextn_predict_layers == 1 and record.has_mtp_tensors is True
+    assert record.is_moe and record.expert_used_key == "glm4moe.expert_used_count"
+    assert runs.model_record(con, synthetic_models.moe.path).has_mtp_tensors is False
+
+
+def test_draft_mtp_speculates_with_the_models_own_nextn_layer(
+    con, llama_install: LlamaInstall, synthetic_models: SyntheticModels
+) -> None:  # type: ignore[no-untyped-def]
+    cfg = Config(spec_type="draft-mtp", k=3)
+    out = runs.verify(con, plan(con, llama_install, synthetic_models.mtp.path, None, cfg, 1))
+    v = out.verification
+    assert v.config.ok, v.config.failure
+    assert "--spec-draft-model" not in v.config.argv  # the target drafts for itself
+    assert "creating MTP draft context" in v.config.log_path.read_text()
+    assert v.config.speculative_active is True
+    assert v.config.draft_n > 0 and v.config.draft_n_accepted > 0
+    assert v.label == "lossless" and v.verdict == "pass", v.reason
+    assert {p.verdict for p in v.prompts} <= {"identical", "near-tie"}
+
+
+def test_draft_mtp_is_refused_on_a_model_without_nextn_layers(
+    con, llama_install: LlamaInstall, synthetic_models: SyntheticModels
+) -> None:  # type: ignore[no-untyped-def]
+    target = synthetic_models.moe.path
+    with pytest.raises(UsageError, match=f"{target.name} has no MTP \\(NextN\\) layers"):
+        plan(con, llama_install, target, None, Config(spec_type="draft-mtp", k=3))
