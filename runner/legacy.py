@@ -13,6 +13,7 @@ verification compares text (see `verify`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -35,19 +36,19 @@ from specreg.runner.measure import (
     WARMUP_TOKENS,
     Measurement,
     PromptResult,
-    _contended,
+    least_contended,
     logs_dir,
 )
 from specreg.runner.server import (
     Completion,
     ServerFailed,
     _cpu_ticks_total,
-    _die_with_parent,
     classify_exit,
     llama_message,
+    spawn,
     strip_log_prefix,
 )
-from specreg.runner.workload import Prompt, Workload
+from specreg.runner.workload import Workload
 
 from specreg.errors import LlamaError, UsageError
 
@@ -307,20 +308,7 @@ def run_tool(
         offset = err_log.tell()
         total0, children0, self0 = _cpu_ticks_total(), _children_cpu_s(), sum(os.times()[:2])
         start = time.monotonic()
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err_log,
-                env=dict(env),
-                start_new_session=True,  # own process group: killed as a whole
-                preexec_fn=_die_with_parent,
-            )
-        except OSError as err:
-            raise ServerFailed(
-                "crash", f"cannot start {argv[0]}", err.strerror or str(err), log_path
-            ) from err
+        proc = spawn(argv, env=dict(env), stdout=out, stderr=err_log, log_path=log_path)
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -505,9 +493,10 @@ def measure_legacy(
         contended: dict[str, int] = {p.prompt_id: 0 for p in workload.prompts}
         for _ in range(repeats):
             for prompt in workload.prompts:
-                samples[prompt.prompt_id].append(
-                    _sample(engine, prompt, n_predict, host, contention_retries, contended)
-                )
+                take = functools.partial(engine.generate, prompt.text, n_predict)
+                best, again = least_contended(take, host, contention_retries)
+                contended[prompt.prompt_id] += again
+                samples[prompt.prompt_id].append(best)
         results = [
             PromptResult(p, tuple(samples[p.prompt_id]), contended=contended[p.prompt_id])
             for p in workload.prompts
@@ -529,24 +518,3 @@ def measure_legacy(
         # The legacy tools have no plain mode: a finished run speculated (draft_n says how much).
         speculative_active=True,
     )
-
-
-def _sample(
-    engine: LegacyEngine,
-    prompt: Prompt,
-    n_predict: int,
-    host: Host,
-    retries: int,
-    contended: dict[str, int],
-) -> Completion:
-    best: Completion | None = None
-    for attempt in range(retries + 1):
-        got = engine.generate(prompt.text, n_predict)
-        if best is None or (got.foreign_cpu_s or 0) < (best.foreign_cpu_s or 0):
-            best = got
-        if not _contended(got, host):
-            break
-        if attempt < retries:
-            contended[prompt.prompt_id] += 1
-    assert best is not None
-    return best

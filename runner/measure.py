@@ -7,10 +7,11 @@ CPU use are measured again (up to `contention_retries` times) instead of being t
 
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -153,6 +154,25 @@ def _contended(c: Completion, host: Host) -> bool:
     return c.foreign_cpu_s > 0.05 + 0.1 * c.wall_s * max(1, host.logical_cpus - 1)
 
 
+def least_contended(
+    take: Callable[[], Completion], host: Host, retries: int
+) -> tuple[Completion, int]:
+    """One sample, taken again (up to `retries` times) while other processes took the CPU:
+    the least disturbed sample, and how many times it was taken again."""
+    best: Completion | None = None
+    again = 0
+    for attempt in range(retries + 1):
+        got = take()
+        if best is None or (got.foreign_cpu_s or 0) < (best.foreign_cpu_s or 0):
+            best = got
+        if not _contended(got, host):
+            break
+        if attempt < retries:
+            again += 1
+    assert best is not None
+    return best, again
+
+
 def _body(prompt: Any, config: Config, n_predict: int, n_probs: int = 0) -> dict[str, Any]:
     body: dict[str, Any] = {
         "prompt": prompt,
@@ -290,16 +310,9 @@ def measure(
             contended: dict[str, int] = {p.prompt_id: 0 for p in workload.prompts}
             for _ in range(repeats):
                 for prompt in workload.prompts:
-                    best: Completion | None = None
-                    for attempt in range(contention_retries + 1):
-                        got = server.complete(_body(prompt.text, config, n_predict))
-                        if best is None or (got.foreign_cpu_s or 0) < (best.foreign_cpu_s or 0):
-                            best = got
-                        if not _contended(got, host):
-                            break
-                        if attempt < contention_retries:
-                            contended[prompt.prompt_id] += 1
-                    assert best is not None
+                    take = functools.partial(server.complete, _body(prompt.text, config, n_predict))
+                    best, again = least_contended(take, host, contention_retries)
+                    contended[prompt.prompt_id] += again
                     samples[prompt.prompt_id].append(best)
             for prompt in workload.prompts:
                 reference = None

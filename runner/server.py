@@ -75,6 +75,27 @@ def _die_with_parent() -> None:
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
+def spawn(
+    argv: list[str], *, env: dict[str, str], stdout: Any, stderr: Any, log_path: Path | None
+) -> subprocess.Popen[bytes]:
+    """Start a llama.cpp process in its own process group (killed as a whole) that dies
+    with specreg; `ServerFailed` when it cannot start."""
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+    except OSError as err:
+        raise ServerFailed(
+            "crash", f"cannot start {argv[0]}", err.strerror or str(err), log_path
+        ) from err
+
+
 class ServerFailed(LlamaError):
     """llama-server failed; `kind` says how, `llama_message` is llama.cpp's own line."""
 
@@ -317,20 +338,9 @@ class LlamaServer:
         with self.log_path.open("ab") as out:
             out.write(f"$ {' '.join(self.argv)}\n".encode())
             out.flush()
-            try:
-                self.proc = subprocess.Popen(
-                    self.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=self.env,
-                    start_new_session=True,  # own process group: killed as a whole
-                    preexec_fn=_die_with_parent,
-                )
-            except OSError as err:
-                raise ServerFailed(
-                    "crash", f"cannot start {self.argv[0]}", err.strerror or str(err), None
-                ) from err
+            self.proc = spawn(
+                self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, log_path=None
+            )
         deadline = time.monotonic() + self.startup_timeout
         while True:
             rc = self.proc.poll()

@@ -8,8 +8,6 @@ for faults (hang, crash, old flag spelling), and the real binaries on the small 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import stat
 import sys
 import textwrap
@@ -41,6 +39,7 @@ from specreg.runner.server import Completion
 from specreg.runner.small_models import SmallModels
 from specreg.runner.verify import judge
 from specreg.runner.workload import Prompt, Workload, load_workload
+from test_runner_faults import assert_no_strays
 
 from specreg.cli.main import cli
 from specreg.errors import UsageError
@@ -347,26 +346,6 @@ def make_old_build(
         script.write_text(text)
         script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return bin_dir, pids, argv
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def assert_no_strays(pids_file: Path) -> None:
-    assert pids_file.exists(), "the fake tool never started"
-    pids = [int(p) for line in pids_file.read_text().splitlines() for p in line.split()]
-    deadline = time.monotonic() + 5
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = [p for p in pids if alive(p)]
-    for pid in left:  # clean up our own fakes before failing
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"stray processes: {left}"
 
 
 @pytest.fixture
