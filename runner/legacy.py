@@ -480,13 +480,19 @@ def measure_legacy(
         log_path=log_path,
         engine=tool,
     )
-    engine = LegacyEngine(
-        install, host, tool, config, target, draft,
-        log_path=log_path, timeout=timeout, eog_texts=eog_texts,
-    )  # fmt: skip
-    argv = tuple(engine.command(PROMPT_FILE, n_predict))
+    argv: tuple[str, ...] = (str(install.bin_dir / tool),)
     results: list[PromptResult] = []
     try:
+        try:
+            engine = LegacyEngine(
+                install, host, tool, config, target, draft,
+                log_path=log_path, timeout=timeout, eog_texts=eog_texts,
+            )  # fmt: skip
+        except ServerFailed:
+            raise
+        except LlamaError as err:  # the binary is missing or does not answer --help
+            raise ServerFailed("crash", f"cannot run {tool}", str(err), None) from err
+        argv = tuple(engine.command(PROMPT_FILE, n_predict))
         if warmup:
             engine.generate(workload.prompts[0].text, WARMUP_TOKENS)
         samples: dict[str, list[Completion]] = {p.prompt_id: [] for p in workload.prompts}

@@ -246,23 +246,30 @@ def measure(
     neither, and `eog_texts` (the target's end-of-generation pieces) is cut from their text.
     """
     if engine != ENGINE_SERVER:
-        from specreg.runner.legacy import measure_legacy  # legacy imports this module
+        from specreg.runner import legacy  # legacy imports this module
 
-        return measure_legacy(
-            install,
-            host,
-            config,
-            target,
-            draft,
-            workload,
-            tool=engine,
-            n_predict=n_predict,
-            repeats=repeats,
-            warmup=warmup,
-            contention_retries=contention_retries,
-            timeout=startup_timeout + request_timeout,
-            eog_texts=eog_texts,
+        # `auto` or `legacy` are resolved as `runs.plan` does; a binary name is taken as is.
+        tool = (
+            engine
+            if engine in legacy.LEGACY_TOOLS
+            else legacy.choose_engine(install, config, engine)
         )
+        if tool != ENGINE_SERVER:
+            return legacy.measure_legacy(
+                install,
+                host,
+                config,
+                target,
+                draft,
+                workload,
+                tool=tool,
+                n_predict=n_predict,
+                repeats=repeats,
+                warmup=warmup,
+                contention_retries=contention_retries,
+                timeout=startup_timeout + request_timeout,
+                eog_texts=eog_texts,
+            )
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
     stamp = started_at.strftime("%Y%m%dT%H%M%S%f")

@@ -441,6 +441,21 @@ def test_tool_without_statistics_is_a_failure(tmp_path: Path, target: Path) -> N
     assert_no_strays(pids)
 
 
+def test_missing_binary_is_a_recorded_failure(tmp_path: Path, target: Path) -> None:
+    # The build listed llama-lookup when probed, and it is gone when the run starts.
+    bin_dir, _, _ = make_old_build(tmp_path, "ok")
+    old = find_llama(bin_dir)
+    (bin_dir / LOOKUP).unlink()
+    m = measure(
+        old, HOST, Config(spec_type="ngram-simple"), target, None,
+        load_workload(("code",)).head(1), repeats=1, engine="auto",
+    )  # fmt: skip
+    assert m.engine == LOOKUP and m.failure is not None and m.failure.kind == "crash"
+    assert str(m.failure).startswith(
+        f"cannot run llama-lookup: cannot run {bin_dir / LOOKUP}: No such file or directory"
+    )
+
+
 def test_old_build_without_lookup_is_a_usage_error(tmp_path: Path, target: Path) -> None:
     bin_dir, _, _ = make_old_build(tmp_path, "ok", SPECULATIVE, HELP_2025)
     result = CliRunner().invoke(
