@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
-from specreg.recommender.features import TASKS, column, task_index
+from specreg.recommender.features import FAMILIES, TASKS, column, family_index, task_index
 
 # Cost of one MTP head step relative to a full target step (one extra layer of ~30-60).
 MTP_STEP_FRACTION = 0.05
@@ -57,6 +57,7 @@ class CostParams:
     acc_size: float = 0.3  # per unit of log(draft params / target active params)
     acc_temp: float = -1.0  # per unit of temperature
     acc_task: tuple[float, ...] = (0.0,) * len(TASKS)
+    acc_target_family: tuple[float, ...] = (0.0,) * len(FAMILIES)
     ngram_bias: float = -1.0
     ngram_task: tuple[float, ...] = (0.0,) * len(TASKS)
     mtp_bias: float = 1.5
@@ -73,13 +74,23 @@ class CostParams:
         kwargs: dict[str, object] = {}
         i = 0
         for f in fields(cls):
-            if f.name in ("acc_task", "ngram_task"):
-                kwargs[f.name] = tuple(float(x) for x in vec[i : i + len(TASKS)])
-                i += len(TASKS)
+            n = vector_length(f.name)
+            if n > 1:
+                kwargs[f.name] = tuple(float(x) for x in vec[i : i + n])
+                i += n
             else:
                 kwargs[f.name] = float(vec[i])
                 i += 1
         return cls(**kwargs)  # type: ignore[arg-type]
+
+
+def vector_length(name: str) -> int:
+    """How many numbers a CostParams field holds (tuples are per task or per family)."""
+    return {
+        "acc_task": len(TASKS),
+        "ngram_task": len(TASKS),
+        "acc_target_family": len(FAMILIES),
+    }.get(name, 1)
 
 
 def step_seconds(read_gb: np.ndarray, bw: np.ndarray, eff: float, tau: float) -> np.ndarray:
@@ -98,6 +109,7 @@ def acceptance(X: np.ndarray, p: CostParams, shift: np.ndarray | float = 0.0) ->
     logit_draft = (
         p.acc_bias
         + np.asarray(p.acc_task)[t]
+        + np.asarray(p.acc_target_family)[family_index(X)]
         + p.acc_family * column(X, "same_family")
         + p.acc_pre_differs * column(X, "tok_pre_differs")
         + p.acc_size * column(X, "log_size_ratio")

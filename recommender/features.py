@@ -27,6 +27,10 @@ class Method(str, Enum):
 
 TASKS: tuple[str, ...] = ("code", "prose", "summarize", "json", "math", "chat", "unknown")
 
+# Architecture families with their own acceptance offset (drafts trained alongside their
+# targets, as in the Qwen2.5 line, agree more); every other family shares "other".
+FAMILIES: tuple[str, ...] = ("qwen2", "qwen3", "llama", "gemma3", "other")
+
 # Tokenizer relation between draft and target, ordered from safest to loosest.
 TOK_RELATIONS: tuple[str, ...] = ("identical", "padding-only", "pre-tokenizer-differs", "unknown")
 
@@ -131,6 +135,7 @@ FEATURES: tuple[str, ...] = (
     "log_size_ratio",
     "baseline_tps",
     *(f"task_{t}" for t in TASKS),
+    *(f"family_{f}" for f in FAMILIES),
 )
 COL = {name: i for i, name in enumerate(FEATURES)}
 
@@ -165,7 +170,12 @@ def feature_row(c: ConfigFacts) -> list[float]:
         ratio,
         float(c.baseline_tps),
         *(float(task == t) for t in TASKS),
+        *(float(family_slot(c.target_family) == f) for f in FAMILIES),
     ]
+
+
+def family_slot(family: str) -> str:
+    return family if family in FAMILIES else "other"
 
 
 def feature_matrix(configs: Iterable[ConfigFacts]) -> np.ndarray:
@@ -183,3 +193,9 @@ def task_index(X: np.ndarray) -> np.ndarray:
     """Index into TASKS for every row."""
     start = COL[f"task_{TASKS[0]}"]
     return np.argmax(X[:, start : start + len(TASKS)], axis=1)
+
+
+def family_index(X: np.ndarray) -> np.ndarray:
+    """Index into FAMILIES for every row."""
+    start = COL[f"family_{FAMILIES[0]}"]
+    return np.argmax(X[:, start : start + len(FAMILIES)], axis=1)

@@ -29,6 +29,7 @@ from specreg.recommender.costmodel import (
     CostParams,
     drafted_acceptance,
     predict_tps,
+    vector_length,
 )
 from specreg.recommender.features import FEATURES, TASKS, column
 
@@ -69,7 +70,7 @@ def _bounds_vectors() -> tuple[np.ndarray, np.ndarray]:
     lo: list[float] = []
     hi: list[float] = []
     for f in fields(CostParams):
-        n = len(TASKS) if f.name in ("acc_task", "ngram_task") else 1
+        n = vector_length(f.name)
         b = _BOUNDS.get(f.name, (-8.0, 8.0))
         lo += [b[0]] * n
         hi += [b[1]] * n
@@ -79,7 +80,7 @@ def _bounds_vectors() -> tuple[np.ndarray, np.ndarray]:
 def _ridge_mask() -> np.ndarray:
     mask: list[float] = []
     for f in fields(CostParams):
-        n = len(TASKS) if f.name in ("acc_task", "ngram_task") else 1
+        n = vector_length(f.name)
         mask += [0.0 if f.name in _BOUNDS and not f.name.startswith("acc_") else 1.0] * n
     return np.asarray(mask)
 

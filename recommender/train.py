@@ -7,8 +7,10 @@ on the shipped prior alone (a few seconds).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,7 +27,7 @@ log = logging.getLogger(__name__)
 MODEL_FILE = "model.joblib"
 SUMMARY_FILE = "model.json"
 # Bump when the feature set or the estimator changes: older files are then refitted.
-MODEL_FORMAT = "1"
+MODEL_FORMAT = "2"
 
 
 def model_dir() -> Path:
@@ -106,6 +108,33 @@ def train(
     joblib.dump(model, out / MODEL_FILE)
     (out / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=1))
     return model, summary, report
+
+
+def cached_fit(local: list[Observation] | tuple[Observation, ...] = ()) -> SpeculationRegressor:
+    """`fit(local)`, kept in the cache: the next call with the same evidence loads it.
+
+    The file name is a digest of this code's model format, the prior's data version and the
+    local observations, so new runs, a changed package or new data never load a stale fit.
+    """
+    digest = hashlib.sha256(
+        repr((MODEL_FORMAT, DATA_VERSION, sorted(repr(o) for o in local))).encode()
+    ).hexdigest()[:16]
+    path = model_dir() / "cache" / f"fit-{digest}.joblib"
+    if path.exists():
+        try:
+            model = joblib.load(path)
+            if isinstance(model, SpeculationRegressor):
+                return model
+        except Exception as err:  # a damaged cache file is refitted, never fatal
+            log.warning("refitting the recommender (cached %s unreadable: %s)", path, err)
+    model = fit(local)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for old in path.parent.glob("fit-*.joblib"):  # one cached fit is enough
+        old.unlink(missing_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    joblib.dump(model, tmp)
+    tmp.replace(path)
+    return model
 
 
 def load_trained() -> tuple[SpeculationRegressor, TrainSummary] | None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from specreg.cli.main import cli
@@ -65,3 +66,28 @@ def test_unknown_policy_is_a_usage_error(scanned_db: Path) -> None:
     r = _specreg("recommend", TARGET, "--policy", "fast", "--db", str(scanned_db))
     assert r.returncode == 2
     assert "Invalid value for '--policy': 'fast' is not one of 'quality', 'speed'." in r.stderr
+
+
+def test_recommend_keeps_its_fit_and_refits_when_the_evidence_changes(
+    specreg_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specreg.recommender import train as train_mod
+    from specreg.recommender.prior import load_prior
+
+    calls: list[int] = []
+    real_fit = train_mod.fit
+
+    def counting_fit(local=(), estimator=None):  # type: ignore[no-untyped-def]
+        calls.append(len(local))
+        est = train_mod.default_estimator().set_params(n_members=0, residual=False)
+        return real_fit(local, est)
+
+    monkeypatch.setattr(train_mod, "fit", counting_fit)
+    first = train_mod.cached_fit()
+    again = train_mod.cached_fit()
+    assert calls == [0]  # the second call loaded the kept fit
+    assert again.params_ == first.params_
+    one_local = [load_prior().observations[0]]
+    train_mod.cached_fit(one_local)
+    assert calls == [0, 1]  # new evidence, new fit
+    assert len(list((specreg_home / "recommender" / "cache").glob("fit-*.joblib"))) == 1

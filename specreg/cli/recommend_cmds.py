@@ -17,7 +17,7 @@ from specreg.recommender.host import HostFacts, detect_host_facts
 from specreg.recommender.local import local_observations
 from specreg.recommender.prior import load_prior
 from specreg.recommender.recommend import POLICIES, TASK_CHOICES, Recommendation, recommend
-from specreg.recommender.train import fit, load_trained, train
+from specreg.recommender.train import cached_fit, load_trained, train
 from specreg.registry.db import opened
 from specreg.registry.queries import resolve_model
 from specreg.runner.host import Host, detect_host
@@ -104,7 +104,7 @@ def recommend_cmd(
         resolve_model(con, target)  # an unknown target fails before the model is fitted
         local = local_observations(con, facts)
         trained = load_trained()
-        model = trained[0] if trained else fit(local)
+        model = trained[0] if trained else cached_fit(local)
         rec = recommend(
             con, target, model=model, host=facts, task=task, policy=policy,
             temperature=temp, observations=[*load_prior().observations, *local],
