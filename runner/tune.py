@@ -12,7 +12,7 @@ the budget of runs is spent.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +102,7 @@ class TuneStep:
     option: Option  # the prediction when it was chosen
     measured_tps: float | None
     run_id: int | None
+    reason: str = ""  # why this option was measured next
 
     @property
     def label(self) -> str:
@@ -143,6 +144,46 @@ def _key(o: Option) -> tuple[object, ...]:
     return (o.method, o.k, o.experts, o.draft_id, o.temperature)
 
 
+def next_option(options: Sequence[Option], steps: Sequence[TuneStep]) -> tuple[Option | None, str]:
+    """What to measure next, or None with the reason the search is over.
+
+    In order: plain decoding (every speedup needs it); an unprobed family predicted to beat
+    the best measured speed; the best measured option's K neighbours in its own family
+    (predictions from another host place a K curve's level better than its peak, so the peak
+    is found by measuring around it); an unprobed family within PROBE_RATIO of the best (a
+    long shot worth one run); any option still predicted to beat the best measured one.
+    """
+    tried = {_key(s.option) for s in steps}
+    pending = [o for o in options if _key(o) not in tried]
+    plain = next((o for o in options if o.method.value == "none" and o.experts is None), None)
+    if plain is not None and _key(plain) not in tried:
+        return plain, "plain decoding anchors every speedup"
+    if not pending:
+        return None, "every candidate measured"
+    measured = [s for s in steps if s.measured_tps]
+    best = max(measured, key=lambda s: s.measured_tps or 0.0) if measured else None
+    best_tps = best.measured_tps or 0.0 if best else 0.0
+    probed = {_family(s.option) for s in steps}
+    unprobed = [o for o in pending if _family(o) not in probed]
+    top = max(pending, key=lambda o: o.tps)
+    contenders = [o for o in unprobed if o.tps >= best_tps]
+    if contenders:
+        return max(contenders, key=lambda o: o.tps), "probe: predicted to beat the best measured"
+    if best is not None and best.option.k is not None:
+        ks = sorted(o.k for o in options if _family(o) == _family(best.option) and o.k)
+        i = ks.index(best.option.k)
+        near = {ks[j] for j in (i - 1, i + 1) if 0 <= j < len(ks)}
+        neighbours = [o for o in pending if _family(o) == _family(best.option) and o.k in near]
+        if neighbours:
+            return max(neighbours, key=lambda o: o.tps), "bracket the best K"
+    long_shots = [o for o in unprobed if o.tps >= PROBE_RATIO * best_tps]
+    if long_shots:
+        return max(long_shots, key=lambda o: o.tps), "probe: one run for an untried family"
+    if top.tps > best_tps * (1 + CONFIRM_MARGIN):
+        return top, "predicted to beat the best measured"
+    return None, "best measured is bracketed and beats every prediction"
+
+
 def tune(
     con: duckdb.DuckDBPyConnection,
     target_ref: str,
@@ -157,7 +198,6 @@ def tune(
 ) -> TuneResult:
     """Measure, refit, re-rank until the best is confirmed or `budget` runs are spent."""
     prior = load_prior().observations
-    tried: dict[tuple[object, ...], TuneStep] = {}
     steps: list[TuneStep] = []
     # A small ensemble: the loop refits after every run, and this host's runs move the
     # ranking mostly through the recommender's local correction, not through the refit.
@@ -180,33 +220,13 @@ def tune(
             observations=[*prior, *local],
         )
         n_candidates = len(rec.options)
-        measured = [s for s in steps if s.measured_tps]
-        pending = [o for o in rec.options if _key(o) not in tried]
-        plain = next(o for o in rec.options if o.method.value == "none" and o.experts is None)
-        if _key(plain) not in tried:
-            choice: Option | None = plain
-        elif not pending:
-            choice, stop, confirmed = None, "every candidate measured", True
-        else:
-            probed = {_family(s.option) for s in steps}
-            best = max((s.measured_tps or 0.0) for s in measured) if measured else 0.0
-            unprobed = [
-                o for o in pending if _family(o) not in probed and o.tps >= PROBE_RATIO * best
-            ]
-            top = max(pending, key=lambda o: o.tps)
-            if unprobed:
-                # One probe per method/draft before any verdict: the prior comes from another
-                # host and other models, and a probe re-anchors that whole K curve.
-                choice = max(unprobed, key=lambda o: o.tps)
-            elif best and best >= top.tps * (1 + CONFIRM_MARGIN):
-                choice, stop, confirmed = None, "best measured beats every prediction", True
-            else:
-                choice = top
+        choice, why = next_option(rec.options, steps)
+        if choice is None:
+            stop, confirmed = why, True
         if choice is None or len(steps) >= budget:
             break
         tps, run_id = run_option(choice)
-        step = TuneStep(choice, tps, run_id)
-        tried[_key(choice)] = step
+        step = TuneStep(choice, tps, run_id, why)
         steps.append(step)
         log.info("tune: %s -> %s t/s", choice.label, tps)
         if on_step is not None:

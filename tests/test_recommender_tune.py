@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
-from recommender_fixtures import demo_con, demo_model  # noqa: F401
+from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 from specreg.recommender.costmodel import CostParams, predict_tps
 from specreg.recommender.features import ConfigFacts, Method, feature_matrix
 from specreg.recommender.host import HostFacts
@@ -122,3 +122,37 @@ def test_tune_on_real_small_models_beats_a_quarter_of_the_sweep(
     assert len(measured) == n_sweep and result.n_runs <= math.floor(n_sweep / 4)
     assert float(np.median(tuned)) >= 0.95 * float(np.median(best))
     assert np.isfinite(best[0])
+
+
+def test_next_option_brackets_a_peak_the_prediction_misplaced(demo_con, prior_model) -> None:  # type: ignore[no-untyped-def]
+    """The prior puts the draft curve's peak at one K; this host's truth peaks two steps up."""
+    from specreg.recommender.prior import load_prior
+    from specreg.recommender.recommend import recommend
+    from specreg.runner.tune import TuneStep, next_option
+
+    target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
+    rec = recommend(
+        demo_con, target.model_id, model=prior_model, host=HOST, task="code",
+        observations=load_prior().observations,
+    )  # fmt: skip
+    options = rec.options
+    best_draft = max((o for o in options if o.method is Method.DRAFT), key=lambda o: o.tps)
+    family = [o for o in options if o.method is Method.DRAFT and o.draft_id == best_draft.draft_id]
+    ks = sorted(o.k for o in family if o.k)
+    i = ks.index(best_draft.k)
+    true_peak = ks[min(i + 2, len(ks) - 1)] if i + 2 < len(ks) else ks[max(i - 2, 0)]
+    assert true_peak != best_draft.k
+
+    def truth(o: Option) -> float:
+        if o in family:  # 30 % faster at the true peak, falling 10 % per grid step from it
+            return 1.3 * best_draft.tps * 0.9 ** abs(ks.index(o.k) - ks.index(true_peak))
+        return 0.5 * o.tps
+
+    steps: list[TuneStep] = []
+    while (pick := next_option(options, steps))[0] is not None:
+        steps.append(TuneStep(pick[0], truth(pick[0]), None, pick[1]))
+        assert len(steps) <= len(options)
+    winner = max(steps, key=lambda s: s.measured_tps or 0.0)
+    assert winner.option.k == true_peak and winner.option.draft_id == best_draft.draft_id
+    assert len(steps) <= len(options) / 4
+    assert steps[0].option.method is Method.NONE and "bracket" in steps[-1].reason

@@ -203,7 +203,10 @@ def tune_cmd(
 
     def show(step: TuneStep) -> None:
         got = f"{step.measured_tps:.1f} t/s" if step.measured_tps else "failed"
-        progress.print(f"  {step.label}: predicted {step.option.tps:.1f}, measured {got}")
+        progress.print(
+            f"  {step.label}: predicted {step.option.tps:.1f}, measured {got} ({step.reason})",
+            markup=False,
+        )
 
     with opened(resolve_db(db_path)) as con:
         run_option = llama_runner(
@@ -230,6 +233,7 @@ def _tune_doc(r: TuneResult) -> dict[str, Any]:
                 "predicted_tps": s.option.tps,
                 "measured_tps": s.measured_tps,
                 "run_id": s.run_id,
+                "reason": s.reason,
             }
             for s in r.steps
         ],  # fmt: skip
