@@ -36,6 +36,12 @@ def drafted_acceptance(a: np.ndarray | float, k: np.ndarray | float) -> np.ndarr
     return (expected_tokens_per_step(a, k) - 1.0) / k
 
 
+def logit(p: np.ndarray | float, eps: float = 1e-3) -> np.ndarray:
+    """log(p / (1 - p)), with p clipped to [eps, 1 - eps] (measured rates of 0 % and 100 %)."""
+    p = np.clip(np.asarray(p, dtype=float), eps, 1.0 - eps)
+    return np.log(p / (1.0 - p))
+
+
 def roofline_tps(read_gb: float, bandwidth_gbs: float) -> float:
     """Plain-decoding bound: every token reads the active weights once."""
     return bandwidth_gbs / read_gb if read_gb > 0 else float("inf")

@@ -28,6 +28,7 @@ from sklearn.utils.validation import check_is_fitted
 from specreg.recommender.costmodel import (
     CostParams,
     drafted_acceptance,
+    logit,
     predict_tps,
     vector_length,
 )
@@ -83,11 +84,6 @@ def _ridge_mask() -> np.ndarray:
         n = vector_length(f.name)
         mask += [0.0 if f.name in _BOUNDS and not f.name.startswith("acc_") else 1.0] * n
     return np.asarray(mask)
-
-
-def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-3, 1 - 1e-3)
-    return np.log(p / (1 - p))
 
 
 def _sparsity(sid: np.ndarray, has_acc: np.ndarray, n_p: int, n_s: int) -> np.ndarray:
@@ -162,7 +158,7 @@ def fit_cost_params(
         parts = [r]
         if has_acc.any():
             pred_acc = drafted_acceptance(a[has_acc], k_acc)
-            parts.append(sw_acc * (_logit(pred_acc) - _logit(acc[has_acc])))
+            parts.append(sw_acc * (logit(pred_acc) - logit(acc[has_acc])))
         parts.append(np.sqrt(ridge) * mask * (vec[:n_p] - prior))
         if n_s:
             # levels move freely (protocol differences), acceptance shifts are shrunk

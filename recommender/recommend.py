@@ -15,11 +15,16 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 from specreg.recommender.costmodel import (
+    CostParams,
+    drafted_acceptance,
     expected_tokens_per_step,
+    logit,
+    predict_tps,
     roofline_tps,
     step_seconds,
 )
 from specreg.recommender.features import (
+    FEATURES,
     TASKS,
     ConfigFacts,
     Method,
@@ -233,43 +238,78 @@ def _family(c: ConfigFacts) -> tuple[object, ...]:
     return (c.method, round(c.draft_gb, 3), c.experts)
 
 
+def _acceptance_shift(X: np.ndarray, params: CostParams, measured: np.ndarray) -> float:
+    """The acceptance-logit shift that makes the cost model report the measured acceptances.
+
+    `X` holds the measured runs' rows; `measured` is llama.cpp's accepted/drafted for each.
+    """
+    target = logit(measured, eps=0.01)
+    k = X[:, FEATURES.index("k")]
+    shifts = np.linspace(-6.0, 6.0, 241)
+    errors = [
+        float(np.sum((logit(drafted_acceptance(predict_tps(X, params, s)[1], k)) - target) ** 2))
+        for s in shifts
+    ]
+    return float(shifts[int(np.argmin(errors))])
+
+
 def _local_correction(
     cands: Sequence[tuple[ConfigFacts, object]],
     local: Sequence[Observation],
+    X: np.ndarray,
+    model: SpeculationRegressor,
     mid: np.ndarray,
     sigma: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Shift predictions by what this host's runs showed for the same family of options.
+    """Move predictions by what this host's runs showed for the same family of options.
 
-    A family is one method + draft + expert count over all K. Its measured runs' mean log
-    ratio (measured / predicted) moves the whole family, shrunk towards zero while runs are
-    few; options of unmeasured families move by the mean over all speculative runs, shrunk
-    harder. So a few runs re-anchor the K curve of a pair without refitting the prior.
+    A family is one method + draft + expert count over all K. Its measured acceptance
+    re-shapes the family's K curve (acceptance decides where the curve peaks: a draft that is
+    always right keeps paying off at long K); then its runs' mean log ratio (measured /
+    predicted) moves the whole family, shrunk towards zero while runs are few. Options of
+    unmeasured families move by the mean over all speculative runs, shrunk harder. So a few
+    runs re-anchor the K curve of a pair without refitting the prior.
     """
     index = {_config_key(c): i for i, (c, _) in enumerate(cands)}
-    fam: dict[tuple[object, ...], list[float]] = {}
-    every: list[float] = []
+    families: dict[tuple[object, ...], list[int]] = {}
+    for i, (c, _) in enumerate(cands):
+        if c.method is not Method.NONE:
+            families.setdefault(_family(c), []).append(i)
+    runs: dict[tuple[object, ...], list[tuple[int, Observation]]] = {}
     for o in local:
         i = index.get(_config_key(o.config))
-        if i is None or o.config.method is Method.NONE:
-            continue
-        r = math.log(o.tps) - math.log(float(mid[i]))
-        fam.setdefault(_family(o.config), []).append(r)
-        every.append(r)
-    if not every:
+        if i is not None and o.config.method is not Method.NONE:
+            runs.setdefault(_family(o.config), []).append((i, o))
+    if not runs:
         return mid, sigma
     mid, sigma = mid.copy(), sigma.copy()
-    g = float(np.mean(every)) * len(every) / (len(every) + 2.0)
-    for i, (c, _) in enumerate(cands):
-        if c.method is Method.NONE:
+    for fam, measured in runs.items():
+        with_acc = [(i, o.acceptance) for i, o in measured if o.acceptance is not None]
+        if not with_acc:
             continue
-        rs = fam.get(_family(c))
-        if rs:
-            n = len(rs)
-            mid[i] *= math.exp(float(np.mean(rs)) * n / (n + 0.5))
-            sigma[i] /= math.sqrt(1.0 + n)
-        else:
-            mid[i] *= math.exp(g)
+        rows = np.array([i for i, _ in with_acc])
+        shift = _acceptance_shift(X[rows], model.params_, np.array([a for _, a in with_acc]))
+        members = np.array(families[fam])
+        before = predict_tps(X[members], model.params_)[0]
+        after = predict_tps(X[members], model.params_, shift)[0]
+        mid[members] *= after / np.maximum(before, 1e-12)
+    every: list[float] = []
+    level: dict[tuple[object, ...], list[float]] = {}
+    for fam, measured in runs.items():
+        for i, o in measured:
+            r = math.log(o.tps) - math.log(float(mid[i]))
+            level.setdefault(fam, []).append(r)
+            every.append(r)
+    g = float(np.mean(every)) * len(every) / (len(every) + 2.0)
+    for fam, members in families.items():
+        rs = level.get(fam)
+        for i in members:
+            if rs:
+                n = len(rs)
+                mid[i] *= math.exp(float(np.mean(rs)) * n / (n + 0.5))
+                sigma[i] /= math.sqrt(1.0 + n)
+            else:
+                mid[i] *= math.exp(g)
     return mid, sigma
 
 
@@ -446,7 +486,7 @@ def recommend(
     measured_plain = by_key.get(_config_key(base), [])
     if measured_plain:
         plain_tps = _posterior(plain_tps, float(sigma[0]), measured_plain)[0]
-    mid, sigma = _local_correction(cands, local, mid, sigma)
+    mid, sigma = _local_correction(cands, local, X, model, mid, sigma)
     pool = [*observations]
     z = math.log(hi[0] / mid[0]) / sigma[0] if sigma[0] > 0 else 1.2816
 

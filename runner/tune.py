@@ -74,8 +74,12 @@ def llama_runner(
     task: str | None,
     n_predict: int = 64,
     repeats: int = 3,
+    threads: int | None = None,
 ) -> RunOption:
-    """Run options for real with llama-server; every run is recorded in the registry."""
+    """Run options for real with llama-server; every run is recorded in the registry.
+
+    `threads` overrides the host's default (one per physical core) for every run.
+    """
 
     def run_option(option: Option) -> tuple[float | None, int | None]:
         draft = Path(option.draft_path) if option.draft_path else None
@@ -85,7 +89,7 @@ def llama_runner(
             host,
             target,
             draft,
-            option_config(option),
+            option_config(option).with_(threads=threads),
             workload,
             task=task,
             n_predict=n_predict,
@@ -124,8 +128,17 @@ class TuneResult:
 
     @property
     def best(self) -> TuneStep | None:
+        """The measured option the final ranking puts first.
+
+        The final ranking combines each option's runs with the refitted prediction, so two
+        options whose single runs fall within noise of each other are told apart by what
+        the rest of the evidence (their family's acceptance, its other K) says.
+        """
         ok = [s for s in self.steps if s.measured_tps]
-        return max(ok, key=lambda s: s.measured_tps or 0.0) if ok else None
+        if not ok:
+            return None
+        ranked = {_key(o): o.tps for o in self.final.options}
+        return max(ok, key=lambda s: ranked.get(_key(s.option), s.measured_tps or 0.0))
 
     @property
     def baseline_tps(self) -> float | None:
@@ -148,10 +161,10 @@ def next_option(options: Sequence[Option], steps: Sequence[TuneStep]) -> tuple[O
     """What to measure next, or None with the reason the search is over.
 
     In order: plain decoding (every speedup needs it); an unprobed family predicted to beat
-    the best measured speed; the best measured option's K neighbours in its own family
-    (predictions from another host place a K curve's level better than its peak, so the peak
-    is found by measuring around it); an unprobed family within PROBE_RATIO of the best (a
-    long shot worth one run); any option still predicted to beat the best measured one.
+    the best measured speed; the option predicted to beat the best measured one (predictions
+    follow this host's runs: their level and their measured acceptance, which shapes the K
+    curve); the best measured option's K neighbours in its own family, to confirm its peak;
+    an unprobed family within PROBE_RATIO of the best (a long shot worth one run).
     """
     tried = {_key(s.option) for s in steps}
     pending = [o for o in options if _key(o) not in tried]
@@ -169,6 +182,8 @@ def next_option(options: Sequence[Option], steps: Sequence[TuneStep]) -> tuple[O
     contenders = [o for o in unprobed if o.tps >= best_tps]
     if contenders:
         return max(contenders, key=lambda o: o.tps), "probe: predicted to beat the best measured"
+    if top.tps > best_tps * (1 + CONFIRM_MARGIN):
+        return top, "predicted to beat the best measured"
     if best is not None and best.option.k is not None:
         ks = sorted(o.k for o in options if _family(o) == _family(best.option) and o.k)
         i = ks.index(best.option.k)
@@ -179,8 +194,6 @@ def next_option(options: Sequence[Option], steps: Sequence[TuneStep]) -> tuple[O
     long_shots = [o for o in unprobed if o.tps >= PROBE_RATIO * best_tps]
     if long_shots:
         return max(long_shots, key=lambda o: o.tps), "probe: one run for an untried family"
-    if top.tps > best_tps * (1 + CONFIRM_MARGIN):
-        return top, "predicted to beat the best measured"
     return None, "best measured is bracketed and beats every prediction"
 
 

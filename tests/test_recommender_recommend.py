@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -144,3 +145,51 @@ def test_unknown_policy_and_task_are_usage_errors(demo_con, prior_model):  # typ
     with pytest.raises(UsageError, match="unknown task 'poetry'"):
         recommend(demo_con, target, model=prior_model, host=REFERENCE_HOST, task="poetry")
     assert math.isfinite(REFERENCE_HOST.bandwidth_gbs)
+
+
+MY_HOST = dataclasses.replace(REFERENCE_HOST, fingerprint="this-host")
+
+
+def _ngram_run(con, target, k: int, tps: float, acceptance: float):  # type: ignore[no-untyped-def]
+    from datetime import datetime, timezone
+
+    from specreg.registry.runs import RunRecord, record_run
+
+    drafted = 300
+    rec = RunRecord(
+        kind="run", status="ok", started_at=datetime.now(timezone.utc), config={},
+        config_label=f"ngram-mod k={k}", spec_type="ngram-mod", target_model_id=target.model_id,
+        k=k, temperature=0.0, task="code", tokens_per_s=tps, draft_n=drafted,
+        draft_n_accepted=round(acceptance * drafted), acceptance=acceptance,
+        host_fingerprint=MY_HOST.fingerprint,
+    )  # fmt: skip
+    return record_run(con, rec)
+
+
+@pytest.mark.parametrize("acceptance", [1.0, 0.05])
+def test_measured_acceptance_reshapes_the_family_k_curve(demo_con, prior_model, acceptance):  # type: ignore[no-untyped-def]
+    """An n-gram run that was always accepted lifts the long-K end of the family's curve; one
+    that was almost never accepted does not (the prior's curve already falls with K)."""
+    from specreg.recommender.local import local_observations
+
+    target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
+
+    def ngram_curve() -> dict[int, float]:
+        local = local_observations(demo_con, MY_HOST)
+        rec = recommend(
+            demo_con, target.model_id, model=prior_model, host=MY_HOST, task="code",
+            observations=[*load_prior().observations, *local],
+        )  # fmt: skip
+        return {o.k: o.tps for o in rec.options if o.method is Method.NGRAM and o.k}
+
+    before = ngram_curve()
+    k_mid = sorted(before)[len(before) // 2]
+    _ngram_run(demo_con, target, k_mid, before[k_mid], acceptance)
+    after = ngram_curve()
+    longest, shortest = max(after), min(after)
+    ratio_before = before[longest] / before[shortest]
+    ratio_after = after[longest] / after[shortest]
+    if acceptance > 0.5:
+        assert ratio_after > ratio_before * 1.1
+    else:
+        assert ratio_after <= ratio_before * 1.02 and max(after, key=after.get) == shortest

@@ -100,7 +100,7 @@ def test_tune_on_real_small_models_beats_a_quarter_of_the_sweep(
         scan_paths(con, [m.path for m in small_models.all])
         run = llama_runner(
             con, llama_install, host, target, load_workload(("code",)).head(1),
-            task="code", n_predict=48, repeats=2,
+            task="code", n_predict=64, repeats=3, threads=1,
         )  # fmt: skip
         from specreg.recommender.recommend import recommend
         from specreg.recommender.train import fit
