@@ -80,8 +80,9 @@ def test_tune_stops_at_the_budget(demo_con) -> None:  # type: ignore[no-untyped-
 @pytest.mark.llama
 @pytest.mark.xfail(
     strict=False,
-    reason="issue 5 open: on this 2-core host tune's pick measured 86-94 % of the sweep's best "
-    "(target 95 %) in 3 of 5 runs; it runs every time and reports XPASS when it holds",
+    reason="issue 5 open: with 3 runs (a quarter of 13) tune measures plain, ngram-mod K=8 and "
+    "K=16; the sweep's best is K=32 or K=16 (measured 118 vs 116 t/s, runs swing 10 %), so the "
+    "pick lands at 93-100 % of it; it runs every time and reports XPASS when it holds",
 )
 def test_tune_on_real_small_models_beats_a_quarter_of_the_sweep(
     specreg_home: Path, llama_install, small_models
@@ -114,9 +115,11 @@ def test_tune_on_real_small_models_beats_a_quarter_of_the_sweep(
         sweep_label = max((k for k, v in measured.items() if v), key=lambda k: measured[k] or 0)
         tuned, best = [result.best.measured_tps], [measured[sweep_label] or 0.0]
         if sweep_label != result.best.label:
-            # One sample per point swings by 15 % on two shared cores: settle the comparison
-            # with interleaved repeats of just the two contenders, medians against medians.
-            for _ in range(3):
+            # One run per point swings by 10 % on two shared cores, and the sweep's best is
+            # the maximum of 13 such runs (the winner's curse): settle the comparison with
+            # fresh interleaved runs of just the two contenders, medians against medians.
+            tuned, best = [], []
+            for _ in range(5):
                 tuned.append(run(options[result.best.label])[0] or 0.0)
                 best.append(run(options[sweep_label])[0] or 0.0)
     assert len(measured) == n_sweep and result.n_runs <= math.floor(n_sweep / 4)
