@@ -30,7 +30,7 @@ from pathlib import Path
 
 from specreg.runner.config import NGRAM_TYPES, Config
 from specreg.runner.host import Host
-from specreg.runner.llama import LlamaInstall, _run_text
+from specreg.runner.llama import LlamaInstall, run_text
 from specreg.runner.measure import (
     ENGINE_SERVER,
     WARMUP_TOKENS,
@@ -42,8 +42,8 @@ from specreg.runner.measure import (
 from specreg.runner.server import (
     Completion,
     ServerFailed,
-    _cpu_ticks_total,
     classify_exit,
+    cpu_ticks_total,
     llama_message,
     spawn,
     strip_log_prefix,
@@ -224,7 +224,7 @@ def legacy_flags(binary: Path) -> LegacyFlags:
     """The flag spelling of `binary`, probed once per file version."""
     key = (str(binary), binary.stat().st_mtime_ns if binary.exists() else 0)
     if key not in _FLAGS_CACHE:
-        rc, help_text = _run_text([str(binary), "--help"])
+        rc, help_text = run_text([str(binary), "--help"])
         flags = parse_legacy_flags(help_text)
         if flags is None:
             last = (help_text.strip().splitlines() or [f"exit code {rc}"])[-1][:120]
@@ -306,7 +306,7 @@ def run_tool(
         err_log.write(f"$ {shlex.join(argv)}\n".encode())
         err_log.flush()
         offset = err_log.tell()
-        total0, children0, self0 = _cpu_ticks_total(), _children_cpu_s(), sum(os.times()[:2])
+        total0, children0, self0 = cpu_ticks_total(), _children_cpu_s(), sum(os.times()[:2])
         start = time.monotonic()
         proc = spawn(argv, env=dict(env), stdout=out, stderr=err_log, log_path=log_path)
         try:
@@ -323,7 +323,7 @@ def run_tool(
             # Every exit path, Ctrl-C included; also children that outlived the leader.
             _kill_group(proc)
         wall = time.monotonic() - start
-        total1, children1 = _cpu_ticks_total(), _children_cpu_s()
+        total1, children1 = cpu_ticks_total(), _children_cpu_s()
         foreign = None
         if total0 is not None and total1 is not None:
             own = sum(os.times()[:2]) - self0

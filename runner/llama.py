@@ -81,7 +81,7 @@ def _candidates(bin_dir: Path | None) -> list[tuple[str, Path]]:
     return found
 
 
-def _run_text(cmd: list[str]) -> tuple[int, str]:
+def run_text(cmd: list[str]) -> tuple[int, str]:
     try:
         proc = subprocess.run(
             cmd,
@@ -129,7 +129,7 @@ def probe_install(bin_dir: Path, source: str) -> LlamaInstall:
     server = bin_dir / SERVER
     if not server.is_file() or not os.access(server, os.X_OK):
         raise LlamaError(f"no executable {SERVER} in {bin_dir} (from {source}); {NOT_FOUND_HINT}")
-    rc, help_text = _run_text([str(server), "--help"])
+    rc, help_text = run_text([str(server), "--help"])
     parsed = parse_dialect(help_text)
     if parsed is None:
         first = (help_text.strip().splitlines() or [f"exit code {rc}"])[-1][:120]
@@ -138,7 +138,7 @@ def probe_install(bin_dir: Path, source: str) -> LlamaInstall:
             f"its --help; it said: {first}): use llama.cpp from 2024-12 or later"
         )
     dialect, types = parsed
-    _, version_text = _run_text([str(server), "--version"])
+    _, version_text = run_text([str(server), "--version"])
     binaries = tuple(
         sorted(p.name for p in bin_dir.glob("llama-*") if p.is_file() and os.access(p, os.X_OK))
     )

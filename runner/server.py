@@ -148,7 +148,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _cpu_ticks_total() -> int | None:
+def cpu_ticks_total() -> int | None:
     try:
         with open("/proc/stat") as fh:
             fields = fh.readline().split()[1:]
@@ -181,14 +181,14 @@ class CpuWatch:
         self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
     def __enter__(self) -> CpuWatch:
-        self.total0 = _cpu_ticks_total()
+        self.total0 = cpu_ticks_total()
         self.server0 = _cpu_ticks_pid(self.pid)
         self.self0 = sum(os.times()[:2])
         self.foreign_s: float | None = None
         return self
 
     def __exit__(self, *exc: object) -> None:
-        total1, server1 = _cpu_ticks_total(), _cpu_ticks_pid(self.pid)
+        total1, server1 = cpu_ticks_total(), _cpu_ticks_pid(self.pid)
         if None in (self.total0, self.server0, total1, server1):
             return
         own = sum(os.times()[:2]) - self.self0
