@@ -6,8 +6,10 @@ is judged by the top probabilities at its position, in both runs: near-tied cand
 "equivalent up to numerics" (with the margin), a confident divergence fails.
 
 The legacy engines (llama-speculative, llama-lookup) print text, not token ids, so their
-output is compared as text over the common length (they overshoot n_predict), and a
-divergence there cannot be probed: it fails, with both continuations shown.
+output is compared as text over the common length (they overshoot n_predict). At a text
+divergence the baseline's own top candidates at that token (n_probs) are matched against the
+legacy text: if one of them spells how the legacy run went on and is near-tied with the
+baseline's token, the divergence is a near-tie as on the server; otherwise it fails.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specreg.runner.measure import Measurement, PromptResult, first_divergence
+from specreg.runner.measure import ENGINE_SERVER, Measurement, PromptResult, first_divergence
 
 # A divergence is a numerical near-tie when the baseline preferred its token by at most this
 # much probability, or by no more than the margin moves between two computations of the same
@@ -29,7 +31,7 @@ NEAR_TIE = "near-tie"
 DIVERGED = "diverged"
 CHANGED = "changed"  # behaviour-changing config: divergence is expected, only measured
 TEXT_IDENTICAL = "text-identical"  # legacy engines: same text over the common length
-TEXT_DIVERGED = "text-diverged"  # legacy engines: no near-tie probe, so not explained
+TEXT_DIVERGED = "text-diverged"  # legacy engines: not explained by a near-tie
 TEXT_CONTEXT = 40  # characters of each continuation shown from a text divergence
 
 
@@ -88,6 +90,49 @@ class Verification:
         return "behaviour-changing" if self.config.config.behaviour_changing else "lossless"
 
 
+@dataclass(frozen=True)
+class TextTie:
+    """The baseline's candidates at the token where a text divergence starts."""
+
+    token_index: int
+    baseline_token: int
+    baseline_p: float
+    config_token: int | None  # the candidate that spells the config's text there, if any
+    config_p: float | None
+
+
+def text_tie(base: PromptResult, char_pos: int, config_text: str) -> TextTie | None:
+    """Find the baseline token holding `char_pos` and the candidate the config took instead.
+
+    Uses the baseline's reference run (top candidates at every position). None when the
+    reference is missing or does not spell the same text up to `char_pos`.
+    """
+    ref = base.reference
+    if ref is None or not ref.probs or not base.samples:
+        return None
+    if ref.content[:char_pos] != base.samples[0].content[:char_pos]:
+        return None
+    offset = 0
+    for j, tp in enumerate(ref.probs):
+        piece = next((text for tid, text, _ in tp.top if tid == tp.token), None)
+        if piece is None:
+            return None
+        if offset + len(piece) > char_pos:
+            rest = config_text[offset:]
+            p_base = tp.prob(tp.token) or 0.0
+            spelled = [
+                (len(text), tid, p)
+                for tid, text, p in tp.top
+                if tid != tp.token and text and rest.startswith(text)
+            ]
+            if not spelled:
+                return TextTie(j, tp.token, p_base, None, None)
+            _, tid, p = max(spelled)
+            return TextTie(j, tp.token, p_base, tid, p)
+        offset += len(piece)
+    return None
+
+
 def _judge_text(base: PromptResult, cfg: PromptResult, lossless: bool) -> PromptVerdict:
     pid = base.prompt.prompt_id
     sa, sb = base.samples[0], cfg.samples[0]
@@ -101,10 +146,21 @@ def _judge_text(base: PromptResult, cfg: PromptResult, lossless: bool) -> Prompt
         pos = n if shorter.stop_type == "eos" else None
     if pos is None:
         return PromptVerdict(pid, TEXT_IDENTICAL)
+    tie = text_tie(base, pos, b)
+    margin = None
+    if tie is not None and tie.config_p is not None:
+        margin = tie.baseline_p - tie.config_p
+    verdict = CHANGED
+    if lossless:
+        verdict = NEAR_TIE if margin is not None and margin <= NEAR_TIE_MARGIN else TEXT_DIVERGED
     return PromptVerdict(
         prompt_id=pid,
-        verdict=TEXT_DIVERGED if lossless else CHANGED,
+        verdict=verdict,
         position=pos,
+        baseline_token=tie.baseline_token if tie else None,
+        config_token=tie.config_token if tie else None,
+        baseline_probs=(tie.baseline_p, tie.config_p) if tie else (None, None),
+        margin=margin,
         baseline_text=a[pos : pos + TEXT_CONTEXT],
         config_text=b[pos : pos + TEXT_CONTEXT],
         unit="char",
@@ -208,11 +264,21 @@ def judge(baseline: Measurement, config: Measurement) -> Verification:
     text_diverged = [v for v in verdicts if v.verdict == TEXT_DIVERGED]
     if text_diverged:
         v = text_diverged[0]
+        if v.baseline_probs[1] is not None:
+            why = (
+                f"the baseline preferred its token by {_p(v.margin)} (p={_p(v.baseline_probs[0])} "
+                f"vs {_p(v.baseline_probs[1])}): not a near-tie"
+            )
+        elif v.baseline_probs[0] is not None:
+            why = (
+                f"the baseline was sure there (p={_p(v.baseline_probs[0])}) and none of its top "
+                f"candidates spells the {config.engine} text"
+            )
+        else:
+            why = "the baseline's top candidates there are unknown, so it is not explained"
         reason = (
             f"output text differs from the baseline: prompt {v.prompt_id} char {v.position} "
-            f"(baseline {v.baseline_text!r}, config {v.config_text!r}); {config.engine} prints "
-            "text, not tokens, so no near-tie probe is available and batch-shape numerics "
-            "can be neither confirmed nor ruled out"
+            f"(baseline {v.baseline_text!r}, config {v.config_text!r}); {why}"
         )
         return Verification(baseline, config, verdicts, "fail", reason, speedup, spread)
     if diverged:
@@ -223,11 +289,17 @@ def judge(baseline: Measurement, config: Measurement) -> Verification:
             f"config token p={_p(v.baseline_probs[1])}, numerical noise {_p(v.noise)})"
         )
         return Verification(baseline, config, verdicts, "fail", reason, speedup, spread)
-    if lossless and same_text:
+    if lossless and (same_text or config.engine != ENGINE_SERVER):
         parts.append(
             f"identical text on {same_text}/{n} prompts over the common length ({config.engine} "
-            "prints text, not tokens; no near-tie probe)"
+            "prints text, not tokens)"
         )
+        if ties:
+            worst = max(v.margin or 0.0 for v in ties)
+            parts.append(
+                f"{len(ties)} equivalent up to numerics (the baseline's near-tied candidate "
+                f"spells the {config.engine} text, margin <= {worst:.3f})"
+            )
     elif lossless:
         parts.append(f"identical tokens on {same}/{n} prompts")
         if ties:

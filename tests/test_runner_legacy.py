@@ -12,6 +12,7 @@ import stat
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from specreg.runner.legacy import (
 )
 from specreg.runner.llama import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, LlamaInstall, find_llama
 from specreg.runner.measure import Measurement, PromptResult, measure
-from specreg.runner.server import Completion
+from specreg.runner.server import Completion, TokenProbs
 from specreg.runner.small_models import SmallModels
 from specreg.runner.verify import judge
 from specreg.runner.workload import Prompt, Workload, load_workload
@@ -249,7 +250,7 @@ def test_text_overshoot_is_identical_and_says_no_probe() -> None:
     assert v.prompts[0].verdict == "text-identical"
     assert v.reason == (
         "identical text on 1/1 prompts over the common length (llama-lookup prints text, not "
-        "tokens; no near-tie probe); faster than baseline: 1.00x"
+        "tokens); faster than baseline: 1.00x"
     )
     assert "numerics" not in v.reason
 
@@ -264,10 +265,53 @@ def test_text_divergence_fails_with_both_continuations() -> None:
     assert (p.baseline_text, p.config_text) == ("key):", "start, end):")
     assert v.reason == (
         "output text differs from the baseline: prompt code-1 char 6 (baseline 'key):', config "
-        "'start, end):'); llama-lookup prints text, not tokens, so no near-tie probe is "
-        "available and batch-shape numerics can be neither confirmed nor ruled out"
+        "'start, end):'); the baseline's top candidates there are unknown, so it is not "
+        "explained"
     )
     assert p.to_json()["unit"] == "char"  # type: ignore[index]
+
+
+def with_reference(m: Measurement, p_key: float, p_start: float) -> Measurement:
+    """The baseline's reference run: top candidates at every token of 'list, key):'."""
+    probs = (
+        TokenProbs(1, ((1, "list", 0.9),)),
+        TokenProbs(2, ((2, ",", 0.95),)),
+        TokenProbs(3, ((3, " key", p_key), (7, " start", p_start), (8, " s", 0.01))),
+        TokenProbs(4, ((4, "):", 0.97),)),
+    )
+    ref = replace(m.prompts[0].samples[0], tokens=(1, 2, 3, 4), probs=probs)
+    return replace(m, prompts=(replace(m.prompts[0], reference=ref),))
+
+
+def test_text_divergence_at_a_near_tie_of_the_baseline_passes() -> None:
+    base = with_reference(measured(Config(), sample("list, key):", (1, 2, 3, 4))), 0.46, 0.44)
+    cfg = measured(LOOK, sample("list, start, end):", draft_n=8), LOOKUP)
+    v = judge(base, cfg)
+    p = v.prompts[0]
+    assert v.verdict == "pass", v.reason
+    assert (p.verdict, p.position, p.baseline_token, p.config_token) == ("near-tie", 6, 3, 7)
+    assert p.margin == pytest.approx(0.02)
+    assert v.reason == (
+        "identical text on 0/1 prompts over the common length (llama-lookup prints text, not "
+        "tokens); 1 equivalent up to numerics (the baseline's near-tied candidate spells the "
+        "llama-lookup text, margin <= 0.020); faster than baseline: 1.00x"
+    )
+
+
+def test_text_divergence_where_the_baseline_was_sure_fails() -> None:
+    base = with_reference(measured(Config(), sample("list, key):", (1, 2, 3, 4))), 0.9, 0.05)
+    cfg = measured(LOOK, sample("list, start, end):", draft_n=8), LOOKUP)
+    v = judge(base, cfg)
+    assert (v.verdict, v.prompts[0].verdict) == ("fail", "text-diverged")
+    assert v.reason.endswith(
+        "the baseline preferred its token by 0.850 (p=0.900 vs 0.050): not a near-tie"
+    )
+    other = measured(LOOK, sample("list, other):", draft_n=8), LOOKUP)
+    v = judge(base, other)  # no candidate spells " other"
+    assert v.reason.endswith(
+        "the baseline was sure there (p=0.900) and none of its top candidates spells the "
+        "llama-lookup text"
+    )
 
 
 def test_stopping_early_at_end_of_text_is_a_difference() -> None:
@@ -503,10 +547,16 @@ def test_real_speculative_self_draft_verifies_as_text(
     assert v.config.ok, v.config.failure
     assert v.config.draft_n > 0 and v.config.draft_n_accepted > 0
     assert v.speedup is not None and v.speedup > 0
-    assert v.prompts[0].verdict in ("text-identical", "text-diverged")
+    assert v.prompts[0].verdict in ("text-identical", "text-diverged", "near-tie")
     text = v.config.prompts[0].samples[0].content
     assert text and "<bos>" not in text and PROMPT_HEAD not in text
-    assert "prints text, not tokens" in v.reason and "equivalent up to numerics" not in v.reason
+    if v.passed:
+        assert "prints text, not tokens" in v.reason
+    else:
+        assert "output text differs from the baseline" in v.reason
+    ties = [p for p in v.prompts if p.verdict == "near-tie"]
+    assert all(p.margin is not None and p.margin <= 0.10 for p in ties)
+    assert ("equivalent up to numerics" in v.reason) == (bool(ties) and v.passed)
     record = get_run(con, out.run_id)
     assert record.config["engine"] == SPECULATIVE
     assert record.argv[0].endswith("/llama-speculative") and "--spec-draft-n-max" in record.argv
