@@ -205,7 +205,6 @@ def tune_cmd(
         got = f"{step.measured_tps:.1f} t/s" if step.measured_tps else "failed"
         progress.print(
             f"  {step.label}: predicted {step.option.tps:.1f}, measured {got} ({step.reason})",
-            markup=False,
         )
 
     with opened(resolve_db(db_path)) as con:

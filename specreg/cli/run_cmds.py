@@ -306,7 +306,10 @@ def _print_verify(baseline: RunRecord, r: RunRecord) -> None:
     for p in r.prompts:
         d = p.divergence
         if d and d.get("unit") == "char":
-            out.print(f"  {p.prompt_id} @ char {d['position']} ({p.verdict}, text only):")
+            out.print(
+                f"  {p.prompt_id} @ char {d['position']} ({p.verdict}: the baseline's margin "
+                f"{_p(d.get('margin'))} to the candidate that spells the config's text):",
+            )
             out.print(f"    baseline {d['baseline_text']!r}")
             out.print(f"    config   {d['config_text']!r}")
         elif d and p.verdict in ("near-tie", "diverged", "changed"):
