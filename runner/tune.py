@@ -175,7 +175,7 @@ def next_option(options: Sequence[Option], steps: Sequence[TuneStep]) -> tuple[O
         return None, "every candidate measured"
     measured = [s for s in steps if s.measured_tps]
     best = max(measured, key=lambda s: s.measured_tps or 0.0) if measured else None
-    best_tps = best.measured_tps or 0.0 if best else 0.0
+    best_tps = (best.measured_tps or 0.0) if best else 0.0
     probed = {_family(s.option) for s in steps}
     unprobed = [o for o in pending if _family(o) not in probed]
     top = max(pending, key=lambda o: o.tps)
@@ -184,8 +184,8 @@ def next_option(options: Sequence[Option], steps: Sequence[TuneStep]) -> tuple[O
         return max(contenders, key=lambda o: o.tps), "probe: predicted to beat the best measured"
     if top.tps > best_tps * (1 + CONFIRM_MARGIN):
         return top, "predicted to beat the best measured"
-    if best is not None and best.option.k is not None:
-        ks = sorted(o.k for o in options if _family(o) == _family(best.option) and o.k)
+    ks = sorted(o.k for o in options if best and _family(o) == _family(best.option) and o.k)
+    if best is not None and best.option.k in ks:
         i = ks.index(best.option.k)
         near = {ks[j] for j in (i - 1, i + 1) if 0 <= j < len(ks)}
         neighbours = [o for o in pending if _family(o) == _family(best.option) and o.k in near]
