@@ -24,10 +24,10 @@ from specreg.recommender.costmodel import (
     step_seconds,
 )
 from specreg.recommender.features import (
-    FEATURES,
     TASKS,
     ConfigFacts,
     Method,
+    column,
     feature_matrix,
 )
 from specreg.recommender.host import HostFacts
@@ -244,7 +244,7 @@ def _acceptance_shift(X: np.ndarray, params: CostParams, measured: np.ndarray) -
     `X` holds the measured runs' rows; `measured` is llama.cpp's accepted/drafted for each.
     """
     target = logit(measured, eps=0.01)
-    k = X[:, FEATURES.index("k")]
+    k = column(X, "k")
     shifts = np.linspace(-6.0, 6.0, 241)
     errors = [
         float(np.sum((logit(drafted_acceptance(predict_tps(X, params, s)[1], k)) - target) ** 2))
