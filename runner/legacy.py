@@ -25,19 +25,18 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from specreg.runner.config import NGRAM_TYPES, Config
 from specreg.runner.host import Host
-from specreg.runner.llama import LlamaInstall, run_text
+from specreg.runner.llama import LlamaInstall, last_line, run_text
 from specreg.runner.measure import (
     ENGINE_SERVER,
     WARMUP_TOKENS,
     Measurement,
     PromptResult,
+    RunStart,
     least_contended,
-    logs_dir,
 )
 from specreg.runner.server import (
     Completion,
@@ -227,10 +226,10 @@ def legacy_flags(binary: Path) -> LegacyFlags:
         rc, help_text = run_text([str(binary), "--help"])
         flags = parse_legacy_flags(help_text)
         if flags is None:
-            last = (help_text.strip().splitlines() or [f"exit code {rc}"])[-1][:120]
             raise LlamaError(
                 f"{binary} has no draft-length flag (--spec-draft-n-max, --draft-max or --draft) "
-                f"in its --help (it said: {last}): use llama.cpp from 2024 or later"
+                f"in its --help (it said: {last_line(help_text, rc)}): use llama.cpp from 2024 "
+                "or later"
             )
         _FLAGS_CACHE[key] = flags
     return _FLAGS_CACHE[key]
@@ -463,23 +462,11 @@ def measure_legacy(
 ) -> Measurement:
     """Like `measure`, with one `tool` process per prompt and repeat. Never raises for
     llama.cpp failures: they are returned."""
-    started_at = datetime.now(timezone.utc)
-    t0 = time.monotonic()
-    stamp = started_at.strftime("%Y%m%dT%H%M%S%f")
-    log_path = logs_dir() / f"{tool}-{stamp}.log"
-    common = dict(
-        config=config,
-        target=target,
-        draft=draft,
-        install=install,
-        host=host,
-        workload=workload,
-        n_predict=n_predict,
-        repeats=repeats,
-        started_at=started_at,
-        log_path=log_path,
-        engine=tool,
-    )
+    start = RunStart.now(
+        tool, config=config, target=target, draft=draft, install=install, host=host,
+        workload=workload, n_predict=n_predict, repeats=repeats, engine=tool,
+    )  # fmt: skip
+    log_path = start.log_path
     argv: tuple[str, ...] = (str(install.bin_dir / tool),)
     results: list[PromptResult] = []
     try:
@@ -508,19 +495,10 @@ def measure_legacy(
             for p in workload.prompts
         ]
     except ServerFailed as err:
-        return Measurement(
-            **common,  # type: ignore[arg-type]
-            argv=argv,
-            seconds=time.monotonic() - t0,
-            prompts=tuple(results),
-            speculative_active=None,
-            failure=err,
-        )
-    return Measurement(
-        **common,  # type: ignore[arg-type]
-        argv=argv,
-        seconds=time.monotonic() - t0,
-        prompts=tuple(results),
-        # The legacy tools have no plain mode: a finished run speculated (draft_n says how much).
-        speculative_active=True,
+        return start.finish(argv, tuple(results), None, failure=err)
+    # The legacy tools have no plain mode: a finished run speculated (draft_n says how much).
+    return start.finish(
+        argv,
+        tuple(results),
+        True,
     )

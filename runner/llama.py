@@ -102,6 +102,11 @@ def run_text(cmd: list[str]) -> tuple[int, str]:
     return proc.returncode, (proc.stdout or "") + (proc.stderr or "")
 
 
+def last_line(output: str, rc: int) -> str:
+    """What a tool said last (for error messages), or its exit code when it said nothing."""
+    return (output.strip().splitlines() or [f"exit code {rc}"])[-1][:120]
+
+
 def parse_dialect(help_text: str) -> tuple[str, tuple[str, ...]] | None:
     """(dialect, spec types) from `llama-server --help`, or None for an unknown dialect."""
     if re.search(r"(^|[\s,])--spec-type\b", help_text, re.M):
@@ -132,10 +137,10 @@ def probe_install(bin_dir: Path, source: str) -> LlamaInstall:
     rc, help_text = run_text([str(server), "--help"])
     parsed = parse_dialect(help_text)
     if parsed is None:
-        first = (help_text.strip().splitlines() or [f"exit code {rc}"])[-1][:120]
         raise LlamaError(
             f"{server} speaks an unknown flag dialect (neither --spec-type nor --draft-max in "
-            f"its --help; it said: {first}): use llama.cpp from 2024-12 or later"
+            f"its --help; it said: {last_line(help_text, rc)}): use llama.cpp from 2024-12 or "
+            "later"
         )
     dialect, types = parsed
     _, version_text = run_text([str(server), "--version"])

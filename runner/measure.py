@@ -147,6 +147,61 @@ def logs_dir() -> Path:
     return specreg_home() / "logs"
 
 
+@dataclass(frozen=True)
+class RunStart:
+    """What every engine knows when a measurement starts; `finish` makes the Measurement."""
+
+    config: Config
+    target: Path
+    draft: Path | None
+    install: LlamaInstall
+    host: Host
+    workload: Workload
+    n_predict: int
+    repeats: int
+    engine: str
+    started_at: datetime
+    t0: float  # time.monotonic() at the start
+    log_path: Path  # logs_dir()/<binary>-<timestamp>.log
+
+    @classmethod
+    def now(cls, binary: str, **facts: Any) -> RunStart:
+        started_at = datetime.now(timezone.utc)
+        stamp = started_at.strftime("%Y%m%dT%H%M%S%f")
+        return cls(
+            **facts,
+            started_at=started_at,
+            t0=time.monotonic(),
+            log_path=logs_dir() / f"{binary}-{stamp}.log",
+        )
+
+    def finish(
+        self,
+        argv: tuple[str, ...],
+        prompts: tuple[PromptResult, ...],
+        speculative_active: bool | None,
+        failure: ServerFailed | None = None,
+    ) -> Measurement:
+        return Measurement(
+            config=self.config,
+            target=self.target,
+            draft=self.draft,
+            install=self.install,
+            host=self.host,
+            workload=self.workload,
+            n_predict=self.n_predict,
+            repeats=self.repeats,
+            argv=argv,
+            started_at=self.started_at,
+            seconds=time.monotonic() - self.t0,
+            log_path=self.log_path,
+            prompts=prompts,
+            speculative_active=speculative_active,
+            failure=failure,
+            engine=self.engine,
+        )
+
+
 def _contended(c: Completion, host: Host) -> bool:
     if c.foreign_cpu_s is None:
         return False
@@ -270,26 +325,15 @@ def measure(
                 timeout=startup_timeout + request_timeout,
                 eog_texts=eog_texts,
             )
-    started_at = datetime.now(timezone.utc)
-    t0 = time.monotonic()
-    stamp = started_at.strftime("%Y%m%dT%H%M%S%f")
-    log_path = logs_dir() / f"llama-server-{stamp}.log"
+    start = RunStart.now(
+        "llama-server", config=config, target=target, draft=draft, install=install, host=host,
+        workload=workload, n_predict=n_predict, repeats=repeats, engine=ENGINE_SERVER,
+    )  # fmt: skip
+    log_path = start.log_path
     command = server_command(config, target, draft, install.dialect, host, server=install.server)
     # --host/--port are chosen by LlamaServer; drop the placeholders from the rendered command.
     i = command.index("--host")
     command = command[:i] + command[i + 4 :]
-    common: dict[str, Any] = dict(
-        config=config,
-        target=target,
-        draft=draft,
-        install=install,
-        host=host,
-        workload=workload,
-        n_predict=n_predict,
-        repeats=repeats,
-        started_at=started_at,
-        log_path=log_path,
-    )
     server = LlamaServer(
         command,
         env=host.env(),
@@ -339,18 +383,7 @@ def measure(
                     )
                 )
     except ServerFailed as err:
-        return Measurement(
-            **common,
-            argv=tuple(server.argv or command),
-            seconds=time.monotonic() - t0,
-            prompts=tuple(results),
-            speculative_active=speculative_active,
-            failure=err,
+        return start.finish(
+            tuple(server.argv or command), tuple(results), speculative_active, failure=err
         )
-    return Measurement(
-        **common,
-        argv=tuple(server.argv),
-        seconds=time.monotonic() - t0,
-        prompts=tuple(results),
-        speculative_active=speculative_active,
-    )
+    return start.finish(tuple(server.argv), tuple(results), speculative_active)
