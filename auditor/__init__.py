@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import duckdb
 import networkx as nx
+
 from specreg.auditor.audit import AuditResult, ClassVerdict, PairSummary, audit_all
 from specreg.auditor.graph import graph_from_audit, graph_from_edges, tokenizer_families
 from specreg.auditor.pairs import check_pair, compatible_drafts

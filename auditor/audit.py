@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
+
 from specreg.auditor.checks import (
     MIN_USEFUL_SIZE_RATIO,
     VocabOutcome,

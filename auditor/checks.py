@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+
 from specreg.auditor.rules import RuleSet
 from specreg.auditor.verdict import Check, Severity
 from specreg.auditor.vocab import (

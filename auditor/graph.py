@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import networkx as nx
+
 from specreg.auditor.audit import AuditResult
 from specreg.auditor.store import StoredEdge
 from specreg.auditor.verdict import Verdict

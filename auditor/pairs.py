@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import duckdb
+
 from specreg.auditor.checks import (
     VocabOutcome,
     advisory_checks,

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 
 import duckdb
+
 from specreg.auditor.audit import AuditResult
 from specreg.registry.db import transaction
 from specreg.registry.tables import insert_rows

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from gguf.constants import TokenType
+
 from specreg.registry.gguf_header import StringArray
 
 _CHUNK = 1 << 16

@@ -34,7 +34,6 @@ def build_registry(db: Path, n_models: int) -> int:
     from specreg.registry.db import opened
     from specreg.registry.demo import make_demo_tree
     from specreg.registry.scan import scan_paths
-
     from specreg.sources import vocab_gguf_paths
 
     tree = db.parent / "demo"

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
 from specreg.recommender.costmodel import predict_tps
 from specreg.recommender.evaluate import K_LOSS_TOLERANCE, CVReport, grouped_cv, training_set
 from specreg.recommender.features import FEATURES

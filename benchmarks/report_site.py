@@ -59,6 +59,7 @@ print(json.dumps({"seconds": r.seconds, "cpu": cpu, "gather": r.seconds_gather,
 def make_collection(root: Path, n_models: int) -> None:
     from gguf.constants import GGMLQuantizationType as Q
     from gguf.constants import TokenType
+
     from specreg.registry.demo import Arch, DemoModel, Vocab, write_demo_model
 
     families = []

@@ -60,8 +60,10 @@ def main() -> None:
                 os.stat(os.path.join(dirpath, name))
         floor = time.perf_counter() - t0
         best = min(times)
-        print(f"{args.files} files: first scan {cold:.2f} s; no-change rescan best {best:.3f} s,"
-              f" median {sorted(times)[2]:.3f} s")
+        print(
+            f"{args.files} files: first scan {cold:.2f} s; no-change rescan best {best:.3f} s,"
+            f" median {sorted(times)[2]:.3f} s"
+        )
         print(f"walk+stat floor {floor * 1e3:.1f} ms; rescan / floor = {best / floor:.1f}x")
         print(f"target < 0.5 s: {'PASS' if best < 0.5 else 'FAIL'}")
 

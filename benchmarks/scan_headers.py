@@ -57,12 +57,18 @@ def main() -> None:
         print(f"{p.name:34} {ours_each[p.name] * 1e3:11.1f} {rs:>13} {ratio}")
     speedup = reader / ours_subset
     vs_cat = ours / cat
-    print(f"\nspecreg total {ours * 1e3:.0f} ms; GGUFReader {reader:.1f} s on {len(subset)} files;"
-          f" cat {cat * 1e3:.1f} ms")
-    print(f"speedup over GGUFReader: {speedup:.0f}x (target >= 150x) "
-          f"{'PASS' if speedup >= 150 else 'FAIL'}")
-    print(f"time relative to cat:    {vs_cat:.1f}x (target <= 20x) "
-          f"{'PASS' if vs_cat <= 20 else 'FAIL'}")
+    print(
+        f"\nspecreg total {ours * 1e3:.0f} ms; GGUFReader {reader:.1f} s on {len(subset)} files;"
+        f" cat {cat * 1e3:.1f} ms"
+    )
+    print(
+        f"speedup over GGUFReader: {speedup:.0f}x (target >= 150x) "
+        f"{'PASS' if speedup >= 150 else 'FAIL'}"
+    )
+    print(
+        f"time relative to cat:    {vs_cat:.1f}x (target <= 20x) "
+        f"{'PASS' if vs_cat <= 20 else 'FAIL'}"
+    )
     print(f"median per file: {statistics.median(ours_each.values()) * 1e3:.1f} ms")
 
 

@@ -168,9 +168,8 @@ def detect_dialect(bin_dir: Path | None) -> str | None:
     """`current` or `legacy` for the llama-server in `bin_dir`, or None if it cannot be told."""
     if bin_dir is None:
         return None
-    from specreg.runner.llama import probe_install
-
     from specreg.errors import LlamaError
+    from specreg.runner.llama import probe_install
 
     try:
         inst = probe_install(bin_dir, "specreg.yaml llama.bin_dir")

@@ -18,8 +18,8 @@ import shlex
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import LiteralScalarString
-from specreg.declare.launch import DIALECT_LEGACY, Launch, LaunchPlan
 
+from specreg.declare.launch import DIALECT_LEGACY, Launch, LaunchPlan
 from specreg.errors import UsageError
 
 FORMATS = ("llama-server", "llama-swap", "models-preset")

@@ -18,6 +18,7 @@ from typing import Any
 
 import duckdb
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
 from specreg.declare import deps, units
 from specreg.declare.deps import DiskModel
 from specreg.declare.spec import SPEC_VERSION, key_line, read_yaml, validate

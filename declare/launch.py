@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import duckdb
+
 from specreg.declare import deps
 from specreg.declare.spec import DRAFT_MODEL_TYPES, PinnedConfig, RoleDecl, Spec
-
 from specreg.errors import UsageError
 
 DIALECT_CURRENT = "current"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+
 from specreg.declare import deps
 from specreg.declare.deps import DiskModel, MeasuredRun
 from specreg.declare.spec import PinnedConfig, RoleDecl, Spec, Where

@@ -17,6 +17,7 @@ from typing import Any
 
 import duckdb
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
 from specreg.declare.plan import Beaten, beaten_configs, describe
 from specreg.declare.spec import (
     SpecFileError,
@@ -26,7 +27,6 @@ from specreg.declare.spec import (
     validate,
     write_yaml,
 )
-
 from specreg.errors import UsageError
 
 PROPOSAL_SCHEMA = "specreg.proposal.v1"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+
 from specreg.declare import deps
 from specreg.declare.spec import Spec
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
+
 from specreg.recommender.features import FAMILIES, TASKS, column, family_index, task_index
 
 # Cost of one MTP head step relative to a full target step (one extra layer of ~30-60).

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from sklearn.base import clone
+
 from specreg.recommender.features import COL, Method, feature_matrix
 from specreg.recommender.model import SpeculationRegressor
 from specreg.recommender.prior import Observation, SweepSeries

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from specreg.recommender.features import REFERENCE_BANDWIDTH_GBS, REFERENCE_CORES
 
 from specreg.home import cache_dir
+from specreg.recommender.features import REFERENCE_BANDWIDTH_GBS, REFERENCE_CORES
 
 log = logging.getLogger(__name__)
 

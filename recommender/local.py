@@ -12,6 +12,7 @@ import statistics
 from typing import Any
 
 import duckdb
+
 from specreg.recommender.features import ConfigFacts, Method, family_of
 from specreg.recommender.host import HostFacts
 from specreg.recommender.prior import Observation

@@ -25,6 +25,7 @@ from scipy.optimize import least_squares
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.ensemble import GradientBoostingRegressor
 from sklearn.utils.validation import check_is_fitted
+
 from specreg.recommender.costmodel import (
     CostParams,
     drafted_acceptance,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
+from specreg.errors import SpecregError
 from specreg.recommender.features import (
     REFERENCE_BANDWIDTH_GBS,
     REFERENCE_CORES,
@@ -31,8 +32,6 @@ from specreg.recommender.features import (
     family_of,
 )
 from specreg.recommender.quant import bits_per_weight
-
-from specreg.errors import SpecregError
 
 DATA_VERSION = "1"
 REFERENCE_HOST = "reference:epyc-9655"

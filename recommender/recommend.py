@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
+
+from specreg.errors import UsageError
 from specreg.recommender.costmodel import (
     CostParams,
     drafted_acceptance,
@@ -35,8 +37,6 @@ from specreg.recommender.local import NGRAM_MATCH_DEFAULT, draft_fields, target_
 from specreg.recommender.model import SpeculationRegressor
 from specreg.recommender.prior import Observation
 from specreg.registry.queries import ModelRecord, get_model, resolve_model
-
-from specreg.errors import UsageError
 
 POLICIES = ("quality", "speed")
 TASK_CHOICES = tuple(t for t in TASKS if t != "unknown")

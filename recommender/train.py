@@ -16,11 +16,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import joblib
+
+from specreg.home import specreg_home
 from specreg.recommender.evaluate import CVReport, grouped_cv, training_set
 from specreg.recommender.model import SpeculationRegressor
 from specreg.recommender.prior import DATA_VERSION, Observation, load_prior, load_sweep_series
-
-from specreg.home import specreg_home
 
 log = logging.getLogger(__name__)
 

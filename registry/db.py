@@ -7,9 +7,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
-from specreg.registry.migrations import migrate
 
 from specreg.errors import RegistryError
+from specreg.registry.migrations import migrate
 
 
 def connect(db_path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from gguf.constants import Keys, LlamaFileType
+
 from specreg.registry.gguf_header import GGUFHeader, StringArray
 from specreg.registry.llama_vocab import TOKEN_NULL, EffectiveVocab, effective_vocab
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from gguf.constants import Keys
+
 from specreg.registry.gguf_header import StringArray
 
 TOKEN_NULL = -1

@@ -12,9 +12,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 import duckdb
-from specreg.registry.db import transaction
 
 from specreg.errors import UsageError
+from specreg.registry.db import transaction
 
 RUNS = "runs"
 RUN_PROMPTS = "run_prompts"

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+
+from specreg.errors import UsageError
 from specreg.registry import facts as F
 from specreg.registry.db import transaction
 from specreg.registry.gguf_header import GGUFError, GGUFHeader, has_gguf_magic, read_header
 from specreg.registry.tables import insert_rows
-
-from specreg.errors import UsageError
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from functools import lru_cache
 
 import duckdb
 import numpy as np
-from specreg.registry.gguf_header import StringArray, parse_string_array
 
 from specreg.errors import RegistryError
+from specreg.registry.gguf_header import StringArray, parse_string_array
 
 
 @dataclass(frozen=True)

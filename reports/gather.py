@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import duckdb
+
+from specreg.errors import UsageError
 from specreg.registry.queries import ModelRecord, file_errors, list_models
 from specreg.reports.data import (
     VERDICT_CODES,
@@ -31,8 +33,6 @@ from specreg.reports.data import (
     ScanView,
     TokFamily,
 )
-
-from specreg.errors import UsageError
 
 if TYPE_CHECKING:
     from specreg.registry.runs import RunRecord

@@ -24,6 +24,7 @@ import duckdb
 import networkx as nx
 from jinja2 import Environment, FileSystemBytecodeCache, PackageLoader, StrictUndefined
 from markupsafe import Markup
+
 from specreg.registry.queries import human_bytes, human_count
 from specreg.reports import gather, plots
 from specreg.reports.data import (

@@ -11,10 +11,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from specreg.errors import UsageError
 from specreg.runner.host import Host
 from specreg.runner.llama import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE
-
-from specreg.errors import UsageError
 
 SPEC_NONE = "none"
 # Methods that need a separate draft model (`-md`). draft-mtp uses the target's own NextN

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from specreg.errors import LlamaError, UsageError
 from specreg.runner.config import NGRAM_TYPES, Config
 from specreg.runner.host import Host
 from specreg.runner.llama import LlamaInstall, last_line, run_text
@@ -48,8 +49,6 @@ from specreg.runner.server import (
     strip_log_prefix,
 )
 from specreg.runner.workload import Workload
-
-from specreg.errors import LlamaError, UsageError
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from specreg.runner.llama_build import cached_build
-
 from specreg.errors import LlamaError
+from specreg.runner.llama_build import cached_build
 
 ENV_LLAMA_BIN = "SPECREG_LLAMA_BIN"
 SERVER = "llama-server"

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from specreg.home import specreg_home
 from specreg.runner.config import Config, server_command
 from specreg.runner.host import Host
 from specreg.runner.llama import LlamaInstall
@@ -29,8 +30,6 @@ from specreg.runner.server import (
     TokenProbs,
 )
 from specreg.runner.workload import Prompt, Workload
-
-from specreg.home import specreg_home
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import duckdb
+
+from specreg.errors import ModelNotFound, UsageError
 from specreg.registry.queries import ModelRecord, resolve_model
 from specreg.registry.runs import PromptRecord, RunRecord, record_run
 from specreg.registry.scan import scan_paths
@@ -22,8 +24,6 @@ from specreg.runner.measure import ENGINE_SERVER, Measurement, measure
 from specreg.runner.server import Completion
 from specreg.runner.verify import PromptVerdict, Verification, judge
 from specreg.runner.workload import Workload
-
-from specreg.errors import ModelNotFound, UsageError
 
 
 @dataclass(frozen=True)

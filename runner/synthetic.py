@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.constants import ExpertGatingFuncType, LlamaFileType, TokenType
+
 from specreg.runner.small_models import SmallModel, _install_atomic, quantize
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+
 from specreg.recommender.host import HostFacts
 from specreg.recommender.local import local_observations
 from specreg.recommender.prior import load_prior

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from gguf import GGUFValueType, GGUFWriter, Keys, TokenType
+
 from specreg.registry.gguf_header import GGUFHeader, StringArray, read_header
 
 Edit = Callable[[dict[str, Any], dict[str, tuple[GGUFValueType, GGUFValueType | None]]], None]

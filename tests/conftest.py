@@ -83,6 +83,7 @@ def gguf_factory(tmp_path: Path) -> GGUFFactory:
         directory: Path | None = None,
     ) -> Path:
         import numpy as np
+
         from specreg.registry.demo import add_kv
 
         path = (directory or tmp_path / "models") / name

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+
 from specreg.registry.db import opened
 
 LM = "lmstudio-community"

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from specreg.runner.llama import ENV_LLAMA_BIN, LlamaInstall, probe_install
 from specreg.runner.llama_build import BuildInfo, cached_build
 from specreg.runner.small_models import SmallModels

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+
 from specreg.recommender.model import SpeculationRegressor
 from specreg.recommender.train import default_estimator, fit
 from specreg.registry.db import opened

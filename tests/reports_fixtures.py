@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from gguf.constants import GGMLQuantizationType, TokenType
+
 from specreg.registry.db import opened
 from specreg.registry.demo import Arch, DemoModel, Vocab, write_demo_model
 from specreg.registry.queries import list_models

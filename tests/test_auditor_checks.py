@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from gguf.constants import TokenType
+
 from specreg.auditor import Verdict, audit_all, check_pair, compatible_drafts, rules_for_build
 from specreg.auditor.rules import PINNED_BUILD, RULESETS
 from specreg.auditor.vocab import (

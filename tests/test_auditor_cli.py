@@ -157,6 +157,7 @@ def test_rules_follow_the_users_binary(scanned_db: Path, tmp_path: Path) -> None
 
 def test_saved_audit_round_trips_and_goes_stale(scanned_db: Path, sparse_tree: Path) -> None:
     import networkx as nx
+
     from specreg.auditor import audit_and_save, build_graph, stored_graph
     from specreg.registry.db import opened
     from specreg.registry.scan import scan_paths

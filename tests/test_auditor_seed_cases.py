@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from gguf.constants import GGMLQuantizationType as Q
+
 from specreg.auditor import Verdict, check_pair, rules_for_build
 from specreg.registry.db import opened
 from specreg.registry.demo import Arch, DemoModel, demo_models, qwen_vocab, write_demo_model

@@ -28,11 +28,11 @@ from declare_fixtures import (
     Site,
     run_cli,
 )
+
 from specreg.declare.export import ExportError, render_models_preset, swap_cmd
 from specreg.declare.launch import Flag, Launch, LaunchPlan, build
 from specreg.declare.spec import load_spec, read_yaml, write_yaml
 from specreg.registry.db import opened
-
 from specreg.sources import llama_source_dir
 
 # fixtures, shared through the modules that define them

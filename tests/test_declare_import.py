@@ -18,11 +18,11 @@ from declare_fixtures import (
     Site,
     run_cli,
 )
+
+from specreg.cli.main import cli
 from specreg.declare.importer import ImportResult, import_registry
 from specreg.declare.spec import load_spec
 from specreg.registry.db import opened
-
-from specreg.cli.main import cli
 
 # fixtures, shared through the module that defines them
 _collection_template = dfx._collection_template

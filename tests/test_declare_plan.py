@@ -11,6 +11,7 @@ import declare_fixtures as dfx
 import pytest
 from declare_fixtures import LLAMA_1B, QWEN3_480B_DIR, QWEN25_05B, Site, record_run, run_cli
 from ruamel.yaml.comments import CommentedMap
+
 from specreg.declare import deps
 from specreg.declare.plan import Plan, make_plan
 from specreg.declare.spec import load_spec, read_yaml, write_yaml

@@ -8,6 +8,7 @@ import re
 import declare_fixtures as dfx
 from declare_fixtures import QWEN25_05B, Site, record_run, run_cli
 from ruamel.yaml import YAML
+
 from specreg.declare import deps
 from specreg.declare.spec import load_spec
 from specreg.registry.db import opened

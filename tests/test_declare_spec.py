@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
+from specreg.cli.main import cli
 from specreg.declare.spec import SpecFileError, dump_yaml, load_spec
 from specreg.declare.templates import INIT_TEMPLATE
 from specreg.declare.units import UnitError, acceptance_fraction, tokens_per_s
-
-from specreg.cli.main import cli
 from specreg.errors import UsageError
 
 GOOD = """\

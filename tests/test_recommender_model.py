@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sklearn.base import clone
+
 from specreg.recommender.costmodel import (
     CostParams,
     drafted_acceptance,

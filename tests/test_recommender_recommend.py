@@ -7,13 +7,13 @@ import math
 
 import pytest
 from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
+
+from specreg.errors import UsageError
 from specreg.recommender.features import Method
 from specreg.recommender.host import REFERENCE_HOST
 from specreg.recommender.prior import load_prior
 from specreg.recommender.recommend import Recommendation, recommend
 from specreg.registry.queries import list_models
-
-from specreg.errors import UsageError
 
 # ruff: noqa: F811  (pytest fixtures imported from recommender_fixtures are used as arguments)
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
 from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
+
 from specreg.recommender.costmodel import CostParams, predict_tps
 from specreg.recommender.features import ConfigFacts, Method, feature_matrix
 from specreg.recommender.host import HostFacts

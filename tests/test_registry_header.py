@@ -13,6 +13,7 @@ from gguf import GGUFReader
 from gguf.constants import GGUFValueType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from specreg.registry.gguf_header import (
     GGUFFormatError,
     StringArray,

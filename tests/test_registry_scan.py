@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from specreg.registry import queries
 from specreg.registry.db import opened
 from specreg.registry.demo import (

@@ -21,6 +21,7 @@ from reports_fixtures import (  # noqa: F401  (fixtures)
     report_db_fixture,
     site_dir_fixture,
 )
+
 from specreg.auditor import check_pair
 from specreg.registry.db import opened
 from specreg.registry.queries import list_models

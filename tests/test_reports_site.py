@@ -23,6 +23,8 @@ from reports_fixtures import (  # noqa: F401  (fixtures)
     scanned_registry,
     site_dir_fixture,
 )
+
+from specreg.cli.main import cli
 from specreg.registry.db import opened
 from specreg.registry.queries import list_models
 from specreg.registry.scan import scan_paths
@@ -30,8 +32,6 @@ from specreg.reports import build_site
 from specreg.reports.data import SiteData
 from specreg.reports.plots import PlotCache
 from specreg.reports.site import gather_site, render_site
-
-from specreg.cli.main import cli
 
 
 class Page(HTMLParser):

@@ -10,9 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from specreg.runner import llama_build
 
 from specreg.errors import LlamaError
+from specreg.runner import llama_build
 
 FAKE_CMAKE = r"""#!{python}
 import os, sys, time

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from specreg.registry.db import opened
-from specreg.registry.runs import list_runs
-from specreg.runner.llama import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, find_llama
 
 from specreg.cli.main import cli
 from specreg.errors import LlamaError
+from specreg.registry.db import opened
+from specreg.registry.runs import list_runs
+from specreg.runner.llama import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, find_llama
 
 HELP_SPEC_TYPE = """\
 ----- speculative params -----

@@ -19,6 +19,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
+from test_runner_faults import assert_no_strays
+
+from specreg.cli.main import cli
+from specreg.errors import UsageError
 from specreg.registry.db import opened
 from specreg.registry.runs import get_run, list_runs
 from specreg.runner import runs
@@ -40,10 +44,6 @@ from specreg.runner.server import Completion, TokenProbs
 from specreg.runner.small_models import SmallModels
 from specreg.runner.verify import judge
 from specreg.runner.workload import Prompt, Workload, load_workload
-from test_runner_faults import assert_no_strays
-
-from specreg.cli.main import cli
-from specreg.errors import UsageError
 
 # -- verbatim output (/work/shared/notes/llama-cpp.md 3b, 3c) -------------------------------
 

@@ -17,6 +17,9 @@ from llama_fixtures import (  # noqa: F401
     small_models,
     synthetic_models,
 )
+
+from specreg.cli.main import cli
+from specreg.errors import UsageError
 from specreg.registry.db import opened
 from specreg.registry.runs import get_run
 from specreg.runner import runs
@@ -26,9 +29,6 @@ from specreg.runner.llama import LlamaInstall
 from specreg.runner.small_models import SmallModels
 from specreg.runner.synthetic import SyntheticModels, write_moe_gguf
 from specreg.runner.workload import load_workload
-
-from specreg.cli.main import cli
-from specreg.errors import UsageError
 
 pytestmark = pytest.mark.llama
 

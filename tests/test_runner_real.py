@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from llama_fixtures import llama_bin, llama_build_info, llama_install, small_models  # noqa: F401
+
+from specreg.cli.main import cli
 from specreg.registry.db import opened
 from specreg.registry.queries import resolve_model
 from specreg.registry.runs import get_run
@@ -20,8 +22,6 @@ from specreg.runner.host import detect_host
 from specreg.runner.llama import LlamaInstall
 from specreg.runner.small_models import SmallModels
 from specreg.runner.workload import load_workload
-
-from specreg.cli.main import cli
 
 pytestmark = pytest.mark.llama
 

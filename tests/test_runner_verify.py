@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+
 from specreg.registry.db import opened
 from specreg.registry.runs import get_run, list_runs, record_run
 from specreg.runner.config import Config
