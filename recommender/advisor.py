@@ -1,0 +1,74 @@
+"""The one place the recommender is set up: `recommend`, `report --recommend` and `tune` all
+open an `Advisor` instead of assembling host facts, fitted model and evidence themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import duckdb
+
+from specreg.recommender.host import HostFacts
+from specreg.recommender.local import local_observations
+from specreg.recommender.model import SpeculationRegressor
+from specreg.recommender.prior import Observation, load_prior
+from specreg.recommender.recommend import Recommendation, recommend
+from specreg.recommender.train import cached_fit, fit, load_trained
+from specreg.terms import POLICY_QUALITY
+
+
+@dataclass(frozen=True)
+class Advisor:
+    """A fitted model, the host it predicts for, and the evidence it cites.
+
+    observations: the shipped prior plus this host's usable local runs, in that order.
+    """
+
+    host: HostFacts
+    model: SpeculationRegressor
+    observations: tuple[Observation, ...]
+    n_local: int
+
+    def recommend(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        target_ref: str,
+        *,
+        task: str = "chat",
+        policy: str = POLICY_QUALITY,
+        temperature: float = 0.0,
+    ) -> Recommendation:
+        return recommend(
+            con,
+            target_ref,
+            model=self.model,
+            host=self.host,
+            task=task,
+            policy=policy,
+            temperature=temperature,
+            observations=self.observations,
+        )
+
+
+def open_advisor(
+    con: duckdb.DuckDBPyConnection,
+    host: HostFacts,
+    *,
+    estimator: SpeculationRegressor | None = None,
+) -> Advisor:
+    """The recommender for `host` with the registry's current evidence.
+
+    Without `estimator`: the model saved by `specreg train` if it matches this code and data,
+    else the cached fit on the prior plus this host's runs (refitted only when they change).
+    With `estimator` (tune's small ensemble): a fresh fit of that estimator, never cached.
+    """
+    local = local_observations(con, host)
+    model: SpeculationRegressor
+    if estimator is not None:
+        model = fit(local, estimator)
+    else:
+        trained = load_trained()
+        model = trained[0] if trained else cached_fit(local)
+    observations: Sequence[Observation] = (*load_prior().observations, *local)
+    return Advisor(host=host, model=model, observations=tuple(observations), n_local=len(local))
