@@ -35,6 +35,9 @@ BUILD_TARGETS: tuple[str, ...] = (
     "llama-speculative",
     "llama-lookup",
     "llama-completion",
+    "llama-perplexity",  # KL divergence / same-top agreement (quality, draft agreement)
+    "llama-bench",  # batch-size cost curve (host calibration)
+    "llama-lookup-create",  # static n-gram caches from the user's workload
 )
 BINARIES: tuple[str, ...] = tuple(t for t in BUILD_TARGETS if t != "llama-common")
 
