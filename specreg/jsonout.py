@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +34,8 @@ def plain(obj: Any) -> Any:
         return {str(k): plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set, frozenset)):
         return [plain(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None  # JSON has no NaN or infinity: an unknown number is null
     if isinstance(obj, Path):
         return str(obj)
     if isinstance(obj, bytes):
