@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from gguf.constants import Keys, LlamaFileType
 
 from specreg.registry.gguf_header import GGUFHeader, StringArray
 from specreg.registry.llama_vocab import TOKEN_NULL, EffectiveVocab, effective_vocab
+from specreg.registry.text import path_text
 
 # src/llama-arch.cpp of the pinned build: llm_arch_is_recurrent / llm_arch_is_hybrid.
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
@@ -117,9 +117,12 @@ def kv_rows(header: GGUFHeader) -> list[tuple[str, str, str]]:
 
 @dataclass(frozen=True)
 class VocabBlob:
+    """A vocabulary as found: the serialized token strings and their types, not yet encoded
+    (the registry compresses only the ones it does not hold already)."""
+
     vocab_sha: str
     n_tokens: int
-    tokens_z: bytes
+    tokens_raw: bytes
     token_types: bytes | None
 
 
@@ -136,7 +139,7 @@ def vocab_blob(header: GGUFHeader) -> VocabBlob | None:
     h = hashlib.sha256(tokens.raw)
     if types_bytes:
         h.update(types_bytes)
-    return VocabBlob(h.hexdigest()[:32], len(tokens), zlib.compress(tokens.raw, 1), types_bytes)
+    return VocabBlob(h.hexdigest()[:32], len(tokens), tokens.raw, types_bytes)
 
 
 def tokenizer_fingerprint(tokens: StringArray) -> str:
@@ -219,9 +222,9 @@ def model_facts(
         return None if i == TOKEN_NULL else i
 
     return {
-        "path": str(first_path),
-        "paths": [str(p) for p, _ in parts],
-        "parts_missing": missing,
+        "path": path_text(str(first_path)),
+        "paths": [path_text(str(p)) for p, _ in parts],
+        "parts_missing": [path_text(p) for p in missing],
         "gguf_version": first.version,
         "architecture": arch_s,
         "name": as_str(kv.get(Keys.General.NAME)),

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from gguf.constants import (
@@ -146,9 +147,22 @@ class GGUFHeader:
         return self.kv.get(key, default)
 
 
+def _open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open `path` for reading without ever blocking: a FIFO opened plainly waits for a
+    writer forever, so it is opened non-blocking and refused like any non-regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise GGUFFormatError("not a regular file (a FIFO, device or folder): not read")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
     """Read the GGUF header of `path`. Raises GGUFFormatError (bad file) or OSError (unreadable)."""
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         file_size = os.fstat(f.fileno()).st_size
         want = min(file_size, _FIRST_READ)
         buf = f.read(want)
@@ -187,9 +201,9 @@ def parse_string_array(raw: bytes, count: int) -> StringArray:
 
 def has_gguf_magic(path: str | os.PathLike[str]) -> bool:
     try:
-        with open(path, "rb") as f:
+        with _open_regular(path) as f:
             return f.read(4) == _MAGIC_BYTES
-    except OSError:
+    except (OSError, GGUFFormatError):
         return False
 
 

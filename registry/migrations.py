@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import duckdb
 
+from specreg.errors import RegistryError
+
 Migration = Callable[[duckdb.DuckDBPyConnection], None]
 
 
@@ -299,25 +301,141 @@ def m003_audit(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m004_scan_bytes_and_codec(con: duckdb.DuckDBPyConnection) -> None:
+    """File names that are not valid UTF-8 keep their exact bytes (`files.path` holds them
+    with `\\xNN` escapes, which VARCHAR can store); vocabularies name their codec."""
+    con.execute("ALTER TABLE files ADD COLUMN path_raw BLOB")  # NULL: `path` is exact
+    # Rows written before this migration are zlib; new ones name what they use.
+    con.execute("ALTER TABLE vocabs ADD COLUMN codec VARCHAR DEFAULT 'zlib'")
+
+
+def m007_quality(con: duckdb.DuckDBPyConnection) -> None:
+    # One row per logit comparison with llama-perplexity: a lossy configuration against its
+    # lossless reference (purpose 'quality'), or a draft against its target on the target's
+    # own text (purpose 'agreement'). `base_*` is the reference/target, `model_*` the other.
+    con.execute("CREATE SEQUENCE quality_seq START 1")
+    con.execute(
+        """
+        CREATE TABLE quality_measurements (
+            measurement_id    BIGINT PRIMARY KEY DEFAULT nextval('quality_seq'),
+            purpose           VARCHAR NOT NULL,   -- quality | agreement
+            status            VARCHAR NOT NULL,   -- ok | failed
+            started_at        TIMESTAMPTZ NOT NULL,
+            seconds           DOUBLE,
+            error_kind        VARCHAR,
+            error             VARCHAR,
+            llama_message     VARCHAR,
+            base_model_id     VARCHAR,
+            base_path         VARCHAR,
+            model_id          VARCHAR,
+            model_path        VARCHAR,
+            experts           INTEGER,            -- override of the compared model; NULL: default
+            expert_key        VARCHAR,
+            config            JSON NOT NULL,
+            task              VARCHAR,
+            text_name         VARCHAR,
+            text_sha256       VARCHAR,
+            text_source       VARCHAR,            -- shipped | user | generated
+            ctx               INTEGER,
+            n_chunks          INTEGER,
+            n_tokens          BIGINT,             -- scored positions
+            method            VARCHAR,            -- kl-divergence | saved-logits
+            n_vocab_base      INTEGER,
+            n_vocab_model     INTEGER,
+            llama_version     VARCHAR,
+            llama_build_id    VARCHAR,
+            llama_bin_dir     VARCHAR,
+            argv              VARCHAR[],
+            host_fingerprint  VARCHAR,
+            host              JSON,
+            threads           INTEGER,
+            mean_kld          DOUBLE,
+            mean_kld_unc      DOUBLE,
+            kld_median        DOUBLE,
+            kld_p90           DOUBLE,
+            kld_p95           DOUBLE,
+            kld_p99           DOUBLE,
+            kld_p999          DOUBLE,
+            kld_max           DOUBLE,
+            same_top          DOUBLE,             -- 0..1
+            same_top_unc      DOUBLE,
+            ppl               DOUBLE,             -- of the compared model
+            ppl_unc           DOUBLE,
+            ppl_base          DOUBLE,
+            ppl_base_unc      DOUBLE,
+            ln_ppl_ratio      DOUBLE,
+            ln_ppl_ratio_unc  DOUBLE,
+            rms_dp            DOUBLE,             -- 0..1
+            temperature       DOUBLE,
+            accept            DOUBLE,             -- target's probability of the draft's top token
+            confidence        JSON,               -- p_min -> [share drafted, same-top among them]
+            log_path          VARCHAR
+        )
+        """
+    )
+
+
 MIGRATIONS: list[tuple[int, str, Migration]] = [
     (1, "scan tables", m001_scan),
     (2, "runs tables", m002_runs),
     (3, "audit tables", m003_audit),
+    (4, "odd file names and vocabulary codec", m004_scan_bytes_and_codec),
+    (7, "quality and agreement measurements", m007_quality),
 ]
 
 
-def applied(con: duckdb.DuckDBPyConnection) -> set[int]:
-    con.execute(
-        "CREATE TABLE IF NOT EXISTS migrations "
-        "(number INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMPTZ NOT NULL)"
-    )
+def applied(con: duckdb.DuckDBPyConnection, *, create: bool = True) -> set[int]:
+    """Numbers of the migrations this registry has; `create=False` never writes (read-only)."""
+    if create:
+        con.execute(
+            "CREATE TABLE IF NOT EXISTS migrations "
+            "(number INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMPTZ NOT NULL)"
+        )
+    else:
+        row = con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'main'"
+            " AND table_name = 'migrations'"
+        ).fetchone()
+        if not row or not row[0]:
+            return set()
     return {row[0] for row in con.execute("SELECT number FROM migrations").fetchall()}
+
+
+def _check_not_newer(done: set[int]) -> None:
+    known = {number for number, _, _ in MIGRATIONS}
+    unknown = sorted(done - known)
+    if unknown:
+        raise RegistryError(
+            f"the registry has schema migration {unknown[-1]} but this specreg knows only "
+            f"{', '.join(map(str, sorted(known)))}: upgrade specreg"
+        )
+
+
+def pending(con: duckdb.DuckDBPyConnection) -> list[int]:
+    """Migrations this specreg has and the registry lacks (reads only)."""
+    done = applied(con, create=False)
+    return sorted(number for number, _, _ in MIGRATIONS if number not in done)
+
+
+def check_current(con: duckdb.DuckDBPyConnection, db_path: object) -> None:
+    """For a read-only open: the registry must have exactly the schema this specreg reads."""
+    done = applied(con, create=False)
+    if not done:
+        raise RegistryError(f"{db_path} is not a specreg registry: run `specreg scan DIR` first")
+    _check_not_newer(done)
+    missing = pending(con)
+    if missing:
+        raise RegistryError(
+            f"the registry {db_path} was written by an older specreg (it lacks schema "
+            f"migration {', '.join(map(str, missing))}), and a read-only open cannot upgrade "
+            "it: run `specreg scan` once where the registry is writable"
+        )
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> list[int]:
     """Apply pending migrations in order; return the numbers applied."""
     done = applied(con)
-    newest_known = max(number for number, _, _ in MIGRATIONS)
+    _check_not_newer(done)
     ran = []
     for number, name, fn in sorted(MIGRATIONS, key=lambda m: m[0]):
         if number in done:
@@ -331,11 +449,4 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[int]:
             con.execute("ROLLBACK")
             raise
         ran.append(number)
-    if done and max(done) > newest_known:
-        from specreg.errors import RegistryError
-
-        raise RegistryError(
-            f"the registry has schema migration {max(done)} but this specreg knows only "
-            f"up to {newest_known}: upgrade specreg"
-        )
     return ran

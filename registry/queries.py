@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, fields
-from typing import Any
-
-import duckdb
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
 from specreg.errors import AmbiguousModel, ModelNotFound
+from specreg.registry.text import fs_path, path_text
+
+if TYPE_CHECKING:
+    import duckdb
 
 
 @dataclass(frozen=True)
@@ -177,21 +180,30 @@ def get_model(con: duckdb.DuckDBPyConnection, model_id: str) -> ModelRecord | No
     return _record(row) if row else None
 
 
+def model_id_at_path(
+    con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *, ok_only: bool = False
+) -> str | None:
+    """The model whose file (any part, or a symlink to it) is at `path`, if scanned."""
+    p = os.fspath(path)
+    row = con.execute(
+        "SELECT model_id FROM files WHERE (path = ? OR list_contains(links, ?))"
+        " AND model_id IS NOT NULL AND (status = 'ok' OR NOT ?)"
+        " ORDER BY status = 'ok' DESC LIMIT 1",
+        [path_text(os.path.realpath(p)), path_text(os.path.abspath(p)), ok_only],
+    ).fetchone()
+    return str(row[0]) if row else None
+
+
 def resolve_model(con: duckdb.DuckDBPyConnection, ref: str | os.PathLike[str]) -> ModelRecord:
     """A model by file path (any part or symlink), id or id prefix, or exact name/basename."""
     ref_s = os.fspath(ref)
     if os.path.exists(ref_s):
-        real = os.path.realpath(ref_s)
-        row = con.execute(
-            "SELECT model_id FROM files WHERE (path = ? OR list_contains(links, ?))"
-            " AND model_id IS NOT NULL ORDER BY status = 'ok' DESC LIMIT 1",
-            [real, os.path.abspath(ref_s)],
-        ).fetchone()
-        if row:
-            found = get_model(con, row[0])
-            if found:
-                return found
-        raise ModelNotFound(f"{ref_s} is not in the registry: run `specreg scan {ref_s}` first")
+        model_id = model_id_at_path(con, ref_s)
+        found = get_model(con, model_id) if model_id else None
+        if found:
+            return found
+        shown = path_text(ref_s)
+        raise ModelNotFound(f"{shown} is not in the registry: run `specreg scan {shown}` first")
     rows = con.execute(
         _SELECT + " WHERE starts_with(model_id, ?) OR name = ? OR basename = ?"
         " ORDER BY status = 'gone', model_id",
@@ -206,6 +218,17 @@ def resolve_model(con: duckdb.DuckDBPyConnection, ref: str | os.PathLike[str]) -
         ids = ", ".join(_record(r).model_id for r in present[:5])
         raise AmbiguousModel(f"'{ref_s}' matches {len(present)} models ({ids}): give an id or path")
     return _record(present[0])
+
+
+def model_fs_paths(con: duckdb.DuckDBPyConnection, model_id: str) -> tuple[str, ...]:
+    """The model's present files as the OS names them, in split order: exact even for names
+    that are not UTF-8 (`ModelRecord.paths` holds those escaped, for display)."""
+    rows = con.execute(
+        "SELECT path, path_raw FROM files WHERE model_id = ? AND status = 'ok'"
+        " ORDER BY split_no, path",
+        [model_id],
+    ).fetchall()
+    return tuple(fs_path(text, bytes(raw) if raw is not None else None) for text, raw in rows)
 
 
 def model_kv(con: duckdb.DuckDBPyConnection, model_id: str) -> list[tuple[str, str, Any]]:
@@ -239,3 +262,65 @@ def file_errors(con: duckdb.DuckDBPyConnection) -> list[FileProblem]:
         " AND kind IN ('broken_link', 'missing_part') ORDER BY 1"
     ).fetchall()
     return [FileProblem(p, r) for p, r in rows]
+
+
+@dataclass(frozen=True)
+class ScanRecord:
+    """One row of the `scans` table."""
+
+    scan_id: int
+    started_at: datetime | None
+    seconds: float | None
+    roots: tuple[str, ...]
+    host: str | None
+    n_files: int | None
+    n_new: int | None
+    n_changed: int | None
+    n_unchanged: int | None
+    n_removed: int | None
+    n_errors: int | None
+
+
+def scan_history(con: duckdb.DuckDBPyConnection, limit: int = 20) -> list[ScanRecord]:
+    """The latest scans, newest first."""
+    rows = con.execute(
+        # epoch(): reading TIMESTAMPTZ values directly would need pytz in the environment.
+        "SELECT scan_id, epoch(started_at), seconds, roots, host, n_files, n_new, n_changed,"
+        " n_unchanged, n_removed, n_errors FROM scans ORDER BY scan_id DESC LIMIT ?",
+        [limit],
+    ).fetchall()
+    return [
+        ScanRecord(
+            scan_id=scan_id,
+            started_at=None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc),
+            seconds=seconds,
+            roots=tuple(roots or ()),
+            host=host,
+            n_files=n_files,
+            n_new=n_new,
+            n_changed=n_changed,
+            n_unchanged=n_unchanged,
+            n_removed=n_removed,
+            n_errors=n_errors,
+        )
+        for (
+            scan_id,
+            epoch,
+            seconds,
+            roots,
+            host,
+            n_files,
+            n_new,
+            n_changed,
+            n_unchanged,
+            n_removed,
+            n_errors,
+        ) in rows  # fmt: skip
+    ]
+
+
+def kv_values(con: duckdb.DuckDBPyConnection, key: str) -> dict[str, Any]:
+    """One GGUF key's value for every model that has it (model id -> decoded JSON value):
+    one query for all models, where `model_kv` per model costs ~2 ms each."""
+    rows = con.execute("SELECT model_id, value FROM model_kv WHERE key = ?", [key]).fetchall()
+    return {m: json.loads(v) for m, v in rows if v is not None}

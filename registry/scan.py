@@ -3,43 +3,65 @@
 Incremental: a file whose (size, mtime, inode) match the registry is not opened again. One bad
 file never stops a scan: it is recorded with its reason and the scan goes on. All writes of a
 scan happen in one transaction at the end, so a killed scan leaves the previous state intact.
+
+A scan is a row of named steps, each costing what it must:
+`discover` (walk, stat) -> `classify` (against the registry's rows) -> `read_headers` (only
+new and changed files) -> `plan_models` (group split sets, build facts of changed models) ->
+`to_write` -> `scan_store.write_scan` (one column-wise statement per table).
+
+File names are bytes on Linux; one that is not valid UTF-8 is scanned like any other, stored
+with its exact bytes and shown with `\\xNN` escapes (`specreg.registry.text`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
-
-from specreg.errors import UsageError
+from specreg.errors import GGUFError, UsageError
 from specreg.registry import facts as F
+from specreg.registry import scan_store as store
 from specreg.registry.db import transaction
-from specreg.registry.gguf_header import GGUFError, GGUFHeader, has_gguf_magic, read_header
-from specreg.registry.tables import insert_rows
+from specreg.registry.gguf_header import GGUFHeader, has_gguf_magic, read_header
+from specreg.registry.queries import ModelRecord
+from specreg.registry.text import clean_reason, path_raw, path_text
+
+if TYPE_CHECKING:
+    import duckdb
 
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int, str], None]
 
+# What a ScanIssue's kind says.
+UNREADABLE = "unreadable"  # the OS refused (permissions, I/O error)
+FORMAT = "format"  # not a GGUF llama.cpp would load
+BROKEN_LINK = "broken_link"
+MISSING_PART = "missing_part"  # a split set lacks a part
+CHANGED_DURING_SCAN = "changed_during_scan"
+NOT_A_FILE = "not_a_file"  # a FIFO, socket, device or folder with a GGUF name: never opened
+NAME_CLASH = "name_clash"  # a non-UTF-8 name whose escaped text is another file's name
+
 
 @dataclass(frozen=True)
 class ScanIssue:
-    path: str
-    kind: str  # unreadable | format | broken_link | missing_part | changed_during_scan
-    reason: str
+    path: str  # text form: valid UTF-8, `\xNN` for bytes that are not
+    kind: str
+    reason: str  # one line, control characters escaped, capped
 
 
 @dataclass(frozen=True)
 class ScanResult:
+    JSON_KIND = "scan"
+    JSON_VERSION = "1"
+
     scan_id: int
     roots: tuple[str, ...]
     n_files: int
@@ -59,49 +81,65 @@ class ScanResult:
     def ok(self) -> bool:
         return not self.errors
 
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document, plain
 
-@dataclass
-class _File:
-    path: str  # real path
-    links: list[str]
-    size: int = 0
-    mtime_ns: int = 0
-    inode: int = 0
-    state: str = "new"  # new | changed | unchanged | error
-    header: GGUFHeader | None = None
-    part: F.PartInfo | None = None
-    error: ScanIssue | None = None
-    model_id: str | None = None
+        return document(self.JSON_KIND, self.JSON_VERSION, plain(self))
+
+
+def issue(path: str, kind: str, reason: str) -> ScanIssue:
+    return ScanIssue(path_text(path), kind, clean_reason(reason))
+
+
+# --- discover ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Found:
+    """What the walk found: real path -> the symlinks that led to it, and the problems."""
+
+    files: dict[str, list[str]]
+    issues: list[ScanIssue]
 
 
 def _is_candidate(name: str, all_files: bool) -> bool:
     return all_files or name.lower().endswith(".gguf")
 
 
-def discover(
-    roots: Sequence[Path], *, all_files: bool = False
-) -> tuple[dict[str, list[str]], list[ScanIssue]]:
-    """Real path -> the symlinks that led to it, plus broken links found on the way."""
+def _not_a_file(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder with a GGUF file's name (its files are scanned on their own)"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe), not a file: not opened"
+    if stat.S_ISSOCK(mode):
+        return "a socket, not a file: not opened"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device, not a file: not opened"
+    return "not a regular file: not opened"
+
+
+def discover(roots: Sequence[Path], *, all_files: bool = False) -> Found:
+    """Walk the roots. Only regular files are ever opened; anything else that carries a GGUF
+    name (a FIFO, a folder, a device) is reported, never read."""
     found: dict[str, list[str]] = {}
     issues: list[ScanIssue] = []
     seen_dirs: set[tuple[int, int]] = set()
 
-    def consider(path: str) -> None:
+    def consider(path: str, *, named: bool = False) -> None:
         try:
             is_link = os.path.islink(path)
             real = os.path.realpath(path)
             st = os.stat(real)
         except OSError as err:
             if os.path.islink(path):
-                issues.append(
-                    ScanIssue(
-                        path, "broken_link", f"symlink target is missing: {os.readlink(path)}"
-                    )
-                )
+                target = os.readlink(path)
+                issues.append(issue(path, BROKEN_LINK, f"symlink target is missing: {target}"))
             else:
-                issues.append(ScanIssue(path, "unreadable", err.strerror or str(err)))
+                issues.append(issue(path, UNREADABLE, err.strerror or str(err)))
             return
         if not stat.S_ISREG(st.st_mode):
+            if named or _is_candidate(os.path.basename(path), False):
+                issues.append(issue(path, NOT_A_FILE, _not_a_file(st.st_mode)))
             return
         if all_files and not path.lower().endswith(".gguf") and not has_gguf_magic(real):
             return
@@ -109,14 +147,17 @@ def discover(
         if is_link and path not in links:
             links.append(path)
 
+    def walk_error(err: OSError) -> None:
+        issues.append(issue(err.filename or "?", UNREADABLE, err.strerror or str(err)))
+
     for root in roots:
         root_s = str(root)
         if not os.path.lexists(root_s):
             raise UsageError(f"{root_s} does not exist: give a folder or .gguf file to scan")
-        if os.path.isfile(root_s) or (os.path.islink(root_s) and not os.path.isdir(root_s)):
-            consider(os.path.abspath(root_s))
+        if not os.path.isdir(root_s):
+            consider(os.path.abspath(root_s), named=True)
             continue
-        for dirpath, dirnames, filenames in os.walk(root_s, followlinks=True):
+        for dirpath, dirnames, filenames in os.walk(root_s, followlinks=True, onerror=walk_error):
             try:
                 st = os.stat(dirpath)
             except OSError:
@@ -127,14 +168,86 @@ def discover(
                 continue
             seen_dirs.add(key)
             dirnames.sort()
+            here = os.path.abspath(dirpath)
+            for name in dirnames:
+                if name.lower().endswith(".gguf"):
+                    issues.append(
+                        issue(os.path.join(here, name), NOT_A_FILE, _not_a_file(stat.S_IFDIR))
+                    )
             for name in sorted(filenames):
                 if _is_candidate(name, all_files):
-                    consider(os.path.join(os.path.abspath(dirpath), name))
-    return found, issues
+                    consider(os.path.join(here, name))
+    return Found(found, issues)
 
 
-def _under(path: str, roots: Sequence[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+# --- classify and read ------------------------------------------------------------------------
+
+
+@dataclass
+class _File:
+    """One real file's progress through this scan."""
+
+    path: str  # as the OS names it
+    links: list[str]
+    known: store.KnownFile | None = None
+    size: int = 0
+    mtime_ns: int = 0
+    inode: int = 0
+    state: str = "new"  # new | changed | unchanged | error
+    header: GGUFHeader | None = None
+    part: F.PartInfo | None = None
+    error: ScanIssue | None = None
+    model_id: str | None = None
+
+    @property
+    def text(self) -> str:
+        return path_text(self.path)
+
+
+def _clashes(found: Found) -> tuple[dict[str, list[str]], list[ScanIssue]]:
+    """Keep one file per stored name. Only a name that is not UTF-8 can escape to the name of
+    another file (`a\xff` is both the escape of byte 0xff and a valid name): the valid name
+    keeps it, the odd one is reported."""
+    by_text: dict[str, list[str]] = {}
+    for real in found.files:
+        by_text.setdefault(path_text(real), []).append(real)
+    kept = dict(found.files)
+    issues = []
+    for text, reals in by_text.items():
+        if len(reals) > 1:
+            keep = text if text in reals else min(reals)
+            for odd in reals:
+                if odd != keep:
+                    del kept[odd]
+                    issues.append(issue(odd, NAME_CLASH, f"its escaped name is also {text}"))
+    return kept, issues
+
+
+def classify(
+    found: Found, known: dict[str, store.KnownFile]
+) -> tuple[dict[str, _File], list[ScanIssue]]:
+    """Stat every found file and compare with its row: new, changed or unchanged."""
+    kept, issues = _clashes(found)
+    files: dict[str, _File] = {}
+    for real, links in kept.items():
+        f = files[real] = _File(real, [path_text(link) for link in links], known.get(real))
+        try:
+            st = os.stat(real)
+        except OSError as err:
+            f.state, f.error = "error", issue(real, UNREADABLE, err.strerror or str(err))
+            continue
+        f.size, f.mtime_ns, f.inode = st.st_size, st.st_mtime_ns, st.st_ino
+        row = f.known
+        if row is not None and row.present and row.same_stat(f.size, f.mtime_ns, f.inode):
+            f.state = "unchanged"
+            f.model_id = row.model_id
+            if row.status == "error":
+                f.error = issue(real, FORMAT, row.error or "unreadable")
+            else:
+                f.part = row.part
+        else:
+            f.state = "new" if row is None or not row.present else "changed"
+    return files, issues
 
 
 def _read(f: _File) -> None:
@@ -143,28 +256,224 @@ def _read(f: _File) -> None:
         header = read_header(f.path)
         st = os.stat(f.path)
     except GGUFError as err:
-        f.state, f.error = "error", ScanIssue(f.path, "format", str(err))
+        f.state, f.error = "error", issue(f.path, FORMAT, str(err))
         return
     except OSError as err:
-        f.state, f.error = "error", ScanIssue(f.path, "unreadable", err.strerror or str(err))
+        f.state, f.error = "error", issue(f.path, UNREADABLE, err.strerror or str(err))
         return
     if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
         f.state = "error"
-        f.error = ScanIssue(
-            f.path, "changed_during_scan", "file changed while being read (still being written?)"
+        f.error = issue(
+            f.path, CHANGED_DURING_SCAN, "file changed while being read (still being written?)"
         )
         return
     f.header = header
     f.part = F.part_info(header, Path(f.path))
 
 
+def read_headers(files: Iterable[_File], progress: ProgressFn | None = None) -> None:
+    to_read = [f for f in files if f.state in ("new", "changed")]
+    for i, f in enumerate(to_read):
+        if progress:
+            progress(i, len(to_read), f.text)
+        _read(f)
+    if progress:
+        progress(len(to_read), len(to_read), "")
+
+
+# --- models -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _ModelPlan:
+    records: list[ModelRecord] = field(default_factory=list)
+    kv: list[tuple[str, str, str, str]] = field(default_factory=list)
+    vocabs: dict[str, F.VocabBlob] = field(default_factory=dict)
+    new: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    duplicates: list[tuple[str, str]] = field(default_factory=list)
+    issues: list[ScanIssue] = field(default_factory=list)
+
+
 def _group_key(f: _File) -> tuple[str, ...]:
     name = os.path.basename(f.path)
     m = F.SPLIT_NAME.match(name)
-    assert f.part is not None
-    if m and f.part.split_count > 1:
+    if m and f.part is not None and f.part.split_count > 1:
         return (os.path.dirname(f.path), m["prefix"], m["count"])
     return (f.path,)
+
+
+def group_models(files: Iterable[_File]) -> dict[tuple[str, ...], list[_File]]:
+    """Split sets grouped by name, every other readable file on its own."""
+    groups: dict[tuple[str, ...], list[_File]] = {}
+    for f in files:
+        if f.part is not None:
+            groups.setdefault(_group_key(f), []).append(f)
+    for members in groups.values():
+        members.sort(key=lambda m: (m.part.split_no if m.part else 0, m.path))
+    return groups
+
+
+def _missing_parts(key: tuple[str, ...], members: list[_File], expected: int) -> list[str]:
+    if len(key) != 3:
+        return []
+    have = {m.part.split_no for m in members if m.part}
+    prefix = os.path.join(key[0], key[1])
+    return [
+        f"{prefix}-{n + 1:05d}-of-{expected:05d}.gguf" for n in range(expected) if n not in have
+    ]
+
+
+def plan_models(
+    groups: dict[tuple[str, ...], list[_File]],
+    stored: dict[str, store.StoredModel],
+    scan_id: int,
+) -> _ModelPlan:
+    """Which models are new, rebuilt or unchanged; the facts of those that need writing."""
+    plan = _ModelPlan()
+    seen: dict[str, str] = {}
+    for key, members in sorted(groups.items()):
+        first = members[0]
+        assert first.part is not None  # grouped files all have one
+        expected = first.part.split_count if len(key) == 3 else 1
+        missing = _missing_parts(key, members, expected)
+        plan.issues += [
+            issue(p, MISSING_PART, f"split part missing from a {expected}-part set")
+            for p in missing
+        ]
+        model_id = F.model_id_for(first.part.header_sha256)
+        if model_id in seen:
+            plan.duplicates.append((first.text, seen[model_id]))
+        else:
+            seen[model_id] = first.text
+            old = stored.get(model_id)
+            status = "incomplete" if missing else "present"
+            dirty = any(m.state in ("new", "changed") for m in members)
+            same = old is not None and old.paths == tuple(m.text for m in members)
+            if not dirty and same and old is not None and old.status == status:
+                pass  # unchanged: its facts stay
+            else:
+                record = _build_model(
+                    members, model_id, status, expected, missing, old, scan_id, plan
+                )
+                if record is None:
+                    continue  # a part failed to read now; its error is recorded
+                plan.records.append(record)
+                (plan.new if old is None else plan.updated).append(model_id)
+        for m in members:
+            m.model_id = model_id
+    return plan
+
+
+def _build_model(
+    members: list[_File],
+    model_id: str,
+    status: str,
+    expected: int,
+    missing: list[str],
+    old: store.StoredModel | None,
+    scan_id: int,
+    plan: _ModelPlan,
+) -> ModelRecord | None:
+    """A model's row from its parts' headers (reading parts skipped as unchanged)."""
+    for m in members:
+        if m.header is None:
+            _read(m)
+    parts = [(Path(m.path), m.header) for m in members if m.header is not None]
+    if len(parts) != len(members):
+        return None  # a part failed to read now; its error is recorded
+    first = parts[0][1]
+    blob = F.vocab_blob(first)
+    if blob is not None:
+        plan.vocabs[blob.vocab_sha] = blob
+    plan.kv += [(model_id, k, t, v) for k, t, v in F.kv_rows(first)]
+    facts = F.model_facts(parts, expected_parts=expected, missing=missing)
+    for name in ("paths", "parts_missing", "ssm_keys"):
+        facts[name] = tuple(facts[name] or ())
+    return ModelRecord(
+        **facts,
+        model_id=model_id,
+        status=status,
+        n_bytes=sum(m.size for m in members),
+        mtime_ns=max(m.mtime_ns for m in members),
+        vocab_sha=blob.vocab_sha if blob is not None else None,
+        first_scan=old.first_scan if old is not None and old.first_scan else scan_id,
+        last_scan=scan_id,
+    )
+
+
+# --- write ------------------------------------------------------------------------------------
+
+
+def _under(path: str, roots: Sequence[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def removed_files(
+    known: dict[str, store.KnownFile], files: dict[str, _File], roots: Sequence[Path]
+) -> list[store.KnownFile]:
+    """Rows of files under the scanned roots (or linked from there) that are gone now."""
+    scope = [os.path.realpath(r) for r in roots] + [str(r) for r in roots]
+    scope_text = [path_text(s) for s in scope]
+    return sorted(
+        (
+            row
+            for path, row in known.items()
+            if row.present
+            and path not in files
+            and (_under(path, scope) or any(_under(link, scope_text) for link in row.links))
+        ),
+        key=lambda row: row.text,
+    )
+
+
+def _file_row(f: _File, scan_id: int) -> store.FileRow:
+    part, old = f.part, f.known
+    return store.FileRow(
+        path=f.text,
+        path_raw=path_raw(f.path),
+        links=f.links,
+        size=f.size,
+        mtime_ns=f.mtime_ns,
+        inode=f.inode,
+        status="error" if f.error else "ok",
+        error=f.error.reason if f.error else None,
+        model_id=None if f.error else f.model_id,
+        split_no=part.split_no if part else None,
+        split_count=part.split_count if part else None,
+        header_sha256=part.header_sha256 if part else None,
+        n_params=part.n_params if part else None,
+        n_tensors=part.n_tensors if part else None,
+        first_scan=old.first_scan if old and old.present and old.first_scan else scan_id,
+        last_scan=scan_id,
+    )
+
+
+def to_write(
+    scan_id: int,
+    files: dict[str, _File],
+    removed: list[store.KnownFile],
+    plan: _ModelPlan,
+    issues: list[ScanIssue],
+) -> store.ScanWrite:
+    touched, rewrite = [], []
+    for f in files.values():
+        if f.state == "unchanged" and f.known is not None and f.model_id == f.known.model_id:
+            touched.append(f.text)
+        else:
+            rewrite.append(_file_row(f, scan_id))
+    rewritten = {r.path for r in rewrite}
+    return store.ScanWrite(
+        scan_id=scan_id,
+        touched=touched,
+        rewrite=rewrite,
+        removed=[r.text for r in removed if r.text not in rewritten],
+        models=plan.records,
+        kv=plan.kv,
+        vocabs=list(plan.vocabs.values()),
+        seen_models=sorted({f.model_id for f in files.values() if f.model_id}),
+        issues=[store.IssueRow(i.path, i.kind, i.reason) for i in issues],
+    )
 
 
 def scan_paths(
@@ -174,308 +483,60 @@ def scan_paths(
     all_files: bool = False,
     progress: ProgressFn | None = None,
 ) -> ScanResult:
+    """Bring the registry up to date with the GGUF files under `roots`."""
     t0 = time.perf_counter()
     started = datetime.now(timezone.utc)
     root_paths = [Path(os.path.abspath(r)) for r in roots]
     if not root_paths:
         raise UsageError("nothing to scan: give at least one folder or .gguf file")
-    found, issues = discover(root_paths, all_files=all_files)
-    scope = [os.path.realpath(r) for r in root_paths] + [str(r) for r in root_paths]
-
-    known = {
-        row[0]: row
-        for row in con.execute(
-            "SELECT path, links, size, mtime_ns, inode, status, model_id, split_no, split_count,"
-            " header_sha256, n_params, n_tensors, error, first_scan FROM files"
-        ).fetchall()
-    }
-    scan_id = (con.execute("SELECT coalesce(max(scan_id), 0) FROM scans").fetchone() or [0])[0] + 1
-
-    files: dict[str, _File] = {}
-    for real, links in found.items():
-        f = _File(real, links)
-        try:
-            st = os.stat(real)
-        except OSError as err:
-            f.state, f.error = "error", ScanIssue(real, "unreadable", err.strerror or str(err))
-            files[real] = f
-            continue
-        f.size, f.mtime_ns, f.inode = st.st_size, st.st_mtime_ns, st.st_ino
-        row = known.get(real)
-        if (
-            row is not None
-            and row[5] != "gone"
-            and (row[2], row[3], row[4])
-            == (
-                f.size,
-                f.mtime_ns,
-                f.inode,
-            )
-        ):
-            f.state = "unchanged"
-            f.model_id = row[6]
-            if row[5] == "error":
-                f.error = ScanIssue(real, "format", row[12] or "unreadable")
-            else:
-                f.part = F.PartInfo(row[7], row[8], row[9], row[10], row[11])
-        else:
-            f.state = "new" if row is None or row[5] == "gone" else "changed"
-        files[real] = f
-
-    to_read = [f for f in files.values() if f.state in ("new", "changed")]
-    for i, f in enumerate(to_read):
-        if progress:
-            progress(i, len(to_read), f.path)
-        _read(f)
-    if progress:
-        progress(len(to_read), len(to_read), "")
-
-    # Group into models: split sets by name, everything else alone.
-    groups: dict[tuple[str, ...], list[_File]] = {}
-    for f in files.values():
-        if f.part is not None:
-            groups.setdefault(_group_key(f), []).append(f)
-
-    model_rows = {
-        r[0]: r for r in con.execute("SELECT model_id, paths, status FROM models").fetchall()
-    }
-    new_models: list[dict[str, Any]] = []
-    kv_rows: list[tuple[str, str, str, str]] = []
-    vocab_blobs: dict[str, F.VocabBlob] = {}
-    models_new: list[str] = []
-    models_updated: list[str] = []
-    duplicates: list[tuple[str, str]] = []
-    seen_models: dict[str, str] = {}
-
-    for key, members in sorted(groups.items()):
-        members.sort(key=lambda m: (m.part.split_no if m.part else 0, m.path))
-        first = members[0]
-        assert first.part is not None
-        expected = first.part.split_count if len(key) == 3 else 1
-        missing: list[str] = []
-        if len(key) == 3:
-            have = {m.part.split_no for m in members if m.part}
-            prefix = os.path.join(key[0], key[1])
-            missing = [
-                f"{prefix}-{n + 1:05d}-of-{expected:05d}.gguf"
-                for n in range(expected)
-                if n not in have
-            ]
-            for path in missing:
-                issues.append(
-                    ScanIssue(
-                        path, "missing_part", f"split part missing from a {expected}-part set"
-                    )
-                )
-        model_id = F.model_id_for(first.part.header_sha256)
-        if model_id in seen_models:
-            duplicates.append((first.path, seen_models[model_id]))
-            for m in members:
-                m.model_id = model_id
-            continue
-        seen_models[model_id] = first.path
-        paths = [m.path for m in members]
-        stored = model_rows.get(model_id)
-        status = "incomplete" if missing else "present"
-        dirty = any(m.state in ("new", "changed") for m in members)
-        if stored is not None and not dirty and list(stored[1]) == paths and stored[2] == status:
-            for m in members:
-                m.model_id = model_id
-            continue
-        # (Re)build the model's facts: read parts we skipped as unchanged.
-        for m in members:
-            if m.header is None:
-                _read(m)
-        if any(m.header is None for m in members):
-            continue  # a part failed to read now; its error is recorded
-        parts = [(Path(m.path), m.header) for m in members if m.header is not None]
-        row = F.model_facts(parts, expected_parts=expected, missing=missing)
-        row.update(
-            model_id=model_id,
-            status=status,
-            n_bytes=sum(m.size for m in members),
-            mtime_ns=max(m.mtime_ns for m in members),
-            first_scan=scan_id,
-            last_scan=scan_id,
-        )
-        new_models.append(row)
-        (models_new if stored is None else models_updated).append(model_id)
-        for k, t, v in F.kv_rows(parts[0][1]):
-            kv_rows.append((model_id, k, t, v))
-        blob = F.vocab_blob(parts[0][1])
-        if blob is not None:
-            row["vocab_sha"] = blob.vocab_sha
-            vocab_blobs[blob.vocab_sha] = blob
-        for m in members:
-            m.model_id = model_id
-
-    issues.extend(f.error for f in files.values() if f.error is not None)
-
-    in_scope_known = [
-        p
-        for p, row in known.items()
-        if row[5] != "gone"
-        and (_under(p, scope) or any(_under(link, scope) for link in (row[1] or [])))
+    found = discover(root_paths, all_files=all_files)
+    known = store.known_files(con)
+    scan_id = store.next_scan_id(con)
+    files, issues = classify(found, known)
+    read_headers(files.values(), progress)
+    plan = plan_models(group_models(files.values()), store.stored_models(con), scan_id)
+    issues = [
+        *found.issues,
+        *issues,
+        *plan.issues,
+        *(f.error for f in files.values() if f.error is not None),
     ]
-    removed = sorted(p for p in in_scope_known if p not in files)
-
+    removed = removed_files(known, files, root_paths)
+    write = to_write(scan_id, files, removed, plan, issues)
+    by_state = {s: [f.text for f in files.values() if f.state == s] for s in ("new", "changed")}
+    n_unchanged = sum(f.state == "unchanged" for f in files.values())
     with transaction(con):
-        _write(con, scan_id, files, known, removed, new_models, kv_rows, vocab_blobs)
-        gone = [
-            r[0]
-            for r in con.execute(
-                "UPDATE models SET status = 'gone' WHERE status != 'gone' AND model_id NOT IN "
-                "(SELECT model_id FROM files WHERE status = 'ok' AND model_id IS NOT NULL) "
-                "RETURNING model_id"
-            ).fetchall()
-        ]
-        if issues:
-            insert_rows(
-                con,
-                "scan_errors",
-                [
-                    {"scan_id": scan_id, "path": i.path, "kind": i.kind, "reason": i.reason}
-                    for i in issues
-                ],
-            )
-        n_models = (
-            con.execute("SELECT count(*) FROM models WHERE status != 'gone'").fetchone() or [0]
-        )[0]
+        gone, n_models = store.write_scan(con, write)
         seconds = time.perf_counter() - t0
-        insert_rows(
+        store.record_scan(
             con,
-            "scans",
-            [
-                {
-                    "scan_id": scan_id,
-                    "started_at": started,
-                    "finished_at": datetime.now(timezone.utc),
-                    "roots": [str(r) for r in root_paths],
-                    "host": socket.gethostname(),
-                    "n_files": len(files),
-                    "n_new": sum(f.state == "new" for f in files.values()),
-                    "n_changed": sum(f.state == "changed" for f in files.values()),
-                    "n_unchanged": sum(f.state == "unchanged" for f in files.values()),
-                    "n_removed": len(removed),
-                    "n_errors": len(issues),
-                    "seconds": seconds,
-                }
-            ],
+            store.ScanRow(
+                scan_id=scan_id,
+                started_at=started,
+                finished_at=datetime.now(timezone.utc),
+                roots=[path_text(str(r)) for r in root_paths],
+                n_files=len(files),
+                n_new=len(by_state["new"]),
+                n_changed=len(by_state["changed"]),
+                n_unchanged=n_unchanged,
+                n_removed=len(write.removed),
+                n_errors=len(issues),
+                seconds=seconds,
+            ),
         )
-
     return ScanResult(
         scan_id=scan_id,
-        roots=tuple(str(r) for r in root_paths),
+        roots=tuple(path_text(str(r)) for r in root_paths),
         n_files=len(files),
-        new=tuple(sorted(f.path for f in files.values() if f.state == "new")),
-        changed=tuple(sorted(f.path for f in files.values() if f.state == "changed")),
-        n_unchanged=sum(f.state == "unchanged" for f in files.values()),
-        removed=tuple(removed),
+        new=tuple(sorted(by_state["new"])),
+        changed=tuple(sorted(by_state["changed"])),
+        n_unchanged=n_unchanged,
+        removed=tuple(write.removed),
         errors=tuple(sorted(issues, key=lambda i: i.path)),
-        n_models=int(n_models),
-        models_new=tuple(models_new),
-        models_updated=tuple(models_updated),
+        n_models=n_models,
+        models_new=tuple(plan.new),
+        models_updated=tuple(plan.updated),
         models_gone=tuple(gone),
         seconds=seconds,
-        duplicates=tuple(duplicates),
+        duplicates=tuple(plan.duplicates),
     )
-
-
-def _write(
-    con: duckdb.DuckDBPyConnection,
-    scan_id: int,
-    files: dict[str, _File],
-    known: dict[str, tuple[Any, ...]],
-    removed: list[str],
-    new_models: list[dict[str, Any]],
-    kv_rows: list[tuple[str, str, str, str]],
-    vocab_blobs: dict[str, F.VocabBlob],
-) -> None:
-    unchanged = [
-        p for p, f in files.items() if f.state == "unchanged" and f.model_id == known[p][6]
-    ]
-    if unchanged:
-        con.execute(
-            "UPDATE files SET last_scan = ? WHERE path IN (SELECT unnest(?))", [scan_id, unchanged]
-        )
-    rewrite = [f for p, f in files.items() if p not in unchanged]
-    if rewrite:
-        con.execute(
-            "DELETE FROM files WHERE path IN (SELECT unnest(?))", [[f.path for f in rewrite]]
-        )
-        rows = []
-        for f in rewrite:
-            old = known.get(f.path)
-            part = f.part
-            rows.append(
-                {
-                    "path": f.path,
-                    "links": f.links,
-                    "size": f.size,
-                    "mtime_ns": f.mtime_ns,
-                    "inode": f.inode,
-                    "status": "error" if f.error else "ok",
-                    "error": f.error.reason if f.error else None,
-                    "model_id": None if f.error else f.model_id,
-                    "split_no": part.split_no if part else None,
-                    "split_count": part.split_count if part else None,
-                    "header_sha256": part.header_sha256 if part else None,
-                    "n_params": part.n_params if part else None,
-                    "n_tensors": part.n_tensors if part else None,
-                    "first_scan": old[13] if old and old[5] != "gone" else scan_id,
-                    "last_scan": scan_id,
-                    "gone_scan": None,
-                }
-            )
-        insert_rows(con, "files", rows)
-    if removed:
-        con.execute(
-            "UPDATE files SET status = 'gone', gone_scan = ? WHERE path IN (SELECT unnest(?))",
-            [scan_id, removed],
-        )
-    if new_models:
-        ids = [m["model_id"] for m in new_models]
-        firsts = dict(
-            con.execute(
-                "SELECT model_id, first_scan FROM models WHERE model_id IN (SELECT unnest(?))",
-                [ids],
-            ).fetchall()
-        )
-        for m in new_models:
-            m["first_scan"] = firsts.get(m["model_id"], scan_id)
-        con.execute("DELETE FROM models WHERE model_id IN (SELECT unnest(?))", [ids])
-        con.execute("DELETE FROM model_kv WHERE model_id IN (SELECT unnest(?))", [ids])
-        insert_rows(con, "models", new_models)
-        insert_rows(
-            con,
-            "model_kv",
-            [{"model_id": a, "key": b, "type": c, "value": d} for a, b, c, d in kv_rows],
-        )
-    # Models whose files were all seen unchanged keep their facts; mark them seen.
-    if files:
-        con.execute(
-            "UPDATE models SET last_scan = ? WHERE model_id IN (SELECT unnest(?))",
-            [scan_id, sorted({f.model_id for f in files.values() if f.model_id})],
-        )
-    if vocab_blobs:
-        existing = {
-            r[0]
-            for r in con.execute(
-                "SELECT vocab_sha FROM vocabs WHERE vocab_sha IN (SELECT unnest(?))",
-                [list(vocab_blobs)],
-            ).fetchall()
-        }
-        insert_rows(
-            con,
-            "vocabs",
-            [
-                {
-                    "vocab_sha": b.vocab_sha,
-                    "n_tokens": b.n_tokens,
-                    "tokens_z": b.tokens_z,
-                    "token_types": b.token_types,
-                }
-                for sha, b in vocab_blobs.items()
-                if sha not in existing
-            ],
-        )
