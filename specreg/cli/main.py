@@ -48,6 +48,7 @@ COMMAND_MODULES = {
     "apply": "declare_cmds",
     "export": "declare_cmds",
     "init": "declare_cmds",
+    "serve": "serve_cmds",
 }
 
 

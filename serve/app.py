@@ -1,0 +1,409 @@
+"""The OpenAI-compatible front: classify, route, forward, record.
+
+Endpoints: POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models,
+GET /health, and GET /specreg/routes and /specreg/backends for people and tests. A request's
+body is forwarded byte for byte to the chosen backend and the backend's answer is returned
+byte for byte, with the route added as `X-Specreg-*` headers; the backend's `timings` (with
+`draft_n` / `draft_n_accepted`) are read from the answer and the request is recorded as a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route as HttpRoute
+
+from specreg.errors import UsageError
+from specreg.jsonout import plain
+from specreg.registry.runs import PromptRecord, RunRecord
+from specreg.serve.backends import Backend, BackendPool, BackendUnavailable
+from specreg.serve.classify import TASK_HEADER, Classification, TaskClassifier, classify
+from specreg.serve.recorder import RunRecorder
+from specreg.serve.routes import Route, RouteTable, split_model
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY = 1 << 20  # bytes
+READY_TIMEOUT_S = 180.0
+REQUEST_TIMEOUT_S = 600.0
+KIND_SERVE = "serve"
+# A served request lands on a long-lived server: stateful methods (ngram-mod's pool,
+# ngram-cache) have seen earlier traffic, unlike the runner's first-encounter measurements.
+REGIME_WARM = "warm"
+HEADER_TASK = "X-Specreg-Task"
+HEADER_TASK_SOURCE = "X-Specreg-Task-Source"
+HEADER_BACKEND = "X-Specreg-Backend"
+HEADER_CONFIG = "X-Specreg-Config"
+HEADER_ROUTE = "X-Specreg-Route"
+_JSON = {"content-type": "application/json"}
+# The stream's last event carries `timings`; keep this much of the stream's tail to find it.
+TAIL_BYTES = 64 * 1024
+
+
+def error(status: int, message: str, kind: str, **extra: Any) -> JSONResponse:
+    """An OpenAI-shaped error body."""
+    return JSONResponse({"error": {"message": message, "type": kind, **extra}}, status)
+
+
+class TooLarge(Exception):
+    pass
+
+
+class Service:
+    """What a running `serve` holds; `app` is the ASGI application."""
+
+    def __init__(
+        self,
+        table: RouteTable,
+        pool: BackendPool,
+        classifier: TaskClassifier,
+        *,
+        templates: Mapping[str, RunRecord],
+        recorder: RunRecorder | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+        ready_timeout: float = READY_TIMEOUT_S,
+        request_timeout: float = REQUEST_TIMEOUT_S,
+    ):
+        self.table = table
+        self.pool = pool
+        self.classifier = classifier
+        self.templates = templates
+        self.recorder = recorder
+        self.max_body = max_body
+        self.ready_timeout = ready_timeout
+        self.request_timeout = request_timeout
+        self.client: httpx.AsyncClient | None = None
+        self.app = Starlette(
+            routes=[
+                HttpRoute("/v1/chat/completions", self.completions, methods=["POST"]),
+                HttpRoute("/v1/completions", self.completions, methods=["POST"]),
+                HttpRoute("/v1/models", self.models, methods=["GET"]),
+                HttpRoute("/health", self.health, methods=["GET"]),
+                HttpRoute("/specreg/routes", self.routes, methods=["GET"]),
+                HttpRoute("/specreg/backends", self.backends, methods=["GET"]),
+            ],
+        )
+
+    async def open(self) -> None:
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.request_timeout, connect=10.0),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+        )
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    # -- small endpoints ----------------------------------------------------------------------
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": t.name, "object": "model", "owned_by": "specreg", "created": 0}
+                    for t in self.table.targets
+                ],
+            }
+        )
+
+    async def health(self, request: Request) -> Response:
+        states = self.pool.status()
+        ok = all(s.ready for s in states)
+        body = {
+            "status": "ok" if ok else "degraded",
+            "backends": [{"name": s.name, "ready": s.ready, "starts": s.starts} for s in states],
+        }
+        return JSONResponse(body, 200 if ok else 503)
+
+    async def routes(self, request: Request) -> Response:
+        return JSONResponse(self.table.to_json())
+
+    async def backends(self, request: Request) -> Response:
+        return JSONResponse({"backends": plain(self.pool.status())})
+
+    # -- the proxy ----------------------------------------------------------------------------
+
+    async def _body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+            raise TooLarge
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > self.max_body:
+                raise TooLarge
+        return bytes(data)
+
+    async def completions(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        started = datetime.now(timezone.utc)
+        try:
+            raw = await self._body(request)
+        except TooLarge:
+            return error(
+                413,
+                f"request body larger than {self.max_body} bytes (serve --max-body)",
+                "request_too_large",
+            )
+        except ClientDisconnect:
+            return Response(status_code=499)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return error(400, "the body is not JSON", "invalid_request_error")
+        if not isinstance(body, dict):
+            return error(400, "the body must be a JSON object", "invalid_request_error")
+        model, model_task = split_model(body.get("model"))
+        target = self.table.find_target(model)
+        if target is None:
+            names = ", ".join(t.name for t in self.table.targets)
+            return error(404, f"unknown model {model!r}: this server has {names}", "not_found")
+        try:
+            cls = classify(
+                self.classifier,
+                body,
+                header=request.headers.get(TASK_HEADER),
+                model_task=model_task,
+            )
+        except UsageError as err:
+            return error(400, str(err), "invalid_request_error")
+        route = self.table.route(target.name, cls.task)
+        backend = self.pool[route.backend]
+        headers = {
+            HEADER_TASK: cls.task,
+            HEADER_TASK_SOURCE: cls.source,
+            HEADER_BACKEND: backend.name,
+            HEADER_CONFIG: route.config_label,
+            HEADER_ROUTE: route.source,
+        }
+        call = _Call(self, route, backend, cls, body, raw, started, t0, request.url.path)
+        try:
+            await backend.wait_ready(self.ready_timeout)
+        except BackendUnavailable as err:
+            call.record(None, 503, str(err), "unavailable")
+            resp = error(503, str(err), "backend_unavailable", backend=backend.name)
+            resp.headers.update(headers)
+            return resp
+        if body.get("stream"):
+            return await call.stream(headers)
+        return await call.forward(headers)
+
+
+class _Call:
+    """One request on its way through a backend."""
+
+    def __init__(
+        self,
+        service: Service,
+        route: Route,
+        backend: Backend,
+        cls: Classification,
+        body: dict[str, Any],
+        raw: bytes,
+        started: datetime,
+        t0: float,
+        path: str,
+    ):
+        self.service = service
+        self.route = route
+        self.backend = backend
+        self.cls = cls
+        self.body = body
+        self.raw = raw
+        self.started = started
+        self.t0 = t0
+        self.path = path
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        assert self.service.client is not None
+        return self.service.client
+
+    async def _broken(self, err: Exception, headers: dict[str, str]) -> Response:
+        message = await self._failure_message(err)
+        self.record(None, 502, message, "crash")
+        resp = error(502, message, "backend_error", backend=self.backend.name)
+        resp.headers.update(headers)
+        return resp
+
+    async def _failure_message(self, err: Exception) -> str:
+        report = await self.backend.crash_report()
+        if report is not None:
+            self.service.pool.restart_soon(self.backend)
+            return f"backend {self.backend.name} crashed during the request: {report}"
+        return f"backend {self.backend.name} broke the connection: {type(err).__name__}: {err}"
+
+    async def forward(self, headers: dict[str, str]) -> Response:
+        try:
+            resp = await self.client.post(
+                self.backend.url + self.path, content=self.raw, headers=_JSON
+            )
+        except httpx.TransportError as err:
+            return await self._broken(err, headers)
+        data = resp.content
+        parsed = _loads(data)
+        message = None
+        if resp.status_code != 200:
+            message = _error_message(parsed) or data[:200].decode(errors="replace")
+        self.record(parsed if isinstance(parsed, dict) else None, resp.status_code, message)
+        return Response(
+            data,
+            status_code=resp.status_code,
+            media_type=resp.headers.get("content-type", "application/json"),
+            headers=headers,
+        )
+
+    async def stream(self, headers: dict[str, str]) -> Response:
+        request = self.client.build_request(
+            "POST", self.backend.url + self.path, content=self.raw, headers=_JSON
+        )
+        try:
+            resp = await self.client.send(request, stream=True)
+        except httpx.TransportError as err:
+            return await self._broken(err, headers)
+        if resp.status_code != 200:
+            data = await resp.aread()
+            await resp.aclose()
+            parsed = _loads(data)
+            self.record(
+                None, resp.status_code, _error_message(parsed) or data[:200].decode("replace")
+            )
+            return Response(data, resp.status_code, media_type="application/json", headers=headers)
+        return StreamingResponse(self._relay(resp), media_type="text/event-stream", headers=headers)
+
+    async def _relay(self, resp: httpx.Response) -> AsyncIterator[bytes]:
+        tail = b""
+        failure: tuple[str, str] | None = None
+        try:
+            async for chunk in resp.aiter_raw():
+                tail = (tail + chunk)[-TAIL_BYTES:]
+                yield chunk
+        except httpx.TransportError as err:
+            # The status line has gone out already: the failure travels as an event.
+            message = await self._failure_message(err)
+            failure = (message, "crash")
+            event = {"error": {"message": message, "type": "backend_error"}}
+            yield f"data: {json.dumps(event)}\n\n".encode()
+        finally:
+            await resp.aclose()
+            final = _last_event_with(tail, b'"timings"')
+            if failure is not None:
+                self.record(final, 502, *failure)
+            elif final is None and not tail.rstrip().endswith(b"[DONE]"):
+                self.record(None, 499, "the client went away before the end", "client")
+            else:
+                self.record(final, 200, None)
+
+    def record(
+        self,
+        answer: dict[str, Any] | None,
+        status: int,
+        message: str | None,
+        kind: str | None = None,
+    ) -> None:
+        recorder = self.service.recorder
+        if recorder is None:
+            return
+        try:
+            recorder.put(self._run(answer, status, message, kind))
+        except Exception:  # recording must never fail a request
+            log.exception("could not record a served request")
+
+    def _run(
+        self, answer: dict[str, Any] | None, status: int, message: str | None, kind: str | None
+    ) -> RunRecord:
+        seconds = time.perf_counter() - self.t0
+        timings = answer.get("timings") if isinstance(answer, dict) else None
+        timings = timings if isinstance(timings, dict) else {}
+        draft_n = int(timings.get("draft_n", 0) or 0)
+        accepted = int(timings.get("draft_n_accepted", 0) or 0)
+        tps = timings.get("predicted_per_second")
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        finish = None
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            finish = choices[0].get("finish_reason")
+        template = self.service.templates[self.backend.name]
+        ok = status == 200
+        prompt = PromptRecord(
+            prompt_id="request",
+            prompt_sha256=hashlib.sha256(self.raw).hexdigest(),
+            n_samples=1,
+            prompt_n=_int(timings.get("prompt_n")),
+            predicted_n=_int(timings.get("predicted_n")),
+            tokens_per_s=float(tps) if tps else None,
+            samples_tps=(float(tps),) if tps else (),
+            draft_n=draft_n if timings else None,
+            draft_n_accepted=accepted if timings else None,
+            stop_type=str(finish) if finish else None,
+        )
+        temperature = self.body.get("temperature")
+        seed = self.body.get("seed")
+        max_tokens = self.body.get("max_tokens", self.body.get("n_predict"))
+        return replace(
+            template,
+            status="ok" if ok else "failed",
+            started_at=self.started,
+            seconds=seconds,
+            error_kind=None if ok else (kind or "request"),
+            error=None if ok else f"HTTP {status}: {message or ''}".strip(),
+            llama_message=None if ok else message,
+            config={
+                **template.config,
+                "endpoint": self.path,
+                "stream": bool(self.body.get("stream")),
+                "task_source": self.cls.source,
+                "route": self.route.source,
+                "latency_ms": round(seconds * 1000, 3),
+                "prompt_ms": timings.get("prompt_ms"),
+                "predicted_ms": timings.get("predicted_ms"),
+            },
+            temperature=float(temperature) if isinstance(temperature, (int, float)) else None,
+            seed=int(seed) if isinstance(seed, int) else None,
+            task=self.cls.task,
+            n_predict=int(max_tokens) if isinstance(max_tokens, int) else None,
+            tokens_per_s=float(tps) if ok and tps else None,
+            draft_n=draft_n if timings else None,
+            draft_n_accepted=accepted if timings else None,
+            acceptance=accepted / draft_n if draft_n else None,
+            speculative_active=self.backend.speculative,
+            log_path=str(self.backend.log_path) if self.backend.log_path else None,
+            prompts=(prompt,),
+        )
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def _error_message(parsed: Any) -> str | None:
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return str(parsed["error"].get("message", "")) or None
+    return None
+
+
+def _last_event_with(stream: bytes, needle: bytes) -> dict[str, Any] | None:
+    """The last server-sent event in `stream` whose data contains `needle`, parsed."""
+    for line in reversed(stream.split(b"\n")):
+        if line.startswith(b"data:") and needle in line:
+            got = _loads(line[5:].strip())
+            return got if isinstance(got, dict) else None
+    return None

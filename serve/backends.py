@@ -1,0 +1,281 @@
+"""Backends: llama-server processes that specreg starts, watches and restarts.
+
+Each backend is the runner's `LlamaServer` (its own process group, SIGKILLed by Linux when
+specreg dies, a free port on 127.0.0.1, health polled until ready, llama.cpp's own message on
+failure). Starting and stopping happen on one dedicated thread that lives as long as the
+pool: PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so a child
+started from a short-lived worker thread would be killed when that thread ended.
+
+Why supervised processes rather than llama.cpp's router mode (`--models-preset`, one preset
+per configuration): the router picks a backend by the request's `model` field only, so
+specreg would still have to sit in front to classify the task and record the run - a second
+proxy hop on every request. The router spawns and unloads its children itself (cold starts
+land inside served requests), keeps their logs in its own, and its children are outside the
+process group and death signal specreg guarantees for every llama.cpp process it runs. Owning
+the processes gives one hop, a crash report that names the backend with llama.cpp's last
+line, and the same cleanup guarantee as `specreg run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes  # noqa: F401 - imported before any fork: the child's death-signal hook uses it
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from specreg.runner.server import STARTUP_TIMEOUT_S, LlamaServer, ServerFailed, llama_message
+from specreg.serve.memory import Resident, resident
+from specreg.serve.routes import BackendSpec, RouteTable
+
+log = logging.getLogger(__name__)
+
+SUPERVISE_INTERVAL_S = 0.25
+# A crashed backend is started again this many times in a row before it is given up.
+MAX_RESTARTS = 5
+RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+# After a broken connection, how long to wait for the process to be reapable.
+EXIT_WAIT_S = 2.0
+
+
+class BackendUnavailable(Exception):
+    """The backend is not serving; the message names it and says why."""
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    name: str
+    ready: bool
+    pid: int | None
+    port: int | None
+    starts: int
+    speculative: bool | None  # /slots[].speculative after start
+    last_exit: str
+    failure: str
+    memory: Resident | None
+
+
+class Backend:
+    def __init__(
+        self,
+        spec: BackendSpec,
+        *,
+        env: dict[str, str],
+        logs: Path,
+        executor: ThreadPoolExecutor,
+        startup_timeout: float = STARTUP_TIMEOUT_S,
+    ):
+        self.spec = spec
+        self.name = spec.name
+        self.env = env
+        self.logs = logs
+        self.executor = executor
+        self.startup_timeout = startup_timeout
+        self.server: LlamaServer | None = None
+        self.url = ""
+        self.ready = asyncio.Event()
+        self.starts = 0
+        self.speculative: bool | None = None
+        self.spec_warning = ""
+        self.last_exit = ""  # how the last process ended, with llama.cpp's message
+        self.failure = ""  # set when the backend was given up
+        self.stopping = False
+        self.restarting = False
+
+    # -- process --------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        proc = self.server.proc if self.server is not None else None
+        return proc.pid if proc is not None else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.server.log_path if self.server is not None else None
+
+    def exit_code(self) -> int | None:
+        proc = self.server.proc if self.server is not None else None
+        return proc.poll() if proc is not None else None
+
+    def _start_blocking(self, server: LlamaServer) -> tuple[bool | None, str]:
+        server.start()
+        if not self.spec.config.speculative:
+            return None, ""
+        return server.speculative_slots(), server.spec_init_error()
+
+    async def start(self) -> None:
+        """Start a new process; `ServerFailed` (llama.cpp's message) when it cannot serve."""
+        self.ready.clear()
+        self.starts += 1
+        server = LlamaServer(
+            list(self.spec.argv),
+            env=self.env,
+            log_path=self.logs / f"serve-{self.name}-{self.starts}.log",
+            startup_timeout=self.startup_timeout,
+        )
+        loop = asyncio.get_running_loop()
+        try:
+            spec_on, spec_err = await loop.run_in_executor(
+                self.executor, self._start_blocking, server
+            )
+        except BaseException:
+            await loop.run_in_executor(self.executor, server.stop)
+            raise
+        self.server = server
+        self.url = f"http://127.0.0.1:{server.port}"
+        self.speculative = spec_on
+        if spec_err or spec_on is False:
+            self.spec_warning = (
+                f"{self.name} serves without speculation: {spec_err or 'no speculative slot'}"
+            )
+            log.warning(self.spec_warning)
+        self.ready.set()
+
+    async def stop(self) -> None:
+        self.stopping = True
+        self.ready.clear()
+        if self.server is not None:
+            await asyncio.get_running_loop().run_in_executor(self.executor, self.server.stop)
+
+    def describe_exit(self, rc: int) -> str:
+        text = self.server.log_text() if self.server is not None else ""
+        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        message = llama_message(text) or "(nothing logged)"
+        return f"llama-server {how}; llama.cpp's last message: {message}"
+
+    async def crash_report(self, wait: float = EXIT_WAIT_S) -> str | None:
+        """How the process ended, if it did within `wait` seconds (a broken connection comes
+        a moment before the process can be reaped); None while it is still running."""
+        deadline = time.monotonic() + wait
+        while self.exit_code() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        rc = self.exit_code()
+        return None if rc is None else self.describe_exit(rc)
+
+    async def wait_ready(self, timeout: float) -> None:
+        if self.failure:
+            raise BackendUnavailable(f"backend {self.name} is down: {self.failure}")
+        if self.ready.is_set():
+            return
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout)
+        except asyncio.TimeoutError as err:
+            why = f" (last exit: {self.last_exit})" if self.last_exit else ""
+            raise BackendUnavailable(
+                f"backend {self.name} was not ready within {timeout:.0f} s{why}"
+            ) from err
+
+    def status(self) -> BackendStatus:
+        pid = self.pid
+        return BackendStatus(
+            name=self.name,
+            ready=self.ready.is_set(),
+            pid=pid,
+            port=self.server.port if self.server is not None else None,
+            starts=self.starts,
+            speculative=self.speculative,
+            last_exit=self.last_exit,
+            failure=self.failure,
+            memory=resident(pid) if pid is not None and self.exit_code() is None else None,
+        )
+
+
+class BackendPool:
+    """Every backend of a route table; restarts the ones that exit."""
+
+    def __init__(
+        self,
+        table: RouteTable,
+        *,
+        env: dict[str, str],
+        logs: Path,
+        startup_timeout: float = STARTUP_TIMEOUT_S,
+        on_restart: Callable[[Backend, str], None] | None = None,
+    ):
+        # One long-lived thread starts and stops every process (see the module docstring).
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specreg-backends")
+        logs.mkdir(parents=True, exist_ok=True)
+        self.backends = {
+            spec.name: Backend(
+                spec, env=env, logs=logs, executor=self.executor, startup_timeout=startup_timeout
+            )
+            for spec in table.backends
+        }
+        self.on_restart = on_restart
+        self._supervisor: asyncio.Task[None] | None = None
+        self._restarts: set[asyncio.Task[None]] = set()
+
+    def __getitem__(self, name: str) -> Backend:
+        return self.backends[name]
+
+    async def start(self) -> None:
+        """Start every backend (one after the other: they share the cores while loading)."""
+        try:
+            for backend in self.backends.values():
+                await backend.start()
+        except BaseException:
+            await self.stop()
+            raise
+        self._supervisor = asyncio.create_task(self._supervise(), name="specreg-supervisor")
+
+    async def stop(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        for task in list(self._restarts):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for backend in self.backends.values():
+            with contextlib.suppress(Exception):
+                await backend.stop()
+        self.executor.shutdown(wait=True)
+
+    def restart_soon(self, backend: Backend) -> None:
+        """Restart `backend` in the background unless that is already under way."""
+        if backend.restarting or backend.stopping or backend.failure:
+            return
+        backend.restarting = True
+        backend.ready.clear()
+        task = asyncio.create_task(self._restart(backend), name=f"restart-{backend.name}")
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _restart(self, backend: Backend) -> None:
+        try:
+            rc = backend.exit_code()
+            if rc is not None:
+                backend.last_exit = backend.describe_exit(rc)
+            log.warning("backend %s stopped (%s): restarting", backend.name, backend.last_exit)
+            if backend.server is not None:
+                await asyncio.get_running_loop().run_in_executor(
+                    backend.executor, backend.server.stop
+                )
+            for attempt, pause in enumerate(RESTART_BACKOFF_S[:MAX_RESTARTS], 1):
+                try:
+                    await backend.start()
+                    if self.on_restart is not None:
+                        self.on_restart(backend, backend.last_exit)
+                    return
+                except ServerFailed as err:
+                    backend.last_exit = str(err)
+                    log.warning("restart %d of %s failed: %s", attempt, backend.name, err)
+                    await asyncio.sleep(pause)
+            backend.failure = f"gave up after {MAX_RESTARTS} restarts; {backend.last_exit}"
+        finally:
+            backend.restarting = False
+
+    async def _supervise(self) -> None:
+        while True:
+            await asyncio.sleep(SUPERVISE_INTERVAL_S)
+            for backend in self.backends.values():
+                if backend.ready.is_set() and backend.exit_code() is not None:
+                    self.restart_soon(backend)
+
+    def status(self) -> list[BackendStatus]:
+        return [b.status() for b in self.backends.values()]

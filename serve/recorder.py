@@ -1,0 +1,87 @@
+"""Served requests become runs in the registry, written from a thread in batches.
+
+DuckDB lets one process hold a registry open for writing, so the recorder opens it only to
+write a batch and closes it again: `specreg runs` (and the recommender) can read the registry
+while `serve` runs. A batch that finds the registry busy waits for the next turn.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from pathlib import Path
+
+from specreg.errors import RegistryError
+from specreg.registry.db import opened
+from specreg.registry.runs import RunRecord, record_run
+
+log = logging.getLogger(__name__)
+
+FLUSH_INTERVAL_S = 1.0
+MAX_PENDING = 20000
+
+
+class RunRecorder:
+    """Queue runs with `put` (cheap, any thread); a daemon thread writes them."""
+
+    def __init__(self, db_path: Path, *, interval: float = FLUSH_INTERVAL_S):
+        self.db_path = db_path
+        self.interval = interval
+        self._pending: collections.deque[RunRecord] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="specreg-runs", daemon=True)
+        self.written = 0
+        self.dropped = 0
+        self.last_error = ""
+
+    def start(self) -> RunRecorder:
+        self._thread.start()
+        return self
+
+    def put(self, run: RunRecord) -> None:
+        with self._lock:
+            if len(self._pending) >= MAX_PENDING:
+                self._pending.popleft()
+                self.dropped += 1
+            self._pending.append(run)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued and stop the thread."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def flush(self) -> None:
+        """Write what is queued now, in the caller's thread."""
+        with self._lock:
+            batch = list(self._pending)
+            self._pending.clear()
+        if not batch:
+            return
+        done = 0
+        try:
+            with opened(self.db_path) as con:
+                for run in batch:
+                    record_run(con, run)
+                    done += 1
+        except RegistryError as err:
+            self.last_error = str(err)
+            log.warning("runs not written yet (%s): retrying", err)
+            with self._lock:
+                self._pending.extendleft(reversed(batch[done:]))
+        self.written += done
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            self.flush()
+        self.flush()

@@ -1,0 +1,318 @@
+"""The route table: for every target and task, the configuration to serve it with, and why.
+
+A task's configuration is the one pinned in specreg.yaml for a role on that target, else the
+top of `recommend` for this host (through `open_advisor`, like every other command). Tasks
+whose configurations are equal share one backend: a backend is identified by the exact
+llama-server flags it runs with, so two routes that would start the same process start it once.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from specreg.declare.launch import DEFAULT_DRAFT_MAX, DIALECT_CURRENT
+from specreg.declare.spec import PinnedConfig, RoleDecl, Spec
+from specreg.errors import UsageError
+from specreg.jsonout import document
+from specreg.recommender.advisor import Advisor
+from specreg.registry.queries import ModelRecord, get_model
+from specreg.runner.config import SPEC_NONE, Config, server_argv
+from specreg.runner.host import Host
+from specreg.runner.llama import LlamaInstall
+from specreg.runner.runs import model_record, with_expert_key
+from specreg.runner.tune import option_config
+from specreg.terms import TASKS, canonical_task
+
+SOURCE_PINNED = "pinned"
+SOURCE_RECOMMENDED = "recommended"
+# llama-server slots per backend. One, as every measurement the recommendation rests on was
+# taken with one slot; more slots batch concurrent requests but change the speed trade-offs.
+DEFAULT_PARALLEL = 1
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_name(text: str) -> str:
+    """A name fit for an HTTP header and a file name (model names come from GGUF files)."""
+    return _UNSAFE.sub("-", text).strip("-")[:80] or "model"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A model clients can ask for: `name` is what /v1/models lists."""
+
+    name: str
+    model_id: str
+    path: str
+    aliases: tuple[str, ...] = ()
+
+    def answers_to(self, model: str) -> bool:
+        return model in (self.name, self.model_id, *self.aliases) or (
+            len(model) >= 8 and self.model_id.startswith(model)
+        )
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One llama-server process: a target run with one configuration."""
+
+    name: str
+    target: Target
+    config: Config
+    draft_id: str | None
+    draft_path: str | None
+    prefix: tuple[str, ...]  # e.g. numactl --interleave=all on a multi-node host
+    binary: str
+    flags: tuple[str, ...]  # llama-server flags after the binary, without --host/--port
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return (*self.prefix, self.binary, *self.flags)
+
+    @property
+    def command(self) -> str:
+        """The command line as a user would type it (shell-quoted: paths are untrusted)."""
+        return shlex.join([*self.argv, "--host", "127.0.0.1", "--port", "PORT"])
+
+
+@dataclass(frozen=True)
+class Route:
+    target: str
+    task: str
+    backend: str
+    config_label: str
+    source: str  # pinned | recommended
+    reason: str
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    """Targets, their routes per task and the backends the routes share."""
+
+    JSON_KIND = "serve-routes"
+    JSON_VERSION = "1"
+
+    targets: tuple[Target, ...]
+    routes: tuple[Route, ...]
+    backends: tuple[BackendSpec, ...]
+    notes: tuple[str, ...] = ()
+
+    def route(self, target: str, task: str) -> Route:
+        for r in self.routes:
+            if r.target == target and r.task == task:
+                return r
+        raise KeyError((target, task))
+
+    def backend(self, name: str) -> BackendSpec:
+        for b in self.backends:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def find_target(self, model: str | None) -> Target | None:
+        """The target a request's `model` names; the only target when there is one."""
+        if model:
+            for t in self.targets:
+                if t.answers_to(model):
+                    return t
+        return self.targets[0] if len(self.targets) == 1 else None
+
+    def to_json(self) -> dict[str, Any]:
+        return document(
+            self.JSON_KIND,
+            self.JSON_VERSION,
+            {
+                "targets": self.targets,
+                "routes": self.routes,
+                "backends": [
+                    {
+                        "name": b.name,
+                        "target": b.target.name,
+                        "config": b.config.to_json(),
+                        "config_label": b.config.label,
+                        "draft_path": b.draft_path,
+                        "argv": list(b.argv),
+                        "command": b.command,
+                        "tasks": [r.task for r in self.routes if r.backend == b.name],
+                    }
+                    for b in self.backends
+                ],
+                "notes": self.notes,
+            },
+        )
+
+
+def split_model(model: str | None) -> tuple[str | None, str | None]:
+    """`target:code` -> (target, "code"); a name without a known task suffix is kept whole."""
+    if not model or ":" not in model:
+        return model, None
+    head, _, tail = model.rpartition(":")
+    if canonical_task(tail.lower()) in TASKS:
+        return head, tail
+    return model, None
+
+
+# -- planning --------------------------------------------------------------------------------
+
+
+def _role_for(spec: Spec | None, target: ModelRecord) -> RoleDecl | None:
+    if spec is None:
+        return None
+    for role in spec.roles:
+        decl = spec.model(role.target)
+        if decl is not None and decl.id == target.model_id:
+            return role
+    return None
+
+
+def _pinned(role: RoleDecl | None, task: str) -> PinnedConfig | None:
+    if role is None:
+        return None
+    by_task = {canonical_task(c.task): c for c in role.configs}
+    return by_task.get(task) or by_task.get("default")
+
+
+def pinned_config(
+    con: duckdb.DuckDBPyConnection, spec: Spec, cfg: PinnedConfig, target: ModelRecord
+) -> tuple[Config, ModelRecord | None]:
+    """The runner's configuration for a configuration pinned in specreg.yaml, and its draft."""
+    types = [t for t in cfg.spec_types if t != SPEC_NONE]
+    if len(types) > 1:
+        raise UsageError(
+            f"{cfg.where}: serve runs one speculative type per backend, got {', '.join(types)}"
+        )
+    draft: ModelRecord | None = None
+    k = cfg.draft_max
+    if cfg.draft is not None:
+        decl = spec.model(cfg.draft)
+        draft = get_model(con, decl.id) if decl is not None else None
+        if draft is None:
+            raise UsageError(f"{cfg.field_where('draft')}: the draft is not in the registry")
+        if k is None:
+            k = DEFAULT_DRAFT_MAX[DIALECT_CURRENT]  # stated, not left to the build's default
+    config = Config(
+        spec_type=types[0] if types else SPEC_NONE,
+        k=k,
+        p_min=cfg.draft_p_min,
+        experts=cfg.experts,
+    )
+    return with_expert_key(config, target), draft
+
+
+def _target(rec: ModelRecord, spec: Spec | None, taken: set[str]) -> Target:
+    decl = spec.model(rec.model_id) if spec is not None else None
+    aliases = decl.aliases if decl is not None else ()
+    name = safe_name(aliases[0] if aliases else Path(rec.path).stem)
+    if name in taken:
+        name = f"{name}-{rec.model_id[:8]}"
+    taken.add(name)
+    return Target(name=name, model_id=rec.model_id, path=rec.path, aliases=aliases)
+
+
+def plan_routes(
+    con: duckdb.DuckDBPyConnection,
+    install: LlamaInstall,
+    host: Host,
+    advisor: Advisor,
+    targets: Sequence[str],
+    *,
+    spec: Spec | None = None,
+    threads: int | None = None,
+    ctx: int | None = None,
+    parallel: int = DEFAULT_PARALLEL,
+) -> RouteTable:
+    """Choose every (target, task)'s configuration and the backends that serve them."""
+    refs = list(targets)
+    if not refs and spec is not None:
+        refs = list(dict.fromkeys(role.target for role in spec.roles))
+    if not refs:
+        raise UsageError(
+            "nothing to serve: give a TARGET (model path, name or id), or a specreg.yaml "
+            "with roles (--spec)"
+        )
+    records: list[ModelRecord] = []
+    for ref in refs:
+        decl = spec.model(ref) if spec is not None else None
+        if decl is not None:
+            rec = get_model(con, decl.id)
+            if rec is None:
+                raise UsageError(f"{ref} is declared in {spec.path if spec else ''} but not in "
+                                 "the registry: run `specreg plan` or `specreg scan`")  # fmt: skip
+        elif Path(ref).is_file():
+            rec = model_record(con, Path(ref))
+        else:
+            from specreg.registry.queries import resolve_model
+
+            rec = resolve_model(con, ref)
+        if rec.model_id not in {r.model_id for r in records}:
+            records.append(rec)
+
+    taken: set[str] = set()
+    out_targets: list[Target] = []
+    routes: list[Route] = []
+    backends: dict[tuple[str, ...], BackendSpec] = {}
+    notes: list[str] = []
+    if advisor.n_local == 0:
+        notes.append(
+            "no runs on this host yet: recommendations come from the shipped prior; served "
+            "requests are recorded and refine them"
+        )
+    for rec in records:
+        target = _target(rec, spec, taken)
+        out_targets.append(target)
+        role = _role_for(spec, rec)
+        for task in TASKS:
+            cfg = _pinned(role, task)
+            draft: ModelRecord | None = None
+            if cfg is not None and role is not None and spec is not None:
+                config, draft = pinned_config(con, spec, cfg, rec)
+                source = SOURCE_PINNED
+                reason = f"pinned in {cfg.where} (role {role.name})"
+            else:
+                rank = advisor.recommend(con, rec.model_id, task=task)
+                best = rank.best
+                config = option_config(best).with_(temperature=0.0)
+                draft = get_model(con, best.draft_id) if best.draft_id else None
+                source = SOURCE_RECOMMENDED
+                reason = (
+                    f"recommend: {best.label} predicted {best.tps:.1f} t/s "
+                    f"({best.speedup_str} vs plain)"
+                    + (f", {best.n_measured} run(s) measured here" if best.n_measured else "")
+                )
+            config = config.with_(threads=threads, **({"ctx": ctx} if ctx is not None else {}))
+            draft_path = Path(draft.path) if draft is not None else None
+            flags = (
+                "-np",
+                str(parallel),
+                "--metrics",
+                "--alias",
+                target.name,
+                *server_argv(config, Path(rec.path), draft_path, install.dialect, host),
+            )
+            key = (str(install.server), *flags)
+            if key not in backends:
+                label = config.label.replace(" ", "-").replace("=", "")
+                if draft_path is not None:
+                    label += f"-{draft_path.stem}"
+                name = safe_name(f"{target.name}~{label}")
+                if name in {b.name for b in backends.values()}:
+                    name = f"{name}-{len(backends) + 1}"
+                backends[key] = BackendSpec(
+                    name=name,
+                    target=target,
+                    config=config,
+                    draft_id=draft.model_id if draft is not None else None,
+                    draft_path=str(draft_path) if draft_path is not None else None,
+                    prefix=tuple(host.launch_prefix()),
+                    binary=str(install.server),
+                    flags=flags,
+                )
+            b = backends[key]
+            routes.append(Route(target.name, task, b.name, config.label, source, reason))
+    return RouteTable(tuple(out_targets), tuple(routes), tuple(backends.values()), tuple(notes))

@@ -1,0 +1,249 @@
+"""Run `serve`: start the backends, serve HTTP until told to stop, then stop everything.
+
+SIGTERM and SIGINT stop the HTTP server gracefully, then every backend (process group,
+SIGTERM then SIGKILL) and write the runs still queued. SIGKILL of specreg leaves nothing
+behind either: Linux kills every backend with it (the runner's death signal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from types import FrameType
+
+from specreg.errors import UsageError
+from specreg.registry.runs import RunRecord
+from specreg.runner.host import Host
+from specreg.runner.llama import LlamaInstall
+from specreg.runner.measure import logs_dir
+from specreg.runner.server import STARTUP_TIMEOUT_S
+from specreg.serve.app import (
+    DEFAULT_MAX_BODY,
+    KIND_SERVE,
+    REGIME_WARM,
+    REQUEST_TIMEOUT_S,
+    Service,
+)
+from specreg.serve.backends import BackendPool, BackendStatus
+from specreg.serve.classify import fitted_classifier
+from specreg.serve.recorder import RunRecorder
+from specreg.serve.routes import DEFAULT_PARALLEL, BackendSpec, RouteTable, plan_routes
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+PROMPT_SET = "serve"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = LOOPBACK
+    port: int = 8080
+    max_body: int = DEFAULT_MAX_BODY
+    startup_timeout: float = STARTUP_TIMEOUT_S
+    request_timeout: float = REQUEST_TIMEOUT_S
+    record: bool = True
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(self.host)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail before any backend starts when the address is taken (uvicorn would exit)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            raise UsageError(
+                f"cannot listen on {host}:{port} ({err.strerror}): pass another --port, or "
+                "stop what holds it"
+            ) from err
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything `serve` needs, resolved before any process starts."""
+
+    table: RouteTable
+    install: LlamaInstall
+    host: Host
+
+
+def prepare(
+    db_path: Path,
+    targets: Sequence[str],
+    *,
+    spec_path: Path | None = None,
+    llama_bin: Path | None = None,
+    bandwidth: float | None = None,
+    threads: int | None = None,
+    ctx: int | None = None,
+    parallel: int = DEFAULT_PARALLEL,
+) -> Prepared:
+    """Find llama.cpp, read specreg.yaml when there is one, and plan every route."""
+    from specreg.declare.spec import load_spec
+    from specreg.recommender.advisor import open_advisor
+    from specreg.recommender.host import detect_host_facts
+    from specreg.registry.db import opened
+    from specreg.runner.host import detect_host
+    from specreg.runner.llama import find_llama
+
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {threads}")
+    if parallel < 1:
+        raise UsageError(f"--parallel must be at least 1, got {parallel}")
+    install = find_llama(llama_bin)
+    host = detect_host()
+    spec = load_spec(spec_path)[0] if spec_path is not None and spec_path.exists() else None
+    with opened(db_path) as con:
+        advisor = open_advisor(con, detect_host_facts(bandwidth, fingerprint=host.fingerprint))
+        table = plan_routes(
+            con, install, host, advisor, targets,
+            spec=spec, threads=threads, ctx=ctx, parallel=parallel,
+        )  # fmt: skip
+    return Prepared(table, install, host)
+
+
+def run_template(spec: BackendSpec, install: LlamaInstall, host: Host) -> RunRecord:
+    """The fields every served request on `spec` shares; the request fills in the rest."""
+    c = spec.config
+    return RunRecord(
+        kind=KIND_SERVE,
+        status="ok",
+        started_at=datetime.now(timezone.utc),
+        config={**c.to_json(), "engine": "server", "regime": REGIME_WARM, "backend": spec.name},
+        config_label=c.label,
+        spec_type=c.spec_type,
+        target_model_id=spec.target.model_id,
+        draft_model_id=spec.draft_id,
+        target_path=spec.target.path,
+        draft_path=spec.draft_path,
+        k=c.k,
+        p_min=c.p_min,
+        draft_threads=c.draft_threads,
+        experts=c.experts,
+        behaviour_changing=c.experts is not None,
+        llama_version=install.version,
+        llama_dialect=install.dialect,
+        llama_bin_dir=str(install.bin_dir),
+        argv=spec.argv,
+        host_fingerprint=host.fingerprint,
+        host=host.to_json(),
+        threads=c.threads or host.threads,
+        prompt_set=PROMPT_SET,
+        repeats=1,
+    )
+
+
+def serve(
+    table: RouteTable,
+    install: LlamaInstall,
+    host: Host,
+    db_path: Path,
+    options: ServeOptions,
+    *,
+    on_ready: Callable[[list[BackendStatus]], None] | None = None,
+) -> str:
+    """Serve until SIGTERM/SIGINT; return why it stopped. `ServerFailed` if a backend
+    cannot start (nothing is left running)."""
+    check_port(options.host, options.port)
+    return asyncio.run(_main(table, install, host, db_path, options, on_ready))
+
+
+async def _main(
+    table: RouteTable,
+    install: LlamaInstall,
+    host: Host,
+    db_path: Path,
+    options: ServeOptions,
+    on_ready: Callable[[list[BackendStatus]], None] | None,
+) -> str:
+    import uvicorn
+
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    stop: dict[str, object] = {"why": "", "server": None}
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # Before HTTP serving starts (backends loading) cancel the start-up; afterwards
+        # uvicorn has its own handlers and calls this one again once it has shut down.
+        stop["why"] = stop["why"] or signal.Signals(signum).name
+        server = stop["server"]
+        if server is None and main is not None:
+            loop.call_soon_threadsafe(main.cancel)
+        elif isinstance(server, uvicorn.Server):
+            server.should_exit = True
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    classifier = fitted_classifier()
+    recorder = RunRecorder(db_path).start() if options.record else None
+    pool = BackendPool(
+        table, env=host.env(), logs=logs_dir(), startup_timeout=options.startup_timeout
+    )
+    service = Service(
+        table,
+        pool,
+        classifier,
+        templates={b.name: run_template(b, install, host) for b in table.backends},
+        recorder=recorder,
+        max_body=options.max_body,
+        ready_timeout=options.startup_timeout,
+        request_timeout=options.request_timeout,
+    )
+    try:
+        await pool.start()
+        await service.open()
+        config = uvicorn.Config(
+            service.app,
+            host=options.host,
+            port=options.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=10,
+        )
+        server = uvicorn.Server(config)
+        stop["server"] = server
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if server.started and on_ready is not None:
+            on_ready(pool.status())
+        await task
+    except asyncio.CancelledError:
+        if not stop["why"]:
+            raise
+    finally:
+        await service.close()
+        await pool.stop()
+        if recorder is not None:
+            recorder.close()
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, handler)
+    return str(stop["why"] or "stopped")

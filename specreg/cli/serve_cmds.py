@@ -1,0 +1,128 @@
+"""`specreg serve`: an OpenAI-compatible server that routes each request by task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+from rich.table import Table
+
+from specreg.cli.common import console, db_option, err_console, json_option, resolve_db
+
+if TYPE_CHECKING:
+    from specreg.serve.routes import RouteTable
+
+SERVE_EXTRA_HINT = "specreg serve needs starlette, uvicorn and httpx: pip install 'specreg[serve]'"
+
+
+@click.command("serve")
+@click.argument("targets", nargs=-1)
+@click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
+@click.option(
+    "--host",
+    "bind",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. Anything but loopback is reachable from other machines, "
+    "without authentication.",
+)
+@click.option(
+    "--spec",
+    "spec_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("specreg.yaml"),
+    show_default=True,
+    help="specreg.yaml whose roles pin configurations per task (used when it exists).",
+)
+@click.option("--threads", type=int, default=None, help="Threads per backend (default: cores).")
+@click.option("--ctx", type=int, default=None, help="Context size per backend.")
+@click.option("--parallel", type=int, default=1, show_default=True, help="Slots per backend.")
+@click.option(
+    "--max-body", type=int, default=1 << 20, show_default=True, help="Largest request (bytes)."
+)
+@click.option("--llama-bin", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.option("--bandwidth", type=float, default=None, help="Memory bandwidth in GB/s.")
+@click.option("--no-record", is_flag=True, help="Do not record served requests as runs.")
+@click.option(
+    "--dry-run", is_flag=True, help="Print the route table with the reasons; start nothing."
+)
+@db_option
+@json_option
+def serve_cmd(
+    targets: tuple[str, ...],
+    port: int,
+    bind: str,
+    spec_path: Path,
+    threads: int | None,
+    ctx: int | None,
+    parallel: int,
+    max_body: int,
+    llama_bin: Path | None,
+    bandwidth: float | None,
+    no_record: bool,
+    dry_run: bool,
+    db_path: Path | None,
+    as_json: bool,
+) -> None:
+    """Serve TARGETs (model paths, names or ids; default: the roles in specreg.yaml) with an
+    OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health).
+
+    Each request is classified into a task (or forced with an X-Specreg-Task header or a
+    `model` of `TARGET:TASK`) and forwarded to a llama-server running that task's
+    configuration: the one pinned in specreg.yaml, else the top of `recommend` for this host.
+    Every request is recorded as a run (`specreg runs`).
+    """
+    try:
+        from specreg.serve import serving
+    except ImportError as err:
+        from specreg.errors import UsageError
+
+        raise UsageError(SERVE_EXTRA_HINT) from err
+    prepared = serving.prepare(
+        resolve_db(db_path), targets, spec_path=spec_path, llama_bin=llama_bin,
+        bandwidth=bandwidth, threads=threads, ctx=ctx, parallel=parallel,
+    )  # fmt: skip
+    if dry_run:
+        _print_routes(prepared.table, as_json)
+        return
+    options = serving.ServeOptions(host=bind, port=port, max_body=max_body, record=not no_record)
+    if not options.loopback:
+        err_console().print(
+            f"warning: listening on {bind}, not loopback: anyone who can reach this machine "
+            "can use these models (there is no authentication)"
+        )
+    why = serving.serve(
+        prepared.table, prepared.install, prepared.host, resolve_db(db_path), options,
+        on_ready=lambda status: _print_ready(options.url, prepared.table, status),
+    )  # fmt: skip
+    err_console().print(f"stopped ({why}); every backend has exited")
+
+
+def _print_routes(table: RouteTable, as_json: bool) -> None:
+    if as_json:
+        from specreg.jsonout import dumps
+
+        click.echo(dumps(table.to_json()))
+        return
+    out = console()
+    grid = Table("target", "task", "backend", "config", "source", "why", box=None)
+    for r in table.routes:
+        grid.add_row(r.target, r.task, r.backend, r.config_label, r.source, r.reason)
+    out.print(grid)
+    for b in table.backends:
+        out.print(f"{b.name}:  {b.command}")
+    for note in table.notes:
+        out.print(f"note: {note}")
+
+
+def _print_ready(url: str, table: RouteTable, status: list) -> None:  # type: ignore[type-arg]
+    out = err_console()
+    names = ", ".join(t.name for t in table.targets)
+    out.print(f"serving {names} at {url}/v1 (OpenAI API); health at {url}/health")
+    for s in status:
+        tasks = ", ".join(r.task for r in table.routes if r.backend == s.name)
+        out.print(f"  backend {s.name} (pid {s.pid}, port {s.port}): {tasks}")
+
+
+COMMANDS = [serve_cmd]
