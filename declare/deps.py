@@ -94,17 +94,15 @@ def model_by_id(con: duckdb.DuckDBPyConnection, model_id: str) -> DiskModel | No
 
 def model_at_path(con: duckdb.DuckDBPyConnection, path: Path) -> DiskModel | None:
     """The model whose file (any part, or a symlink to it) is at `path`, if scanned."""
+    from specreg.registry.queries import model_id_at_path
+
     real = os.path.realpath(path)
     cands = {str(path), real}
     for m in list_models(con):
         if m.status != "gone" and cands & set(m.paths):
             return m
-    row = con.execute(
-        "SELECT model_id FROM files WHERE status = 'ok' AND (path = ? OR list_contains(links, ?)) "
-        "LIMIT 1",
-        [real, str(path)],
-    ).fetchone()
-    return model_by_id(con, row[0]) if row and row[0] else None
+    model_id = model_id_at_path(con, path, ok_only=True)
+    return model_by_id(con, model_id) if model_id else None
 
 
 def check_pair(con: duckdb.DuckDBPyConnection, target_id: str, draft_id: str) -> PairCheck:

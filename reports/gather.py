@@ -7,18 +7,18 @@ nothing to say yet (no runs recorded, no audit possible) yields an empty section
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import duckdb
+from gguf.constants import Keys
 
 from specreg.errors import UsageError
+from specreg.registry import queries
 from specreg.registry.queries import ModelRecord, file_errors, list_models
 from specreg.reports.data import (
     VERDICT_CODES,
@@ -33,6 +33,7 @@ from specreg.reports.data import (
     ScanView,
     TokFamily,
 )
+from specreg.terms import TASKS
 
 if TYPE_CHECKING:
     from specreg.registry.runs import RunRecord
@@ -43,7 +44,6 @@ NOT_RECOMMENDED = (
     "not computed for this report: `specreg report --recommend` adds the recommender's answer "
     "per task (it takes a while), or ask `specreg recommend TARGET --task TASK`"
 )
-TASKS = ("code", "prose", "summarize", "json", "math", "chat")
 _UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -97,35 +97,27 @@ def tokenizer_families(records: Sequence[ModelRecord]) -> tuple[TokFamily, ...]:
 
 
 def scan_history(con: duckdb.DuckDBPyConnection, limit: int = 20) -> tuple[ScanView, ...]:
-    # The registry has no query function for the scans table yet; this is the one read of it.
-    rows = con.execute(
-        # epoch(): reading TIMESTAMPTZ values directly would need pytz in the environment.
-        "SELECT scan_id, epoch(started_at), seconds, roots, host, n_files, n_new, n_changed,"
-        " n_removed, n_errors FROM scans ORDER BY scan_id DESC LIMIT ?",
-        [limit],
-    ).fetchall()
     return tuple(
-        ScanView(r[0], _utc(r[1]), r[2], tuple(r[3] or ()), r[4], r[5], r[6], r[7], r[8], r[9])
-        for r in rows
+        ScanView(
+            scan_id=s.scan_id,
+            started_at=s.started_at,
+            seconds=s.seconds,
+            roots=s.roots,
+            host=s.host,
+            n_files=s.n_files,
+            n_new=s.n_new,
+            n_changed=s.n_changed,
+            n_removed=s.n_removed,
+            n_errors=s.n_errors,
+        )
+        for s in queries.scan_history(con, limit)
     )
 
 
 def chat_templates(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     """Each model's chat template text (shown on its page; hostile like every GGUF string)."""
-    # One query for all models: queries.model_kv per model costs ~2 ms each at 200 models.
-    rows = con.execute(
-        "SELECT model_id, value FROM model_kv WHERE key = 'tokenizer.chat_template'"
-    ).fetchall()
-    out = {}
-    for model_id, value in rows:
-        text = json.loads(value) if value is not None else None
-        if isinstance(text, str):
-            out[model_id] = text
-    return out
-
-
-def _utc(epoch: float | None) -> datetime | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc)
+    values = queries.kv_values(con, Keys.Tokenizer.CHAT_TEMPLATE)
+    return {model_id: text for model_id, text in values.items() if isinstance(text, str)}
 
 
 # --- auditor --------------------------------------------------------------------------------
