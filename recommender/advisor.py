@@ -1,21 +1,28 @@
 """The one place the recommender is set up: `recommend`, `report --recommend` and `tune` all
 open an `Advisor` instead of assembling host facts, fitted model and evidence themselves.
+
+Opening one with a kept fit reads JSON and numpy arrays only; SciPy and scikit-learn are
+imported when a fit has to run (no kept model yet, new evidence, or tune's own estimator).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import duckdb
 
 from specreg.recommender.host import HostFacts
 from specreg.recommender.local import local_observations
-from specreg.recommender.model import SpeculationRegressor
+from specreg.recommender.predictor import SpeedPredictor
 from specreg.recommender.prior import Observation, load_prior
 from specreg.recommender.recommend import Recommendation, recommend
 from specreg.recommender.train import cached_fit, fit, load_trained
 from specreg.terms import POLICY_QUALITY
+
+if TYPE_CHECKING:
+    from specreg.recommender.model import SpeculationRegressor
 
 
 @dataclass(frozen=True)
@@ -26,7 +33,7 @@ class Advisor:
     """
 
     host: HostFacts
-    model: SpeculationRegressor
+    model: SpeedPredictor
     observations: tuple[Observation, ...]
     n_local: int
 
@@ -56,19 +63,21 @@ def open_advisor(
     host: HostFacts,
     *,
     estimator: SpeculationRegressor | None = None,
+    model: SpeedPredictor | None = None,
 ) -> Advisor:
     """The recommender for `host` with the registry's current evidence.
 
-    Without `estimator`: the model saved by `specreg train` if it matches this code and data,
-    else the cached fit on the prior plus this host's runs (refitted only when they change).
-    With `estimator` (tune's small ensemble): a fresh fit of that estimator, never cached.
+    Without `estimator` or `model`: the model saved by `specreg train` if it matches this code
+    and data, else the cached fit on the prior plus this host's runs (refitted only when they
+    change). With `estimator` (tune's small ensemble): a fresh fit of that estimator, never
+    cached. With `model`: that fitted model as it is, next to the current evidence.
     """
     local = local_observations(con, host)
-    model: SpeculationRegressor
-    if estimator is not None:
-        model = fit(local, estimator)
-    else:
-        trained = load_trained()
-        model = trained[0] if trained else cached_fit(local)
+    if model is None:
+        if estimator is not None:
+            model = fit(local, estimator).predictor()
+        else:
+            trained = load_trained()
+            model = trained[0] if trained else cached_fit(local)
     observations: Sequence[Observation] = (*load_prior().observations, *local)
     return Advisor(host=host, model=model, observations=tuple(observations), n_local=len(local))

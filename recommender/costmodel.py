@@ -8,8 +8,9 @@ probability `a`, a verification step yields `(1 - a^(K+1)) / (1 - a)` tokens on 
 (Leviathan et al., 2023). Throughput is tokens per step over seconds per step.
 
 The parameters of these formulas (efficiencies, overheads, the verify slope, and how acceptance
-depends on task, draft family and size) are fitted by `model.SpeculationRegressor`; everything
-here is pure numpy so it can be evaluated for thousands of candidates at once.
+depends on task, architecture family and relative size) are fitted by
+`model.SpeculationRegressor`; everything here is pure numpy so it can be evaluated for
+thousands of candidates at once.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from specreg.recommender.features import FAMILIES, TASKS, column, family_index, task_index
+from specreg.recommender.features import TASK_SLOTS, arch_index, column, task_index
+from specreg.terms import ARCH_FAMILIES
 
 # Cost of one MTP head step relative to a full target step (one extra layer of ~30-60).
 MTP_STEP_FRACTION = 0.05
@@ -58,15 +60,15 @@ class CostParams:
     draft_tau: float = 0.004
     verify_slope: float = 0.05  # extra verify cost per drafted token, relative to one step
     expert_share: float = 0.35  # share of a MoE step that does not scale with experts used
-    acc_bias: float = 1.0  # logit of per-token acceptance for a same-family draft, task unknown
-    acc_family: float = 1.0
+    acc_bias: float = 1.0  # logit of per-token acceptance, task unknown
+    acc_same_arch: float = 1.0  # draft and target of one architecture family
     acc_pre_differs: float = -1.0
     acc_size: float = 0.3  # per unit of log(draft params / target active params)
     acc_temp: float = -1.0  # per unit of temperature
-    acc_task: tuple[float, ...] = (0.0,) * len(TASKS)
-    acc_target_family: tuple[float, ...] = (0.0,) * len(FAMILIES)
+    acc_task: tuple[float, ...] = (0.0,) * len(TASK_SLOTS)
+    acc_target_arch: tuple[float, ...] = (0.0,) * len(ARCH_FAMILIES)  # per target arch family
     ngram_bias: float = -1.0
-    ngram_task: tuple[float, ...] = (0.0,) * len(TASKS)
+    ngram_task: tuple[float, ...] = (0.0,) * len(TASK_SLOTS)
     mtp_bias: float = 1.5
 
     def to_vector(self) -> np.ndarray:
@@ -92,11 +94,11 @@ class CostParams:
 
 
 def vector_length(name: str) -> int:
-    """How many numbers a CostParams field holds (tuples are per task or per family)."""
+    """How many numbers a CostParams field holds (tuples are per task or per arch family)."""
     return {
-        "acc_task": len(TASKS),
-        "ngram_task": len(TASKS),
-        "acc_target_family": len(FAMILIES),
+        "acc_task": len(TASK_SLOTS),
+        "ngram_task": len(TASK_SLOTS),
+        "acc_target_arch": len(ARCH_FAMILIES),
     }.get(name, 1)
 
 
@@ -116,8 +118,8 @@ def acceptance(X: np.ndarray, p: CostParams, shift: np.ndarray | float = 0.0) ->
     logit_draft = (
         p.acc_bias
         + np.asarray(p.acc_task)[t]
-        + np.asarray(p.acc_target_family)[family_index(X)]
-        + p.acc_family * column(X, "same_family")
+        + np.asarray(p.acc_target_arch)[arch_index(X)]
+        + p.acc_same_arch * column(X, "same_arch_family")
         + p.acc_pre_differs * column(X, "tok_pre_differs")
         + p.acc_size * column(X, "log_size_ratio")
         + p.acc_temp * temp

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.base import clone
 
-from specreg.recommender.features import COL, Method, feature_matrix
+from specreg.recommender.features import COL, feature_matrix
 from specreg.recommender.model import SpeculationRegressor
 from specreg.recommender.prior import Observation, SweepSeries
+from specreg.terms import Method
 
 # Tolerance of the K criterion: the picked K may lose this much against the measured best.
 K_LOSS_TOLERANCE = 0.10

@@ -11,25 +11,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from enum import Enum
 
 import numpy as np
 
+from specreg.terms import ARCH_FAMILIES, TASK_UNKNOWN, TASKS, Method
 
-class Method(str, Enum):
-    """How tokens are proposed. `NONE` is plain decoding (the baseline)."""
-
-    NONE = "none"
-    DRAFT = "draft"  # a separate draft model (llama.cpp draft-simple)
-    NGRAM = "ngram"  # n-gram / prompt lookup (llama.cpp ngram-mod), no draft model
-    MTP = "mtp"  # the target's own multi-token-prediction heads (draft-mtp)
-
-
-TASKS: tuple[str, ...] = ("code", "prose", "summarize", "json", "math", "chat", "unknown")
-
-# Architecture families with their own acceptance offset (drafts trained alongside their
-# targets, as in the Qwen2.5 line, agree more); every other family shares "other".
-FAMILIES: tuple[str, ...] = ("qwen2", "qwen3", "llama", "gemma3", "other")
+# The task slots of a feature row: every task the runner ships, then one for rows whose task is
+# not known (prior rows that do not say, the user's own prompts).
+TASK_SLOTS: tuple[str, ...] = (*TASKS, TASK_UNKNOWN)
 
 # Tokenizer relation between draft and target, ordered from safest to loosest.
 TOK_RELATIONS: tuple[str, ...] = ("identical", "padding-only", "pre-tokenizer-differs", "unknown")
@@ -51,7 +40,7 @@ class ConfigFacts:
     target_active_b: float
     target_bpw: float
     target_gb: float  # whole file
-    target_family: str  # GGUF general.architecture, with MoE/VL suffixes folded (`family_of`)
+    target_arch_family: str  # `terms.arch_family` of GGUF general.architecture
     target_is_moe: bool
     target_is_hybrid: bool
     default_experts: int  # 0 when not MoE
@@ -66,7 +55,7 @@ class ConfigFacts:
     draft_params_b: float = 0.0
     draft_bpw: float = 0.0
     draft_gb: float = 0.0
-    draft_family: str = ""
+    draft_arch_family: str = ""
     tok_relation: str = "unknown"
     # the target's measured plain-decoding speed on this host, if known (NaN otherwise)
     baseline_tps: float = math.nan
@@ -85,8 +74,8 @@ class ConfigFacts:
         return self.experts / self.default_experts
 
     @property
-    def same_family(self) -> bool:
-        return bool(self.draft_family) and self.draft_family == self.target_family
+    def same_arch_family(self) -> bool:
+        return bool(self.draft_arch_family) and self.draft_arch_family == self.target_arch_family
 
     @property
     def behaviour_changing(self) -> tuple[str, ...]:
@@ -98,16 +87,6 @@ class ConfigFacts:
 
     def with_(self, **changes: object) -> ConfigFacts:
         return replace(self, **changes)  # type: ignore[arg-type]
-
-
-def family_of(architecture: str | None) -> str:
-    """Fold GGUF architecture names to a family: qwen3moe/qwen3vl -> qwen3, qwen2vl -> qwen2."""
-    arch = (architecture or "").lower()
-    for suffix in ("vlmoe", "moe", "vl"):
-        if arch.endswith(suffix) and len(arch) > len(suffix):
-            arch = arch[: -len(suffix)]
-            break
-    return arch
 
 
 FEATURES: tuple[str, ...] = (
@@ -129,13 +108,13 @@ FEATURES: tuple[str, ...] = (
     "draft_params_b",
     "draft_bpw",
     "draft_gb",
-    "same_family",
+    "same_arch_family",
     "tok_same_tokens",
     "tok_pre_differs",
     "log_size_ratio",
     "baseline_tps",
-    *(f"task_{t}" for t in TASKS),
-    *(f"family_{f}" for f in FAMILIES),
+    *(f"task_{t}" for t in TASK_SLOTS),
+    *(f"arch_{f}" for f in ARCH_FAMILIES),
 )
 COL = {name: i for i, name in enumerate(FEATURES)}
 
@@ -143,7 +122,7 @@ COL = {name: i for i, name in enumerate(FEATURES)}
 def feature_row(c: ConfigFacts) -> list[float]:
     draft = c.method is Method.DRAFT
     ratio = math.log(max(c.draft_params_b, 1e-3) / max(c.target_active_b, 1e-3)) if draft else 0.0
-    task = c.task if c.task in TASKS else "unknown"
+    task = c.task if c.task in TASKS else TASK_UNKNOWN
     return [
         float(c.bandwidth_gbs),
         float(c.physical_cores),
@@ -163,19 +142,20 @@ def feature_row(c: ConfigFacts) -> list[float]:
         float(c.draft_params_b if draft else 0.0),
         float(c.draft_bpw if draft else 0.0),
         float(c.draft_gb if draft else 0.0),
-        float(draft and c.same_family),
+        float(draft and c.same_arch_family),
         # padding-only differences leave every real token equal: same as identical for speed
         float(draft and c.tok_relation in ("identical", "padding-only")),
         float(draft and c.tok_relation == "pre-tokenizer-differs"),
         ratio,
         float(c.baseline_tps),
-        *(float(task == t) for t in TASKS),
-        *(float(family_slot(c.target_family) == f) for f in FAMILIES),
+        *(float(task == t) for t in TASK_SLOTS),
+        *(float(arch_slot(c.target_arch_family) == f) for f in ARCH_FAMILIES),
     ]
 
 
-def family_slot(family: str) -> str:
-    return family if family in FAMILIES else "other"
+def arch_slot(family: str) -> str:
+    """The architecture family's own acceptance slot, or the shared "other"."""
+    return family if family in ARCH_FAMILIES else "other"
 
 
 def feature_matrix(configs: Iterable[ConfigFacts]) -> np.ndarray:
@@ -190,12 +170,12 @@ def column(X: np.ndarray, name: str) -> np.ndarray:
 
 
 def task_index(X: np.ndarray) -> np.ndarray:
-    """Index into TASKS for every row."""
-    start = COL[f"task_{TASKS[0]}"]
-    return np.argmax(X[:, start : start + len(TASKS)], axis=1)
+    """Index into TASK_SLOTS for every row."""
+    start = COL[f"task_{TASK_SLOTS[0]}"]
+    return np.argmax(X[:, start : start + len(TASK_SLOTS)], axis=1)
 
 
-def family_index(X: np.ndarray) -> np.ndarray:
-    """Index into FAMILIES for every row."""
-    start = COL[f"family_{FAMILIES[0]}"]
-    return np.argmax(X[:, start : start + len(FAMILIES)], axis=1)
+def arch_index(X: np.ndarray) -> np.ndarray:
+    """Index into terms.ARCH_FAMILIES for every row."""
+    start = COL[f"arch_{ARCH_FAMILIES[0]}"]
+    return np.argmax(X[:, start : start + len(ARCH_FAMILIES)], axis=1)

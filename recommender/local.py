@@ -13,11 +13,12 @@ from typing import Any
 
 import duckdb
 
-from specreg.recommender.features import ConfigFacts, Method, family_of
+from specreg.recommender.features import ConfigFacts
 from specreg.recommender.host import HostFacts
 from specreg.recommender.prior import Observation
 from specreg.registry.queries import ModelRecord, get_model
 from specreg.registry.runs import RunRecord, list_runs
+from specreg.terms import Method, arch_family
 
 # runner spec types -> the recommender's methods
 SPEC_METHODS = {
@@ -48,7 +49,7 @@ def target_fields(t: ModelRecord) -> dict[str, Any]:
         "target_active_b": active,
         "target_bpw": float(bpw),
         "target_gb": size,
-        "target_family": family_of(t.architecture),
+        "target_arch_family": arch_family(t.architecture),
         "target_is_moe": bool(t.is_moe),
         "target_is_hybrid": bool(t.is_hybrid or t.is_recurrent),
         "default_experts": int(t.expert_used_count or 0) if t.is_moe else 0,
@@ -67,7 +68,7 @@ def draft_fields(d: ModelRecord, t: ModelRecord, tok_relation: str | None = None
         "draft_params_b": params,
         "draft_bpw": float(d.bits_per_weight or size * 8 / params),
         "draft_gb": size,
-        "draft_family": family_of(d.architecture),
+        "draft_arch_family": arch_family(d.architecture),
         "tok_relation": tok_relation,
     }
 

@@ -7,6 +7,9 @@ Two layers, so the learned part only has to learn what the formulas cannot:
    being a logistic function of task, draft family and relative size, temperature;
 2. a small gradient-boosted model of the remaining log-ratio (measured / cost model).
 
+What it learns is plain numbers: `predictor()` hands them over as a `SpeedPredictor`, which
+predicts with numpy alone (what `recommend` loads; this module imports SciPy and scikit-learn).
+
 Uncertainty comes from an ensemble refitted on bootstrap resamples of the target models (the
 spread between members: how much the answer depends on which targets were seen) plus the
 observed scatter of single measurements around the fit.
@@ -17,8 +20,7 @@ self, all randomness comes from `random_state`, so `clone` and grouped cross-val
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
-from statistics import NormalDist
+from dataclasses import fields
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -33,7 +35,14 @@ from specreg.recommender.costmodel import (
     predict_tps,
     vector_length,
 )
-from specreg.recommender.features import FEATURES, TASKS, column
+from specreg.recommender.features import FEATURES, column
+from specreg.recommender.predictor import (
+    Member,
+    ResidualTrees,
+    SpeedPredictor,
+    point,
+    residual_matrix,
+)
 
 _BOUNDS: dict[str, tuple[float, float]] = {
     "target_eff": (0.01, 2.0),
@@ -48,24 +57,6 @@ _BOUNDS: dict[str, tuple[float, float]] = {
 }
 # Where acceptance coefficients are pulled when the data say little (a weak prior).
 _PRIOR = CostParams()
-# Columns the residual model sees: facts that plausibly shift speed beyond the formulas.
-_RESIDUAL_FEATURES = (
-    "target_params_b",
-    "target_active_b",
-    "target_bpw",
-    "target_is_moe",
-    "target_is_hybrid",
-    "experts_ratio",
-    "is_draft",
-    "is_ngram",
-    "k",
-    "ngram_n",
-    "draft_params_b",
-    "draft_bpw",
-    "same_family",
-    "log_size_ratio",
-    *(f"task_{t}" for t in TASKS),
-)
 
 
 def _bounds_vectors() -> tuple[np.ndarray, np.ndarray]:
@@ -238,7 +229,7 @@ class SpeculationRegressor(RegressorMixin, BaseEstimator):
         series: np.ndarray,
         start: CostParams,
         seed: int,
-    ) -> tuple[CostParams, GradientBoostingRegressor | None]:
+    ) -> Member:
         params = fit_cost_params(
             X,
             y,
@@ -263,12 +254,9 @@ class SpeculationRegressor(RegressorMixin, BaseEstimator):
             subsample=0.8,
             random_state=seed,
         )
-        gbm.fit(self._residual_X(X), target, sample_weight=w)
-        return params, gbm
-
-    @staticmethod
-    def _residual_X(X: np.ndarray) -> np.ndarray:
-        return np.column_stack([column(X, name) for name in _RESIDUAL_FEATURES])
+        R = residual_matrix(X)
+        gbm.fit(R, target, sample_weight=w)
+        return params, residual_trees(gbm, R.shape[1])
 
     def fit(
         self,
@@ -298,13 +286,13 @@ class SpeculationRegressor(RegressorMixin, BaseEstimator):
         rng = np.random.default_rng(self.random_state)
 
         self.n_features_in_ = X.shape[1]
-        self.params_, self.residual_model_ = self._fit_one(X, y, w, acc, ser, _PRIOR, 0)
-        log_err = np.log(y) - np.log(self._point(X, self.params_, self.residual_model_))
+        self.params_, self.residual_ = self._fit_one(X, y, w, acc, ser, _PRIOR, 0)
+        log_err = np.log(y) - np.log(point(X, self.params_, self.residual_))
         # robust scatter of single measurements around the fit (MAD -> sigma)
         med = np.median(log_err)
         self.noise_ = float(1.4826 * np.median(np.abs(log_err - med)))
 
-        self.members_: list[tuple[CostParams, GradientBoostingRegressor | None]] = []
+        self.members_: list[Member] = []
         unique = np.unique(g)
         for m in range(self.n_members):
             pick = rng.choice(unique, size=len(unique), replace=True)
@@ -318,50 +306,64 @@ class SpeculationRegressor(RegressorMixin, BaseEstimator):
 
     # -- prediction ------------------------------------------------------------------------
 
-    def _point(
-        self, X: np.ndarray, params: CostParams, gbm: GradientBoostingRegressor | None
-    ) -> np.ndarray:
-        tps, _ = predict_tps(X, params)
-        if gbm is not None:
-            tps = tps * np.exp(gbm.predict(self._residual_X(X)))
-        return tps
+    def predictor(self) -> SpeedPredictor:
+        """What the fit learned, as a numpy-only predictor (what recommend uses and keeps)."""
+        check_is_fitted(self, "params_")
+        return SpeedPredictor(
+            params=self.params_,
+            residual=self.residual_,
+            members=tuple(self.members_),
+            noise=self.noise_,
+            band=self.band,
+        )
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Predicted decode tokens/s."""
-        check_is_fitted(self, "params_")
-        return self._point(np.asarray(X, dtype=float), self.params_, self.residual_model_)
+        return self.predictor().predict(X)
 
     def predict_structural(self, X: np.ndarray) -> np.ndarray:
         """The cost model's prediction alone, without the learned residual."""
-        check_is_fitted(self, "params_")
-        return predict_tps(np.asarray(X, dtype=float), self.params_)[0]
+        return self.predictor().predict_structural(X)
 
     def predict_acceptance(self, X: np.ndarray) -> np.ndarray:
         """Per-token acceptance probability (0 for plain decoding)."""
-        check_is_fitted(self, "params_")
-        return predict_tps(np.asarray(X, dtype=float), self.params_)[1]
+        return self.predictor().predict_acceptance(X)
 
     def predict_log_sigma(self, X: np.ndarray) -> np.ndarray:
         """Standard deviation of log tokens/s: ensemble spread and measurement scatter."""
-        check_is_fitted(self, "params_")
-        X = np.asarray(X, dtype=float)
-        spread = np.zeros(len(X))
-        if self.members_:
-            logs = np.log([self._point(X, p, g) for p, g in self.members_])
-            spread = logs.std(axis=0)
-        return np.sqrt(spread**2 + self.noise_**2)
+        return self.predictor().predict_log_sigma(X)
 
     def predict_interval(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(low, point, high) tokens/s; the band holds `band` of the probability."""
-        mid = self.predict(X)
-        z = NormalDist().inv_cdf(0.5 + self.band / 2)
-        sigma = self.predict_log_sigma(X)
-        return mid * np.exp(-z * sigma), mid, mid * np.exp(z * sigma)
+        return self.predictor().predict_interval(X)
 
-    def with_params(self, **changes: float) -> SpeculationRegressor:
-        """A fitted copy with some cost constants replaced (what-if analysis)."""
-        check_is_fitted(self, "params_")
-        new = self.__class__(**self.get_params())
-        new.__dict__.update({k: v for k, v in self.__dict__.items() if k.endswith("_")})
-        new.params_ = replace(self.params_, **changes)
-        return new
+
+def residual_trees(gbm: GradientBoostingRegressor, n_features: int) -> ResidualTrees:
+    """A fitted one-output gradient-boosted regressor's trees as padded numpy arrays."""
+    trees = [est.tree_ for est in gbm.estimators_[:, 0]]
+    n_nodes = max(t.node_count for t in trees)
+    shape = (len(trees), n_nodes)
+    feature = np.zeros(shape, dtype=np.intp)
+    threshold = np.zeros(shape)
+    left = np.full(shape, -1, dtype=np.intp)
+    right = np.full(shape, -1, dtype=np.intp)
+    value = np.zeros(shape)
+    for i, t in enumerate(trees):
+        n = t.node_count
+        split = t.children_left[:n] >= 0
+        feature[i, :n] = np.where(split, t.feature[:n], 0)
+        threshold[i, :n] = t.threshold[:n]
+        left[i, :n] = t.children_left[:n]
+        right[i, :n] = t.children_right[:n]
+        value[i, :n] = t.value[:n, 0, 0]
+    init = float(np.ravel(gbm.init_.predict(np.zeros((1, n_features))))[0])
+    return ResidualTrees(
+        init=init,
+        rate=float(gbm.learning_rate),
+        feature=feature,
+        threshold=threshold,
+        left=left,
+        right=right,
+        value=value,
+        depth=max(int(t.max_depth) for t in trees),
+    )

@@ -24,14 +24,9 @@ from functools import lru_cache
 from importlib import resources
 
 from specreg.errors import SpecregError
-from specreg.recommender.features import (
-    REFERENCE_BANDWIDTH_GBS,
-    REFERENCE_CORES,
-    ConfigFacts,
-    Method,
-    family_of,
-)
+from specreg.recommender.features import REFERENCE_BANDWIDTH_GBS, REFERENCE_CORES, ConfigFacts
 from specreg.recommender.quant import bits_per_weight
+from specreg.terms import Method, arch_family, canonical_task
 
 DATA_VERSION = "1"
 REFERENCE_HOST = "reference:epyc-9655"
@@ -44,7 +39,7 @@ DIGESTS = {
 PRIOR_NGRAM_K = 16
 # The reports' targets are Q4_K_M unless a row says otherwise.
 ASSUMED_QUANT = "Q4_K_M"
-# Default experts per token by family, for rows that reduce experts without saying from what
+# Default experts per token by architecture, for rows that reduce experts without saying from what
 # (GGUF `{arch}.expert_used_count` of the public models).
 _DEFAULT_EXPERTS = {"qwen3moe": 8, "qwen3vlmoe": 8, "qwen3next": 10, "glm4moe": 8}
 
@@ -87,7 +82,7 @@ _ACTIVE = re.compile(r"(?i)(?:^|[-_. ])a(\d+(?:\.\d+)?)b(?=$|[-_. ])")
 _QUANT = re.compile(r"(?i)(?:^|[-_.])(i?q\d(?:_[a-z0-9]+)*|f16|fp16|bf16|f32)(?=$|[-_.])")
 _SPLIT = re.compile(r"-\d{5}-of-\d{5}$")
 # ordered: the first pattern that matches names the GGUF architecture
-_FAMILY_RULES: tuple[tuple[str, str], ...] = (
+_ARCH_RULES: tuple[tuple[str, str], ...] = (
     (r"qwen3-next", "qwen3next"),
     (r"qwen3[-_]?vl.*a\d+b", "qwen3vlmoe"),
     (r"qwen3[-_]?vl", "qwen3vl"),
@@ -104,16 +99,13 @@ _FAMILY_RULES: tuple[tuple[str, str], ...] = (
 _HYBRID = {"qwen3next", "ssm_moe_hybrid"}
 
 
-def _family(name: str) -> str:
+def _arch_of_name(name: str) -> str:
+    """The GGUF architecture a model name implies (prior data only)."""
     low = name.lower()
-    for pattern, arch in _FAMILY_RULES:
+    for pattern, arch in _ARCH_RULES:
         if re.search(pattern, low):
             return arch
     return "unknown"
-
-
-def _folded(arch: str) -> str:
-    return family_of(arch)
 
 
 def _sizes(name: str) -> tuple[float | None, float | None]:
@@ -217,7 +209,7 @@ def _target(
         "target_active_b": active,
         "target_bpw": bpw,
         "target_gb": size_gb,
-        "target_family": _folded(arch),
+        "target_arch_family": arch_family(arch),
         "target_is_moe": is_moe,
         "target_is_hybrid": arch in _HYBRID,
         "default_experts": _DEFAULT_EXPERTS.get(arch, 8) if is_moe else 0,
@@ -240,7 +232,7 @@ def _draft(
         "draft_params_b": params,
         "draft_bpw": size_gb * 8 / params,
         "draft_gb": size_gb,
-        "draft_family": _folded(_family(name)),
+        "draft_arch_family": arch_family(_arch_of_name(name)),
     }
 
 
@@ -291,7 +283,7 @@ def _sweep_observations(skipped: list[tuple[str, str]]) -> Iterator[Observation]
         seen.add(key)
         matches = r["run_model_matches_registry"] == "yes"
         arch_col = r["target_architecture"] if matches else ""
-        arch = _family(run_file)
+        arch = _arch_of_name(run_file)
         if arch_col == "ssm_moe_hybrid":
             arch = "qwen3next"
         target = _target(
@@ -327,7 +319,7 @@ def _sweep_observations(skipped: list[tuple[str, str]]) -> Iterator[Observation]
             if d is None:
                 skipped.append((row_id, "missing draft facts"))
                 continue
-            same = d["draft_family"] == target["target_family"]
+            same = d["draft_arch_family"] == target["target_arch_family"]
             draft = {**d, "tok_relation": "identical" if same else "unknown"}
         k = int(_num(r["K"]) or (PRIOR_NGRAM_K if method is Method.NGRAM else 0))
         config = ConfigFacts(
@@ -365,7 +357,6 @@ _SEED_METHODS = {
     "lookup": Method.NGRAM,
     "moe_reduce+lookup": Method.NGRAM,
 }
-_SEED_TASKS = {"general": "chat"}
 # Baselines measured under a non-standard NUMA or thread setting, not the reference setup.
 _NONSTANDARD = re.compile(r"membind|-t 48|-t 192")
 
@@ -415,7 +406,7 @@ def _seed_observations(skipped: list[tuple[str, str]]) -> Iterator[Observation]:
             if d is None or not k:
                 skipped.append((row_id, "draft or K not stated"))
                 continue
-            same = d["draft_family"] == target["target_family"]
+            same = d["draft_arch_family"] == target["target_arch_family"]
             draft = {**d, "tok_relation": "identical" if same else "unknown"}
         elif method is Method.NGRAM:
             k = k or PRIOR_NGRAM_K
@@ -429,7 +420,7 @@ def _seed_observations(skipped: list[tuple[str, str]]) -> Iterator[Observation]:
             k=k,
             experts=experts,
             temperature=_num(r["temperature"]) or 0.0,
-            task=_SEED_TASKS.get(r["task"], r["task"]),
+            task=canonical_task(r["task"]),
             baseline_tps=baseline,
             **draft,  # type: ignore[arg-type]
         )

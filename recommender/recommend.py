@@ -25,21 +25,23 @@ from specreg.recommender.costmodel import (
     roofline_tps,
     step_seconds,
 )
-from specreg.recommender.features import (
-    TASKS,
-    ConfigFacts,
-    Method,
-    column,
-    feature_matrix,
-)
+from specreg.recommender.features import TASK_SLOTS, ConfigFacts, column, feature_matrix
 from specreg.recommender.host import HostFacts
 from specreg.recommender.local import NGRAM_MATCH_DEFAULT, draft_fields, target_fields
-from specreg.recommender.model import SpeculationRegressor
+from specreg.recommender.predictor import SpeedPredictor
 from specreg.recommender.prior import Observation
 from specreg.registry.queries import ModelRecord, get_model, resolve_model
+from specreg.terms import (
+    DEFAULT_TYPE_OF,
+    POLICIES,
+    POLICY_QUALITY,
+    POLICY_SPEED,
+    TASK_CHOICES,
+    TASKS,
+    Method,
+    canonical_task,
+)
 
-POLICIES = ("quality", "speed")
-TASK_CHOICES = tuple(t for t in TASKS if t != "unknown")
 K_GRID = (2, 3, 4, 6, 8, 12, 16, 24, 32)
 NGRAM_K_GRID = (8, 16, 32)
 MTP_K_GRID = (1, 2, 3)
@@ -53,13 +55,6 @@ MIN_GAIN = 1.05
 # Scatter of one recorded local run (log tokens/s), for weighing it against the prediction.
 LOCAL_RUN_SIGMA = 0.08
 N_EVIDENCE = 3
-
-SPEC_TYPES = {
-    Method.NONE: "none",
-    Method.DRAFT: "draft-simple",
-    Method.NGRAM: "ngram-mod",
-    Method.MTP: "draft-mtp",
-}
 
 
 @dataclass(frozen=True)
@@ -108,7 +103,7 @@ class Option:
 
     @property
     def spec_type(self) -> str:
-        return SPEC_TYPES[self.method]
+        return DEFAULT_TYPE_OF[self.method]
 
     @property
     def lossless(self) -> bool:
@@ -177,7 +172,7 @@ class Recommendation:
 
 
 def _evidence_space(configs: Sequence[ConfigFacts]) -> np.ndarray:
-    """Where runs are compared for closeness: sizes on a log scale, K, task, family, experts."""
+    """Where runs are compared for closeness: sizes on a log scale, K, task, arch, experts."""
     rows = []
     for c in configs:
         rows.append(
@@ -189,9 +184,9 @@ def _evidence_space(configs: Sequence[ConfigFacts]) -> np.ndarray:
                 else 0.0,
                 math.log2(max(c.k, 1)),
                 c.experts_ratio * 2,
-                float(c.same_family),
+                float(c.same_arch_family),
                 float(c.target_is_moe),
-                *(1.5 * float(c.task == t) for t in TASKS),
+                *(1.5 * float(c.task == t) for t in TASK_SLOTS),
             ]
         )
     return np.asarray(rows, dtype=float).reshape(len(rows), -1)
@@ -234,7 +229,8 @@ def _config_key(c: ConfigFacts) -> tuple[object, ...]:
     return (c.method, c.k, c.experts, round(c.draft_gb, 3), round(c.temperature, 3))
 
 
-def _family(c: ConfigFacts) -> tuple[object, ...]:
+def _k_curve(c: ConfigFacts) -> tuple[object, ...]:
+    """The options that differ only in K: one method, draft and expert count."""
     return (c.method, round(c.draft_gb, 3), c.experts)
 
 
@@ -257,52 +253,52 @@ def _local_correction(
     cands: Sequence[tuple[ConfigFacts, object]],
     local: Sequence[Observation],
     X: np.ndarray,
-    model: SpeculationRegressor,
+    model: SpeedPredictor,
     mid: np.ndarray,
     sigma: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Move predictions by what this host's runs showed for the same family of options.
+    """Move predictions by what this host's runs showed for the same K curve.
 
-    A family is one method + draft + expert count over all K. Its measured acceptance
-    re-shapes the family's K curve (acceptance decides where the curve peaks: a draft that is
-    always right keeps paying off at long K); then its runs' mean log ratio (measured /
-    predicted) moves the whole family, shrunk towards zero while runs are few. Options of
-    unmeasured families move by the mean over all speculative runs, shrunk harder. So a few
-    runs re-anchor the K curve of a pair without refitting the prior.
+    A K curve is one method + draft + expert count over all K. Its measured acceptance
+    re-shapes the curve (acceptance decides where the curve peaks: a draft that is always
+    right keeps paying off at long K); then its runs' mean log ratio (measured / predicted)
+    moves the whole curve, shrunk towards zero while runs are few. Options of unmeasured
+    curves move by the mean over all speculative runs, shrunk harder. So a few runs
+    re-anchor the K curve of a pair without refitting the prior.
     """
     index = {_config_key(c): i for i, (c, _) in enumerate(cands)}
-    families: dict[tuple[object, ...], list[int]] = {}
+    curves: dict[tuple[object, ...], list[int]] = {}
     for i, (c, _) in enumerate(cands):
         if c.method is not Method.NONE:
-            families.setdefault(_family(c), []).append(i)
+            curves.setdefault(_k_curve(c), []).append(i)
     runs: dict[tuple[object, ...], list[tuple[int, Observation]]] = {}
     for o in local:
-        i = index.get(_config_key(o.config))
-        if i is not None and o.config.method is not Method.NONE:
-            runs.setdefault(_family(o.config), []).append((i, o))
+        at = index.get(_config_key(o.config))
+        if at is not None and o.config.method is not Method.NONE:
+            runs.setdefault(_k_curve(o.config), []).append((at, o))
     if not runs:
         return mid, sigma
     mid, sigma = mid.copy(), sigma.copy()
-    for fam, measured in runs.items():
+    for curve, measured in runs.items():
         with_acc = [(i, o.acceptance) for i, o in measured if o.acceptance is not None]
         if not with_acc:
             continue
         rows = np.array([i for i, _ in with_acc])
-        shift = _acceptance_shift(X[rows], model.params_, np.array([a for _, a in with_acc]))
-        members = np.array(families[fam])
-        before = predict_tps(X[members], model.params_)[0]
-        after = predict_tps(X[members], model.params_, shift)[0]
-        mid[members] *= after / np.maximum(before, 1e-12)
+        shift = _acceptance_shift(X[rows], model.params, np.array([a for _, a in with_acc]))
+        on_curve = np.array(curves[curve])
+        before = predict_tps(X[on_curve], model.params)[0]
+        after = predict_tps(X[on_curve], model.params, shift)[0]
+        mid[on_curve] *= after / np.maximum(before, 1e-12)
     every: list[float] = []
     level: dict[tuple[object, ...], list[float]] = {}
-    for fam, measured in runs.items():
+    for curve, measured in runs.items():
         for i, o in measured:
             r = math.log(o.tps) - math.log(float(mid[i]))
-            level.setdefault(fam, []).append(r)
+            level.setdefault(curve, []).append(r)
             every.append(r)
     g = float(np.mean(every)) * len(every) / (len(every) + 2.0)
-    for fam, members in families.items():
-        rs = level.get(fam)
+    for curve, members in curves.items():
+        rs = level.get(curve)
         for i in members:
             if rs:
                 n = len(rs)
@@ -330,7 +326,7 @@ def _drafts(con: duckdb.DuckDBPyConnection, target: ModelRecord) -> list[tuple[M
 
     out = []
     for pv in compatible_drafts(con, target):
-        if pv.spec_type != "draft-simple":
+        if pv.spec_type != DEFAULT_TYPE_OF[Method.DRAFT]:
             continue  # EAGLE-3 / DFlash heads are not modelled by the prior; None cannot run
         d = get_model(con, pv.draft.model_id)
         if d is None or d.draft_kind or (d.n_bytes or 0) > MAX_DRAFT_SHARE * (target.n_bytes or 0):
@@ -342,8 +338,8 @@ def _drafts(con: duckdb.DuckDBPyConnection, target: ModelRecord) -> list[tuple[M
     return out[:MAX_DRAFTS]
 
 
-def _why(c: ConfigFacts, model: SpeculationRegressor, a: float, base_tps: float) -> tuple[str, ...]:
-    p = model.params_
+def _why(c: ConfigFacts, model: SpeedPredictor, a: float, base_tps: float) -> tuple[str, ...]:
+    p = model.params
     out = []
     t_target = 1.0 / base_tps
     if c.method is Method.NONE and c.experts_ratio >= 1:
@@ -361,7 +357,7 @@ def _why(c: ConfigFacts, model: SpeculationRegressor, a: float, base_tps: float)
         t_d = float(
             step_seconds(np.array(c.draft_gb), np.array(c.bandwidth_gbs), p.draft_eff, p.draft_tau)
         )
-        rel = "same family" if c.same_family else "other family"
+        rel = "same architecture family" if c.same_arch_family else "other architecture"
         out.append(
             f"acceptance ~{a:.0%} per token ({c.task}, {rel}, draft "
             f"{c.draft_params_b / max(c.target_active_b, 1e-9):.1%} of the target's active "
@@ -389,9 +385,9 @@ def _knobs(c: ConfigFacts, draft_name: str | None, user_temp: float) -> tuple[Kn
     if c.method is Method.DRAFT:
         knobs.append(Knob("draft", draft_name or "?", True))
     if c.method is Method.NGRAM:
-        knobs.append(Knob("ngram", "ngram-mod", True))
+        knobs.append(Knob("ngram", DEFAULT_TYPE_OF[Method.NGRAM], True))
     if c.method is Method.MTP:
-        knobs.append(Knob("mtp", "draft-mtp", True))
+        knobs.append(Knob("mtp", DEFAULT_TYPE_OF[Method.MTP], True))
     if c.method is not Method.NONE:
         knobs.append(Knob("K", str(c.k), True))
     if c.experts_ratio < 1:
@@ -405,10 +401,10 @@ def recommend(
     con: duckdb.DuckDBPyConnection,
     target_ref: str,
     *,
-    model: SpeculationRegressor,
+    model: SpeedPredictor,
     host: HostFacts,
     task: str = "chat",
-    policy: str = "quality",
+    policy: str = POLICY_QUALITY,
     temperature: float = 0.0,
     observations: Sequence[Observation] = (),
 ) -> Recommendation:
@@ -418,7 +414,8 @@ def recommend(
     this host's runs of a candidate, to pull its prediction towards what was measured.
     """
     if policy not in POLICIES:
-        raise UsageError(f"unknown policy {policy!r}: use quality or speed")
+        raise UsageError(f"unknown policy {policy!r}: use {' or '.join(POLICIES)}")
+    task = canonical_task(task)
     if task not in TASKS:
         raise UsageError(f"unknown task {task!r}: use one of {', '.join(TASK_CHOICES)}")
     target = resolve_model(con, target_ref)
@@ -450,24 +447,24 @@ def recommend(
     # -- candidates ------------------------------------------------------------------------
     cands: list[tuple[ConfigFacts, ModelRecord | None]] = [(base, None)]
     drafts = _drafts(con, target)
-    for d, relation in drafts:
+    for draft, relation in drafts:
         for k in K_GRID:
-            c = base.with_(method=Method.DRAFT, k=k, **draft_fields(d, target, relation))
-            cands.append((c, d))
+            c = base.with_(method=Method.DRAFT, k=k, **draft_fields(draft, target, relation))
+            cands.append((c, draft))
     for k in NGRAM_K_GRID:
         cands.append((base.with_(method=Method.NGRAM, k=k, ngram_n=NGRAM_MATCH_DEFAULT), None))
     if (target.nextn_predict_layers or 0) > 0:
         for k in MTP_K_GRID:
             cands.append((base.with_(method=Method.MTP, k=k), None))
     reduced: list[int] = []
-    if policy == "speed" and target.is_moe and tf["default_experts"] > 1:
+    if policy == POLICY_SPEED and target.is_moe and tf["default_experts"] > 1:
         de = tf["default_experts"]
         reduced = sorted({max(1, de // 2), max(1, (3 * de) // 4)} - {de})
         full = list(cands)
         for e in reduced:
             cands.extend((c.with_(experts=e), d) for c, d in full)
 
-    if policy == "speed" and temperature > 0:
+    if policy == POLICY_SPEED and temperature > 0:
         # greedy sampling raises acceptance, at the price of deterministic output
         cands.extend(
             (c.with_(temperature=0.0), d) for c, d in list(cands) if c.method is not Method.NONE
@@ -493,7 +490,7 @@ def recommend(
     options: list[Option] = []
     for i, (c, d) in enumerate(cands):
         changes_output = c.behaviour_changing or c.temperature != temperature
-        allowed = policy == "speed" or not changes_output
+        allowed = policy == POLICY_SPEED or not changes_output
         if not allowed:
             continue
         meas = by_key.get(_config_key(c), [])
@@ -576,7 +573,7 @@ def recommend(
 
 
 def _no_draft_advice(
-    target: ModelRecord, base: ConfigFacts, model: SpeculationRegressor, task: str
+    target: ModelRecord, base: ConfigFacts, model: SpeedPredictor, task: str
 ) -> str:
     """What would fit: the best hypothetical same-tokenizer draft, and the model-free modes."""
     hyp = [
@@ -586,7 +583,7 @@ def _no_draft_advice(
             draft_params_b=p,
             draft_bpw=HYPOTHETICAL_BPW,
             draft_gb=p * HYPOTHETICAL_BPW / 8,
-            draft_family=base.target_family,
+            draft_arch_family=base.target_arch_family,
             tok_relation="identical",
         )
         for p in HYPOTHETICAL_PARAMS_B

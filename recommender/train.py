@@ -1,8 +1,10 @@
 """Fitting the speed model on prior + local runs, keeping it, and loading it back.
 
-The fitted model is a file in `$SPECREG_HOME/recommender/` (joblib), next to a JSON summary of
-what it was trained on; no registry table is needed. Without a trained file the recommender fits
-on the shipped prior alone (a few seconds).
+The fitted model is kept as a `SpeedPredictor` JSON document in `$SPECREG_HOME/recommender/`:
+`train` writes `trained.json` (the model with a summary of what it was trained on), the
+recommender's fit cache `cache/fit-<digest>.json`. Loading either needs numpy only; fitting
+imports SciPy and scikit-learn (`model`, `evaluate`), so those imports wait until a fit runs.
+Without a kept model the recommender fits on the shipped prior alone (a few seconds).
 """
 
 from __future__ import annotations
@@ -10,24 +12,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-
-import joblib
+from typing import TYPE_CHECKING
 
 from specreg.home import specreg_home
-from specreg.recommender.evaluate import CVReport, grouped_cv, training_set
-from specreg.recommender.model import SpeculationRegressor
-from specreg.recommender.prior import DATA_VERSION, Observation, load_prior, load_sweep_series
+from specreg.recommender.predictor import SpeedPredictor, write_json
+from specreg.recommender.prior import DATA_VERSION, Observation, load_prior
+
+if TYPE_CHECKING:
+    from specreg.recommender.evaluate import CVReport
+    from specreg.recommender.model import SpeculationRegressor
 
 log = logging.getLogger(__name__)
 
-MODEL_FILE = "model.joblib"
-SUMMARY_FILE = "model.json"
+TRAINED_FILE = "trained.json"
+CACHE_GLOB = "fit-*.json"
 # Bump when the feature set or the estimator changes: older files are then refitted.
-MODEL_FORMAT = "2"
+MODEL_FORMAT = "3"
 
 
 def model_dir() -> Path:
@@ -51,6 +54,8 @@ class TrainSummary:
 
 
 def default_estimator(random_state: int = 0) -> SpeculationRegressor:
+    from specreg.recommender.model import SpeculationRegressor
+
     return SpeculationRegressor(random_state=random_state)
 
 
@@ -58,6 +63,9 @@ def fit(
     local: list[Observation] | tuple[Observation, ...] = (),
     estimator: SpeculationRegressor | None = None,
 ) -> SpeculationRegressor:
+    """The estimator fitted on the shipped prior plus `local` (imports SciPy, scikit-learn)."""
+    from specreg.recommender.evaluate import training_set
+
     data = training_set([*load_prior().observations, *local])
     est = estimator if estimator is not None else default_estimator()
     return est.fit(
@@ -74,6 +82,9 @@ def cross_validate(
     local: list[Observation] | tuple[Observation, ...] = (),
     estimator: SpeculationRegressor | None = None,
 ) -> CVReport:
+    from specreg.recommender.evaluate import grouped_cv, training_set
+    from specreg.recommender.prior import load_sweep_series
+
     data = training_set([*load_prior().observations, *local])
     est = estimator if estimator is not None else default_estimator()
     return grouped_cv(est, data, load_sweep_series())
@@ -85,9 +96,9 @@ def train(
     host: str | None = None,
     with_cv: bool = True,
     estimator: SpeculationRegressor | None = None,
-) -> tuple[SpeculationRegressor, TrainSummary, CVReport | None]:
+) -> tuple[SpeedPredictor, TrainSummary, CVReport | None]:
     """Refit on prior + local runs, cross-validate (optional), save; return all three."""
-    model = fit(local, estimator)
+    model = fit(local, estimator).predictor()
     report = cross_validate(local, estimator) if with_cv else None
     summary = TrainSummary(
         trained_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -103,14 +114,11 @@ def train(
         cv_band_coverage=report.coverage if report else None,
         cv_series=len(report.series) if report else None,
     )
-    out = model_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    joblib.dump(model, out / MODEL_FILE)
-    (out / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=1))
+    write_json(model_dir() / TRAINED_FILE, {"summary": asdict(summary), "model": model.to_json()})
     return model, summary, report
 
 
-def cached_fit(local: list[Observation] | tuple[Observation, ...] = ()) -> SpeculationRegressor:
+def cached_fit(local: list[Observation] | tuple[Observation, ...] = ()) -> SpeedPredictor:
     """`fit(local)`, kept in the cache: the next call with the same evidence loads it.
 
     The file name is a digest of this code's model format, the prior's data version and the
@@ -119,35 +127,31 @@ def cached_fit(local: list[Observation] | tuple[Observation, ...] = ()) -> Specu
     digest = hashlib.sha256(
         repr((MODEL_FORMAT, DATA_VERSION, sorted(repr(o) for o in local))).encode()
     ).hexdigest()[:16]
-    path = model_dir() / "cache" / f"fit-{digest}.joblib"
+    path = model_dir() / "cache" / CACHE_GLOB.replace("*", digest)
     if path.exists():
         try:
-            model = joblib.load(path)
-            if isinstance(model, SpeculationRegressor):
-                return model
-        except Exception as err:  # a damaged cache file is refitted, never fatal
+            return SpeedPredictor.load(path)
+        except (OSError, ValueError, KeyError, TypeError) as err:  # refitted, never fatal
             log.warning("refitting the recommender (cached %s unreadable: %s)", path, err)
-    model = fit(local)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for old in path.parent.glob("fit-*.joblib"):  # one cached fit is enough
+    model = fit(local).predictor()
+    for old in path.parent.glob(CACHE_GLOB):  # one cached fit is enough
         old.unlink(missing_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    joblib.dump(model, tmp)
-    tmp.replace(path)
+    model.save(path)
     return model
 
 
-def load_trained() -> tuple[SpeculationRegressor, TrainSummary] | None:
+def load_trained() -> tuple[SpeedPredictor, TrainSummary] | None:
     """The saved model if it exists and matches this code's format and data, else None."""
-    path, spath = model_dir() / MODEL_FILE, model_dir() / SUMMARY_FILE
-    if not path.exists() or not spath.exists():
+    path = model_dir() / TRAINED_FILE
+    if not path.exists():
         return None
     try:
-        summary = TrainSummary(**json.loads(spath.read_text()))
+        doc = json.loads(path.read_text())
+        summary = TrainSummary(**doc["summary"])
         if summary.model_format != MODEL_FORMAT or summary.data_version != DATA_VERSION:
             return None
-        model = joblib.load(path)
-    except Exception as err:  # a stale or foreign file is refitted, never fatal
+        model = SpeedPredictor.from_json(doc["model"])
+    except (OSError, ValueError, KeyError, TypeError) as err:  # refitted, never fatal
         log.warning("ignoring the saved recommender model at %s: %s", path, err)
         return None
     return model, summary

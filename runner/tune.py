@@ -18,11 +18,10 @@ from pathlib import Path
 
 import duckdb
 
+from specreg.recommender.advisor import open_advisor
 from specreg.recommender.host import HostFacts
-from specreg.recommender.local import local_observations
-from specreg.recommender.prior import load_prior
-from specreg.recommender.recommend import Option, Recommendation, recommend
-from specreg.recommender.train import default_estimator, fit
+from specreg.recommender.recommend import Option, Recommendation
+from specreg.recommender.train import default_estimator
 from specreg.runner import runs
 from specreg.runner.config import SPEC_NONE, Config, server_command
 from specreg.runner.host import Host
@@ -210,29 +209,26 @@ def tune(
     refit: bool = True,
     on_step: Callable[[TuneStep], None] | None = None,
 ) -> TuneResult:
-    """Measure, refit, re-rank until the best is confirmed or `budget` runs are spent."""
-    prior = load_prior().observations
+    """Measure, refit, re-rank until the best is confirmed or `budget` runs are spent.
+
+    `refit=False` keeps the model fitted at the start; each ranking still sees every run.
+    """
     steps: list[TuneStep] = []
     # A small ensemble: the loop refits after every run, and this host's runs move the
     # ranking mostly through the recommender's local correction, not through the refit.
     estimator = default_estimator().set_params(n_members=2)
-    model = fit(estimator=estimator)
+    advisor = open_advisor(con, host, estimator=estimator)
     stop = "budget spent"
     confirmed = False
     n_candidates = 0
     while True:
-        local = local_observations(con, host)
-        if refit and local:
-            model = fit(local, estimator)
-        rec = recommend(
-            con,
-            target_ref,
-            model=model,
-            host=host,
-            task=task,
-            policy=policy,
-            observations=[*prior, *local],
-        )
+        if steps:  # the registry holds a new run: re-read the evidence
+            advisor = (
+                open_advisor(con, host, estimator=estimator)
+                if refit
+                else open_advisor(con, host, model=advisor.model)
+            )
+        rec = advisor.recommend(con, target_ref, task=task, policy=policy)
         n_candidates = len(rec.options)
         choice, why = next_option(rec.options, steps)
         if choice is None:

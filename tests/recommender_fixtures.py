@@ -8,18 +8,18 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from specreg.recommender.model import SpeculationRegressor
+from specreg.recommender.predictor import SpeedPredictor
 from specreg.recommender.train import default_estimator, fit
 from specreg.registry.db import opened
 from specreg.registry.queries import ModelRecord, list_models
 
 
 @pytest.fixture(scope="session")
-def prior_model() -> SpeculationRegressor:
+def prior_model() -> SpeedPredictor:
     """The speed model fitted on the shipped prior alone (small ensemble, for speed)."""
     est = default_estimator()
     est.set_params(n_members=2)
-    return fit(estimator=est)
+    return fit(estimator=est).predictor()
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ def test_train_then_recommend_json_and_text(scanned_db: Path, specreg_home: Path
     doc = json.loads(out)
     assert doc["version"] == "1" and doc["kind"] == "train"
     assert doc["summary"]["n_prior"] > 400 and doc["summary"]["n_local"] == 0
-    assert (specreg_home / "recommender" / "model.joblib").exists()
+    assert (specreg_home / "recommender" / "trained.json").exists()
 
     args = ("recommend", TARGET, "--task", "code", "--bandwidth", "460", "--db", str(scanned_db))
     code, out = _run(*args, "--json")
@@ -86,8 +86,8 @@ def test_recommend_keeps_its_fit_and_refits_when_the_evidence_changes(
     first = train_mod.cached_fit()
     again = train_mod.cached_fit()
     assert calls == [0]  # the second call loaded the kept fit
-    assert again.params_ == first.params_
+    assert again.params == first.params
     one_local = [load_prior().observations[0]]
     train_mod.cached_fit(one_local)
     assert calls == [0, 1]  # new evidence, new fit
-    assert len(list((specreg_home / "recommender" / "cache").glob("fit-*.joblib"))) == 1
+    assert len(list((specreg_home / "recommender" / "cache").glob("fit-*.json"))) == 1

@@ -100,7 +100,7 @@ def test_estimator_contract(small_data) -> None:  # type: ignore[no-untyped-def]
     fitted = est.fit(small_data.X, small_data.y, groups=small_data.groups)
     assert fitted is est
     learned = {k for k in vars(est) if k.endswith("_")}
-    assert {"params_", "residual_model_", "members_", "noise_", "n_features_in_"} <= learned
+    assert {"params_", "residual_", "members_", "noise_", "n_features_in_"} <= learned
     twin = clone(est).fit(small_data.X, small_data.y, groups=small_data.groups)
     np.testing.assert_allclose(twin.predict(small_data.X[:20]), est.predict(small_data.X[:20]))
     lo, mid, hi = est.predict_interval(small_data.X[:20])
@@ -117,14 +117,15 @@ def test_fit_rejects_bad_input(small_data) -> None:  # type: ignore[no-untyped-d
 
 def test_cost_model_shape_over_k() -> None:
     """Throughput over K rises then falls; higher acceptance moves the best K up."""
-    from specreg.recommender.features import ConfigFacts, Method, feature_matrix
+    from specreg.recommender.features import ConfigFacts, feature_matrix
+    from specreg.terms import Method
 
     base = ConfigFacts(
         bandwidth_gbs=460, physical_cores=96, target_params_b=32, target_active_b=32,
-        target_bpw=4.8, target_gb=19, target_family="qwen2", target_is_moe=False,
+        target_bpw=4.8, target_gb=19, target_arch_family="qwen2", target_is_moe=False,
         target_is_hybrid=False, default_experts=0, method=Method.DRAFT, k=1, experts=0,
         temperature=0.0, task="code", draft_params_b=0.5, draft_bpw=8.5, draft_gb=0.53,
-        draft_family="qwen2", tok_relation="identical", baseline_tps=3.0,
+        draft_arch_family="qwen2", tok_relation="identical", baseline_tps=3.0,
     )  # fmt: skip
     ks = [1, 2, 4, 8, 16, 32, 64]
     p = CostParams(verify_slope=0.03, draft_eff=0.06, draft_tau=0.0)

@@ -9,11 +9,11 @@ import pytest
 from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
 from specreg.errors import UsageError
-from specreg.recommender.features import Method
 from specreg.recommender.host import REFERENCE_HOST
 from specreg.recommender.prior import load_prior
 from specreg.recommender.recommend import Recommendation, recommend
 from specreg.registry.queries import list_models
+from specreg.terms import Method
 
 # ruff: noqa: F811  (pytest fixtures imported from recommender_fixtures are used as arguments)
 
@@ -167,8 +167,8 @@ def _ngram_run(con, target, k: int, tps: float, acceptance: float):  # type: ign
 
 
 @pytest.mark.parametrize("acceptance", [1.0, 0.05])
-def test_measured_acceptance_reshapes_the_family_k_curve(demo_con, prior_model, acceptance):  # type: ignore[no-untyped-def]
-    """An n-gram run that was always accepted lifts the long-K end of the family's curve; one
+def test_measured_acceptance_reshapes_the_k_curve(demo_con, prior_model, acceptance):  # type: ignore[no-untyped-def]
+    """An n-gram run that was always accepted lifts the long-K end of its K curve; one
     that was almost never accepted does not (the prior's curve already falls with K)."""
     from specreg.recommender.local import local_observations
 

@@ -13,18 +13,24 @@ from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
 from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
 from specreg.recommender.costmodel import CostParams, predict_tps
-from specreg.recommender.features import ConfigFacts, Method, feature_matrix
+from specreg.recommender.features import ConfigFacts, feature_matrix
 from specreg.recommender.host import HostFacts
 from specreg.recommender.local import draft_fields, target_fields
 from specreg.recommender.recommend import Option
 from specreg.registry.queries import get_model
 from specreg.registry.runs import RunRecord, record_run
 from specreg.runner.tune import tune
+from specreg.terms import Method
 
 HOST = HostFacts(20.0, 2, "user", fingerprint="test-host")
 # The "true" host: cheaper drafts, higher acceptance than the prior believes.
 TRUE = CostParams(
-    target_eff=0.5, draft_eff=0.3, draft_tau=0.001, verify_slope=0.06, acc_bias=1.6, acc_family=1.0
+    target_eff=0.5,
+    draft_eff=0.3,
+    draft_tau=0.001,
+    verify_slope=0.06,
+    acc_bias=1.6,
+    acc_same_arch=1.0,
 )
 
 
@@ -107,7 +113,8 @@ def test_tune_on_real_small_models_beats_a_quarter_of_the_sweep(
         from specreg.recommender.recommend import recommend
         from specreg.recommender.train import fit
 
-        n_sweep = len(recommend(con, str(target), model=fit(), host=facts, task="code").options)
+        model = fit().predictor()
+        n_sweep = len(recommend(con, str(target), model=model, host=facts, task="code").options)
         budget = n_sweep // 4  # the budget is the claim: a quarter of the sweep's runs
         result = tune(con, str(target), run, host=facts, task="code", budget=budget)
         options = {o.label: o for o in result.final.options}
@@ -141,14 +148,14 @@ def test_next_option_brackets_a_peak_the_prediction_misplaced(demo_con, prior_mo
     )  # fmt: skip
     options = rec.options
     best_draft = max((o for o in options if o.method is Method.DRAFT), key=lambda o: o.tps)
-    family = [o for o in options if o.method is Method.DRAFT and o.draft_id == best_draft.draft_id]
-    ks = sorted(o.k for o in family if o.k)
+    curve = [o for o in options if o.method is Method.DRAFT and o.draft_id == best_draft.draft_id]
+    ks = sorted(o.k for o in curve if o.k)
     i = ks.index(best_draft.k)
     true_peak = ks[min(i + 2, len(ks) - 1)] if i + 2 < len(ks) else ks[max(i - 2, 0)]
     assert true_peak != best_draft.k
 
     def truth(o: Option) -> float:
-        if o in family:  # 30 % faster at the true peak, falling 10 % per grid step from it
+        if o in curve:  # 30 % faster at the true peak, falling 10 % per grid step from it
             return 1.3 * best_draft.tps * 0.9 ** abs(ks.index(o.k) - ks.index(true_peak))
         return 0.5 * o.tps
 

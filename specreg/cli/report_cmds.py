@@ -18,7 +18,7 @@ from specreg.recommender.local import local_observations
 from specreg.recommender.prior import load_prior
 from specreg.recommender.recommend import TASK_CHOICES
 from specreg.recommender.recommend import recommend as recommend_fn
-from specreg.recommender.train import fit, load_trained
+from specreg.recommender.train import cached_fit, load_trained
 from specreg.registry.db import opened
 from specreg.registry.queries import ModelRecord
 from specreg.reports import build_site
@@ -96,7 +96,7 @@ def _advisor(
     host, facts = _host(bandwidth)
     local = local_observations(con, facts)
     trained = load_trained()
-    model = trained[0] if trained else fit(local)
+    model = trained[0] if trained else cached_fit(local)
     observations = [*load_prior().observations, *local]
     dialect, server = _install(llama_bin)
 
