@@ -217,7 +217,7 @@ class LabelledPrompt:
 
 def labelled_prompts() -> tuple[LabelledPrompt, ...]:
     """The prompt set the classifier is fitted on (hand-written for specreg, MIT)."""
-    raw = files("specreg.serve").joinpath("data", PROMPT_SET).read_text(encoding="utf-8")
+    raw = files("specreg.serve").joinpath("data").joinpath(PROMPT_SET).read_text(encoding="utf-8")
     out = []
     for line in raw.splitlines():
         if line.strip():

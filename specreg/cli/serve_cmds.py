@@ -11,6 +11,7 @@ from rich.table import Table
 from specreg.cli.common import console, db_option, err_console, json_option, resolve_db
 
 if TYPE_CHECKING:
+    from specreg.serve.backends import BackendStatus
     from specreg.serve.routes import RouteTable
 
 SERVE_EXTRA_HINT = "specreg serve needs starlette, uvicorn and httpx: pip install 'specreg[serve]'"
@@ -116,7 +117,7 @@ def _print_routes(table: RouteTable, as_json: bool) -> None:
         out.print(f"note: {note}")
 
 
-def _print_ready(url: str, table: RouteTable, status: list) -> None:  # type: ignore[type-arg]
+def _print_ready(url: str, table: RouteTable, status: list[BackendStatus]) -> None:
     out = err_console()
     names = ", ".join(t.name for t in table.targets)
     out.print(f"serving {names} at {url}/v1 (OpenAI API); health at {url}/health")
