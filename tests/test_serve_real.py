@@ -1,0 +1,313 @@
+# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
+"""`specreg serve` for real: SmolLM2 behind supervised llama-servers, one thread, few tokens.
+
+specreg.yaml pins code to ngram-mod and every other task to plain decoding, so the routes are
+known whatever the recommender predicts on this host. Clients are the `openai` package and
+httpx, as a user's would be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from llama_fixtures import llama_install, small_models  # noqa: F401
+
+from specreg.cli.main import cli
+from specreg.registry.db import opened
+from specreg.runner.llama import LlamaInstall
+from specreg.runner.runs import model_record
+from specreg.runner.server import LlamaServer, free_port
+from specreg.runner.small_models import SmallModels
+
+pytestmark = pytest.mark.llama
+
+SPEC = """\
+version: 1
+models:
+  {model_id}:
+    path: {path}
+    aliases: [smollm2]
+roles:
+  assistant:
+    target: smollm2
+    configs:
+      code:
+        spec_type: ngram-mod
+        draft_max: 8
+      default:
+        spec_type: none
+"""
+CODE = "Write a Python function that returns the sum of a list of integers."
+PROSE = "Write a short poem about the sea at night."
+STARTUP_S = 180.0
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def backends(self) -> list[dict]:  # type: ignore[type-arg]
+        return list(httpx.get(f"{self.url}/specreg/backends", timeout=10).json()["backends"])
+
+    def pids(self) -> list[int]:
+        return [b["pid"] for b in self.backends()]
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def start_serve(tmp_path: Path, llama: LlamaInstall, model: Path, *extra: str) -> Served:
+    home = Path(os.environ["SPECREG_HOME"])
+    with opened(home / "registry.duckdb") as con:
+        rec = model_record(con, model)
+    spec = tmp_path / "specreg.yaml"
+    spec.write_text(SPEC.format(model_id=rec.model_id, path=model))
+    port = free_port()
+    log = tmp_path / f"serve-{port}.log"
+    argv = [
+        sys.executable, "-m", "specreg", "serve", "--spec", str(spec), "--port", str(port),
+        "--threads", "1", "--ctx", "2048", "--llama-bin", str(llama.bin_dir), *extra,
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    served = Served(proc, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"serve exited with {proc.returncode}: {log.read_text()}")
+        try:
+            if httpx.get(f"{served.url}/health", timeout=2).status_code == 200:
+                return served
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"serve was not healthy within {STARTUP_S:.0f} s: {log.read_text()}")
+
+
+def stop_serve(served: Served) -> int:
+    if served.proc.poll() is None:
+        served.proc.send_signal(signal.SIGTERM)
+    try:
+        return served.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        served.proc.kill()
+        raise
+
+
+@pytest.fixture(scope="module")
+def served(
+    tmp_path_factory: pytest.TempPathFactory, llama_install: LlamaInstall, small_models: SmallModels
+) -> Iterator[Served]:
+    home = tmp_path_factory.mktemp("serve-home")
+    old = os.environ.get("SPECREG_HOME")
+    os.environ["SPECREG_HOME"] = str(home)
+    s = start_serve(home, llama_install, small_models.smollm2.path)
+    try:
+        yield s
+    finally:
+        stop_serve(s)
+        if old is not None:
+            os.environ["SPECREG_HOME"] = old
+
+
+@pytest.fixture
+def module_home(served: Served, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The serve process's SPECREG_HOME (the module's, not this test's own)."""
+    home = Path(served.log).parent
+    monkeypatch.setenv("SPECREG_HOME", str(home))
+    return home
+
+
+def test_routes_show_in_headers_and_in_runs(served: Served, module_home: Path) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["smollm2"]
+    seen = {}
+    for text in (CODE, PROSE):
+        raw = client.chat.completions.with_raw_response.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": text}],
+            max_tokens=8,
+            temperature=0,
+        )
+        completion = raw.parse()
+        assert completion.choices[0].message.content
+        seen[raw.headers["x-specreg-task"]] = (
+            raw.headers["x-specreg-config"],
+            raw.headers["x-specreg-backend"],
+            raw.headers["x-specreg-route"],
+        )
+    assert seen["code"][0] == "ngram-mod k=8" and seen["code"][2] == "pinned"
+    assert seen["prose"][0] == "plain"
+    assert seen["code"][1] != seen["prose"][1]
+
+    # The runs are written while serve runs (the recorder opens the registry only to write).
+    deadline = time.monotonic() + 30
+    while True:
+        result = CliRunner().invoke(cli, ["runs", "--json"])
+        runs = json.loads(result.output)["runs"] if result.exit_code == 0 else []
+        tasks = {r["task"]: r for r in runs if r["kind"] == "serve"}
+        if {"code", "prose"} <= set(tasks) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert tasks["code"]["config_label"] == "ngram-mod k=8"
+    assert tasks["code"]["spec_type"] == "ngram-mod"
+    assert tasks["prose"]["config_label"] == "plain"
+    assert tasks["code"]["config"]["regime"] == "warm"
+    assert tasks["code"]["tokens_per_s"] > 0
+    assert tasks["code"]["prompts"][0]["predicted_n"] == 8
+    table = CliRunner().invoke(cli, ["runs"]).output
+    assert "serve" in table and "ngram-mod k=8" in table
+
+
+def _chat(url: str, text: str, *, stream: bool = False, tokens: int = 24) -> str:
+    body = {
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
+    if not stream:
+        got = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        got.raise_for_status()
+        return str(got.json()["choices"][0]["message"]["content"])
+    parts = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                parts.append(delta.get("content") or "")
+    return "".join(parts)
+
+
+def test_text_through_serve_equals_a_direct_llama_server(
+    served: Served, tmp_path: Path, llama_install: LlamaInstall
+) -> None:
+    routes = httpx.get(f"{served.url}/specreg/routes", timeout=10).json()
+    ngram = next(b for b in routes["backends"] if "code" in b["tasks"])
+    assert "ngram-mod" in ngram["argv"]
+    direct = LlamaServer(ngram["argv"], env=dict(os.environ), log_path=tmp_path / "direct.log")
+    with direct:
+        url = f"http://127.0.0.1:{direct.port}"
+        for text in (CODE, "Write a JavaScript function that reverses a string."):
+            want = _chat(url, text)
+            assert _chat(served.url, text) == want
+            assert _chat(served.url, text, stream=True) == want
+        body = {"prompt": "def fibonacci(n):", "max_tokens": 16, "temperature": 0}
+        want_text = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+        got = httpx.post(
+            f"{served.url}/v1/completions", json=body, headers={"X-Specreg-Task": "code"}
+        )
+        assert got.headers["x-specreg-task-source"] == "header"
+        assert got.json()["choices"][0]["text"] == want_text["choices"][0]["text"]
+
+
+def test_fifty_concurrent_requests(served: Served) -> None:
+    async def one(client: httpx.AsyncClient, i: int) -> tuple[int, str]:
+        text = CODE if i % 2 else PROSE
+        got = await client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": text}], "max_tokens": 4},
+        )
+        return got.status_code, got.headers.get("x-specreg-task", "")
+
+    async def all_of_them() -> list[tuple[int, str]]:
+        async with httpx.AsyncClient(base_url=served.url, timeout=300) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(50)))
+
+    results = asyncio.run(all_of_them())
+    assert [status for status, _ in results] == [200] * 50
+    assert {task for _, task in results} == {"code", "prose"}
+    assert all(b["ready"] and b["starts"] == 1 for b in served.backends())
+
+
+def test_sigterm_stops_every_backend(
+    tmp_path: Path, llama_install: LlamaInstall, small_models: SmallModels
+) -> None:
+    s = start_serve(tmp_path, llama_install, small_models.smollm2.path)
+    pids = s.pids()
+    assert len(pids) == 2 and all(alive(p) for p in pids)
+    assert stop_serve(s) == 0
+    assert wait_gone(pids, timeout=5) == []
+    assert "stopped (SIGTERM); every backend has exited" in s.log.read_text()
+
+
+def test_sigkill_of_specreg_leaves_no_llama_server(
+    tmp_path: Path, llama_install: LlamaInstall, small_models: SmallModels
+) -> None:
+    s = start_serve(tmp_path, llama_install, small_models.smollm2.path)
+    pids = s.pids()
+    s.proc.kill()
+    s.proc.wait()
+    assert wait_gone(pids) == []  # Linux's death signal, set by the runner's spawn
+
+
+def test_a_crashed_backend_gives_502_naming_it_and_is_restarted(
+    tmp_path: Path, llama_install: LlamaInstall, small_models: SmallModels
+) -> None:
+    s = start_serve(tmp_path, llama_install, small_models.smollm2.path)
+    try:
+        backend = next(b for b in s.backends() if "plain" in b["name"])
+
+        async def crash() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
+                request = asyncio.ensure_future(
+                    client.post(
+                        "/v1/completions",
+                        json={"prompt": "Once upon a time", "max_tokens": 1500},
+                        headers={"X-Specreg-Task": "prose"},
+                    )
+                )
+                await asyncio.sleep(1.0)  # the request is decoding now
+                os.kill(backend["pid"], signal.SIGSEGV)
+                return await request
+
+        got = asyncio.run(crash())
+        assert got.status_code == 502
+        message = got.json()["error"]["message"]
+        assert message.startswith(f"backend {backend['name']} crashed during the request: ")
+        assert "llama-server was killed by signal 11" in message
+        assert "llama.cpp's last message: " in message
+        assert got.headers["x-specreg-backend"] == backend["name"]
+
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{s.url}/health", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline, "the backend was not restarted"
+            time.sleep(0.2)
+        again = next(b for b in s.backends() if b["name"] == backend["name"])
+        assert again["starts"] == 2 and again["pid"] != backend["pid"]
+        assert "killed by signal 11" in again["last_exit"]
+        assert _chat(s.url, PROSE, tokens=4)
+    finally:
+        pids = s.pids()
+        stop_serve(s)
+        assert wait_gone(pids, timeout=5) == []
