@@ -48,6 +48,8 @@ COMMAND_MODULES = {
     "apply": "declare_cmds",
     "export": "declare_cmds",
     "init": "declare_cmds",
+    "quality": "quality_cmds",
+    "agree": "quality_cmds",
     "serve": "serve_cmds",
 }
 

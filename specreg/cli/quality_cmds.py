@@ -1,0 +1,218 @@
+"""`specreg quality` and `agree`: what lossy knobs cost, and how well drafts agree, measured
+with the build's own llama-perplexity."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.table import Table
+
+from specreg.cli.common import console, db_option, err_console, json_option, resolve_db
+from specreg.errors import RunFailed
+from specreg.registry.db import opened
+from specreg.terms import TASKS
+
+if TYPE_CHECKING:
+    from specreg.runner.agreement import AgreementResult
+    from specreg.runner.quality import Measuring, QualityResult
+
+F = Callable[..., Any]
+
+
+def _measure_options(func: F) -> F:
+    options: list[Callable[[F], F]] = [
+        click.option(
+            "--ctx", type=int, default=128, show_default=True,
+            help="Chunk length; llama-perplexity scores the second half of each chunk.",
+        ),
+        click.option(
+            "--chunks", type=int, default=4, show_default=True,
+            help="Chunks scored per text (0: all of it).",
+        ),
+        click.option("--threads", type=int, default=None, help="llama.cpp threads."),
+        click.option(
+            "--timeout", type=float, default=900.0, show_default=True,
+            help="Seconds one llama-perplexity call may take.",
+        ),
+        click.option(
+            "--max-logits-gb", type=float, default=1.0, show_default=True,
+            help="Largest saved-logits file to write (about n_vocab x tokens x 2 bytes).",
+        ),
+        click.option(
+            "--llama-bin", type=click.Path(file_okay=False, path_type=Path), default=None,
+            help="Folder with llama-perplexity (default: $SPECREG_LLAMA_BIN, PATH, the cache).",
+        ),
+        db_option,
+        json_option,
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _measuring(kw: dict[str, Any]) -> Measuring:
+    from specreg.runner.host import detect_host
+    from specreg.runner.llama import find_llama
+    from specreg.runner.quality import Measuring
+
+    if kw["ctx"] < 8 or kw["chunks"] < 0:
+        raise click.BadParameter("--ctx must be at least 8 and --chunks at least 0")
+    return Measuring(
+        install=find_llama(kw["llama_bin"]),
+        host=detect_host(),
+        ctx=kw["ctx"],
+        chunks=kw["chunks"] or None,
+        threads=kw["threads"],
+        timeout=kw["timeout"],
+        max_logits_bytes=int(kw["max_logits_gb"] * 1e9),
+        notify=lambda line: err_console().print(line, soft_wrap=True),
+    )
+
+
+@click.command("quality")
+@click.argument("target", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--experts", type=int, default=None, help="MoE experts used per token.")
+@click.option(
+    "--against", "reference", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Lossless reference: the same model at another quantization (e.g. its Q8_0).",
+)  # fmt: skip
+@click.option(
+    "--task", "tasks", multiple=True, type=click.Choice(TASKS),
+    help="Shipped task text: code, prose, math, json or chat (default: all five).",
+)  # fmt: skip
+@click.option(
+    "--text", "texts", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+    help="Your own text file instead of the shipped ones (repeatable).",
+)  # fmt: skip
+@_measure_options
+def quality_cmd(**kw: Any) -> None:
+    """What TARGET with --experts N, or TARGET as a quant of --against REF, costs in output:
+    mean KL divergence (± its uncertainty), its 99th percentile, same top token and the
+    perplexity change per text, against the lossless reference. Recorded in the registry.
+
+    Exit 1 if a measurement failed (recorded, with llama.cpp's message), 2 on bad input.
+    """
+    from specreg.runner.quality import measure_quality, plan_quality, quality_texts
+
+    with opened(resolve_db(kw["db_path"])) as con:
+        plan = plan_quality(con, kw["target"], reference=kw["reference"], experts=kw["experts"])
+        texts = quality_texts(kw["tasks"], kw["texts"])
+        result = measure_quality(con, _measuring(kw), plan, texts)
+    _emit(result, kw["as_json"], _print_quality)
+    if not result.ok:
+        raise RunFailed("a quality measurement failed and was recorded: see the table")
+
+
+@click.command("agree")
+@click.argument("target", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("drafts", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--task", "tasks", multiple=True, type=click.Choice(TASKS),
+    help="Task prompts the target continues (default: all).",
+)  # fmt: skip
+@click.option(
+    "--temp",
+    "temperature",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Sampling temperature: above 0, acceptance is the target's probability of the "
+    "draft's top token.",
+)
+@click.option(
+    "--n-predict", type=int, default=160, show_default=True,
+    help="Tokens the target generates per prompt for its text.",
+)  # fmt: skip
+@_measure_options
+def agree_cmd(**kw: Any) -> None:
+    """How often each DRAFT (default: every compatible draft in the registry) picks TARGET's
+    top token on TARGET's own greedy text: the per-token acceptance of greedy speculation,
+    measured in seconds without a speculative run. Recorded in the registry.
+
+    Exit 1 if a measurement failed (recorded, with llama.cpp's message), 2 on bad input.
+    """
+    from specreg.runner.agreement import measure_agreement, plan_agreement
+
+    with opened(resolve_db(kw["db_path"])) as con:
+        plan = plan_agreement(
+            con, kw["target"], kw["drafts"], kw["tasks"], temperature=kw["temperature"]
+        )
+        result = measure_agreement(con, _measuring(kw), plan, n_predict=kw["n_predict"])
+    _emit(result, kw["as_json"], _print_agreement)
+    if not result.ok:
+        raise RunFailed("an agreement measurement failed and was recorded: see the table")
+
+
+def _emit(result: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    if as_json:
+        from specreg.jsonout import dumps
+
+        click.echo(dumps(result.to_json()))
+    else:
+        render(result)
+
+
+def _pm(value: float | None, unc: float | None, fmt: str = ".4f", scale: float = 1.0) -> str:
+    if value is None:
+        return "-"
+    text = f"{value * scale:{fmt}}"
+    return f"{text} ± {unc * scale:{fmt}}" if unc is not None else text
+
+
+def _print_quality(r: QualityResult) -> None:
+    out = console()
+    what = Path(r.target).name
+    if r.experts is not None:
+        what += f" with {r.experts} of {r.expert_count} experts (default {r.default_experts})"
+    out.print(f"{what} against {Path(r.reference).name} (llama.cpp {r.llama_version})")
+    table = Table(
+        "text", "tokens", "mean KLD", "KLD p99", "same top", "PPL ref -> this", "ln PPL ratio",
+        box=None,
+    )  # fmt: skip
+    for p in r.points:
+        s = p.stats
+        if s is None:
+            table.add_row(p.text.name, "-", f"failed: {p.error}", "", "", "", "")
+            continue
+        p99 = s.kld_p99
+        table.add_row(
+            p.text.name,
+            str(p.n_tokens),
+            _pm(s.mean_kld, s.mean_kld_unc),
+            "-" if p99 is None else f"{p99:.4f}",
+            _pm(s.same_top, s.same_top_unc, ".1f", 100) + " %",
+            f"{s.ppl_base:.2f} -> {s.ppl:.2f}" if s.ppl_base is not None else f"{s.ppl:.2f}",
+            _pm(s.ln_ppl_ratio, s.ln_ppl_ratio_unc),
+        )
+    out.print(table)
+
+
+def _print_agreement(r: AgreementResult) -> None:
+    out = console()
+    out.print(f"agreement with {Path(r.target).name}; acceptance: {r.acceptance_label}")
+    cols = ["draft", "task", "tokens", "same top", "mean KLD", "method"]
+    if r.temperature > 0:
+        cols.insert(4, f"accept @ T={r.temperature:g}")
+    table = Table(*cols, box=None)
+    for p in r.points:
+        if not p.ok:
+            table.add_row(p.draft_name, p.task, "-", f"failed: {p.error}", *[""] * (len(cols) - 4))
+            continue
+        row = [
+            p.draft_name,
+            p.task,
+            str(p.n_tokens),
+            _pm(p.same_top, p.same_top_unc, ".1f", 100) + " %",
+            _pm(p.mean_kld, p.mean_kld_unc),
+            p.method,
+        ]
+        if r.temperature > 0:
+            row.insert(4, "-" if p.accept is None else f"{p.accept:.1%}")
+        table.add_row(*row)
+    out.print(table)
+
+
+COMMANDS = [quality_cmd, agree_cmd]
