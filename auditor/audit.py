@@ -20,7 +20,10 @@ import duckdb
 
 from specreg.auditor.checks import (
     MIN_USEFUL_SIZE_RATIO,
+    SpecialKind,
     VocabOutcome,
+    special_token,
+    special_token_rule,
     vocab_checks,
     vocab_signature,
 )
@@ -254,14 +257,10 @@ def _scalar_failures(t: ModelRecord, d: ModelRecord, rules: RuleSet) -> tuple[st
     out = []
     if t.vocab_type != d.vocab_type:
         out.append("vocab_type")
-    for kind in ("bos", "eos"):
-        add_t, add_d = bool(getattr(t, f"add_{kind}")), bool(getattr(d, f"add_{kind}"))
-        id_t = getattr(t, f"{kind}_id")
-        id_d = getattr(d, f"{kind}_id")
-        id_t = -1 if id_t is None else id_t
-        id_d = -1 if id_d is None else id_d
-        compare = add_t if rules.special_ids_only_when_added else True
-        if add_t != add_d or (compare and id_t != id_d):
+    kinds: tuple[SpecialKind, ...] = ("bos", "eos")
+    for kind in kinds:
+        passed, _ = special_token_rule(special_token(t, kind), special_token(d, kind), rules)
+        if not passed:
             out.append(kind)
     if abs((t.n_tokens or 0) - (d.n_tokens or 0)) > rules.vocab_max_size_difference:
         out.append("vocab_size")

@@ -1,14 +1,16 @@
 """The checks of one ordered (target, draft) pair, from registry facts and stored vocabularies.
 
-Pure functions of two model records, their vocabularies and a `RuleSet`; no database access,
-so `audit_all` can run them once per vocabulary class instead of once per pair.
+Pure functions of two models' facts, their vocabularies and a `RuleSet`; no database access,
+so `audit_all` can run them once per vocabulary class instead of once per pair. The facts a
+check reads are named in `ModelFacts` (a registry `ModelRecord` has them all): a misspelt or
+missing fact is a type error, never a silent default.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -30,32 +32,120 @@ NULL_TOKEN = -1
 
 
 class VocabLike(Protocol):
-    tokens: StringArray
-    token_types: np.ndarray | None
+    """A stored vocabulary: token texts as serialized, token types if the file has them."""
+
+    @property
+    def tokens(self) -> StringArray: ...
+
+    @property
+    def token_types(self) -> np.ndarray | None: ...
 
 
-def _get(m: Any, name: str, default: Any = None) -> Any:
-    v = getattr(m, name, default)
-    return default if v is None else v
+class ModelFacts(Protocol):
+    """The registry facts of one model that the checks read (None: the file does not say)."""
+
+    @property
+    def architecture(self) -> str | None: ...
+    # tokenizer, as llama.cpp's loader resolves it (registry/llama_vocab.py)
+    @property
+    def tok_model(self) -> str | None: ...
+    @property
+    def tok_pre(self) -> str | None: ...
+    @property
+    def vocab_type(self) -> str | None: ...
+    @property
+    def n_tokens(self) -> int | None: ...
+    @property
+    def vocab_sha(self) -> str | None: ...
+    @property
+    def bos_id(self) -> int | None: ...
+    @property
+    def eos_id(self) -> int | None: ...
+    @property
+    def bos_text(self) -> str | None: ...
+    @property
+    def eos_text(self) -> str | None: ...
+    @property
+    def add_bos(self) -> bool | None: ...
+    @property
+    def add_eos(self) -> bool | None: ...
+    @property
+    def add_bos_stored(self) -> bool | None: ...
+    @property
+    def add_eos_stored(self) -> bool | None: ...
+    @property
+    def chat_template_sha256(self) -> str | None: ...
+    # shape and kind
+    @property
+    def n_params(self) -> int | None: ...
+    @property
+    def n_params_active(self) -> int | None: ...
+    @property
+    def embedding_length(self) -> int | None: ...
+    @property
+    def block_count(self) -> int | None: ...
+    @property
+    def is_recurrent(self) -> bool | None: ...
+    @property
+    def is_hybrid(self) -> bool | None: ...
+    @property
+    def sliding_window(self) -> int | None: ...
+    @property
+    def uses_mla(self) -> bool | None: ...
+    @property
+    def is_mmproj(self) -> bool | None: ...
+    @property
+    def nextn_predict_layers(self) -> int | None: ...
+    @property
+    def has_mtp_tensors(self) -> bool | None: ...
+    @property
+    def draft_kind(self) -> str | None: ...
+    @property
+    def draft_binding(self) -> str | None: ...
 
 
-def _tok(v: Any) -> int:
+def _tok(v: int | None) -> int:
     return NULL_TOKEN if v is None else int(v)
 
 
-def vocab_signature(m: Any) -> tuple[Any, ...]:
+@dataclass(frozen=True)
+class SpecialToken:
+    """One side's BOS or EOS as llama.cpp's check sees it: added or not, and its id."""
+
+    add: bool  # effective add_bos/add_eos after the loader's defaults
+    id: int  # NULL_TOKEN when absent
+    add_stored: bool | None  # what the GGUF itself declares (None: key absent)
+    text: str | None
+
+
+SpecialKind = Literal["bos", "eos"]
+
+
+def special_token(m: ModelFacts, kind: SpecialKind) -> SpecialToken:
+    if kind == "bos":
+        return SpecialToken(bool(m.add_bos), _tok(m.bos_id), m.add_bos_stored, m.bos_text)
+    return SpecialToken(bool(m.add_eos), _tok(m.eos_id), m.add_eos_stored, m.eos_text)
+
+
+def special_token_rule(t: SpecialToken, d: SpecialToken, rules: RuleSet) -> tuple[bool, bool]:
+    """(passed, ids compared): llama.cpp's BOS/EOS rule for one kind."""
+    compare_ids = t.add if rules.special_ids_only_when_added else True
+    return t.add == d.add and (not compare_ids or t.id == d.id), compare_ids
+
+
+def vocab_signature(m: ModelFacts) -> tuple[Any, ...]:
     """Everything common_speculative_are_compatible reads from one side."""
     return (
-        _get(m, "vocab_type", ""),
-        bool(_get(m, "add_bos", False)),
-        _tok(getattr(m, "bos_id", None)),
-        bool(_get(m, "add_eos", False)),
-        _tok(getattr(m, "eos_id", None)),
-        int(_get(m, "n_tokens", 0)),
-        _get(m, "vocab_sha", None),
-        getattr(m, "add_bos_stored", None),
-        getattr(m, "add_eos_stored", None),
-        getattr(m, "tok_model", None),
+        m.vocab_type if m.vocab_type is not None else "",
+        bool(m.add_bos),
+        _tok(m.bos_id),
+        bool(m.add_eos),
+        _tok(m.eos_id),
+        int(m.n_tokens or 0),
+        m.vocab_sha,
+        m.add_bos_stored,
+        m.add_eos_stored,
+        m.tok_model,
     )
 
 
@@ -67,22 +157,19 @@ class VocabOutcome:
     extra: ExtraTokens | None
 
 
-def _special_check(kind: str, t: Any, d: Any, rules: RuleSet) -> Check:
-    add_t = bool(_get(t, f"add_{kind}", False))
-    add_d = bool(_get(d, f"add_{kind}", False))
-    id_t = _tok(getattr(t, f"{kind}_id", None))
-    id_d = _tok(getattr(d, f"{kind}_id", None))
-    compare_ids = add_t if rules.special_ids_only_when_added else True
-    passed = add_t == add_d and (not compare_ids or id_t == id_d)
+def _special_check(kind: SpecialKind, t: ModelFacts, d: ModelFacts, rules: RuleSet) -> Check:
+    st, sd = special_token(t, kind), special_token(d, kind)
+    add_t, add_d, id_t, id_d = st.add, sd.add, st.id, sd.id
+    passed, compare_ids = special_token_rule(st, sd, rules)
     values = {
         "target_add": add_t,
         "draft_add": add_d,
-        "target_add_stored": getattr(t, f"add_{kind}_stored", None),
-        "draft_add_stored": getattr(d, f"add_{kind}_stored", None),
+        "target_add_stored": st.add_stored,
+        "draft_add_stored": sd.add_stored,
         "target_id": id_t,
         "draft_id": id_d,
-        "target_text": getattr(t, f"{kind}_text", None),
-        "draft_text": getattr(d, f"{kind}_text", None),
+        "target_text": st.text,
+        "draft_text": sd.text,
         "ids_compared": compare_ids,
     }
     up = kind.upper()
@@ -101,11 +188,12 @@ def _special_check(kind: str, t: Any, d: Any, rules: RuleSet) -> Check:
 
 
 def vocab_checks(
-    t: Any, d: Any, vt: VocabLike | None, vd: VocabLike | None, rules: RuleSet
+    t: ModelFacts, d: ModelFacts, vt: VocabLike | None, vd: VocabLike | None, rules: RuleSet
 ) -> VocabOutcome:
     """common_speculative_are_compatible, every check evaluated (llama.cpp stops at the first)."""
     checks: list[Check] = []
-    type_t, type_d = _get(t, "vocab_type", "?"), _get(d, "vocab_type", "?")
+    type_t = t.vocab_type if t.vocab_type is not None else "?"
+    type_d = d.vocab_type if d.vocab_type is not None else "?"
     checks.append(
         Check(
             "vocab_type",
@@ -117,8 +205,8 @@ def vocab_checks(
                 "draft": type_d,
                 "target_id": VOCAB_TYPE_IDS.get(type_t),
                 "draft_id": VOCAB_TYPE_IDS.get(type_d),
-                "target_tok_model": getattr(t, "tok_model", None),
-                "draft_tok_model": getattr(d, "tok_model", None),
+                "target_tok_model": t.tok_model,
+                "draft_tok_model": d.tok_model,
             },
             llama_check=True,
         )
@@ -126,7 +214,7 @@ def vocab_checks(
     checks.append(_special_check("bos", t, d, rules))
     checks.append(_special_check("eos", t, d, rules))
 
-    n_t, n_d = int(_get(t, "n_tokens", 0)), int(_get(d, "n_tokens", 0))
+    n_t, n_d = int(t.n_tokens or 0), int(d.n_tokens or 0)
     diff = abs(n_t - n_d)
     size_ok = diff <= rules.vocab_max_size_difference
     checks.append(
@@ -151,8 +239,8 @@ def vocab_checks(
     stop = min(n_t, n_d)
     first: int | None = None
     if vt is not None and vd is not None:
-        strip_t = dna_strip_start(vt.tokens) if _get(t, "tok_model") == "hybriddna" else None
-        strip_d = dna_strip_start(vd.tokens) if _get(d, "tok_model") == "hybriddna" else None
+        strip_t = dna_strip_start(vt.tokens) if t.tok_model == "hybriddna" else None
+        strip_d = dna_strip_start(vd.tokens) if d.tok_model == "hybriddna" else None
         first = first_text_difference(vt.tokens, vd.tokens, start, strip_t, strip_d)
     elif (vt is None) != (vd is None) and stop > start:
         first = start  # one side has token texts, the other only dummies ("")
@@ -216,12 +304,10 @@ def extra_tokens_check(outcome: VocabOutcome) -> Check | None:
     return Check("extra_tokens", False, Severity.RISK, msg, values)
 
 
-def _binding(m: Any) -> dict[str, Any]:
-    raw = getattr(m, "draft_binding", None)
+def _binding(m: ModelFacts) -> dict[str, Any]:
+    raw = m.draft_binding
     if not raw:
         return {}
-    if isinstance(raw, dict):
-        return raw
     try:
         val = json.loads(raw)
     except (TypeError, ValueError):
@@ -236,14 +322,14 @@ def _binding_value(binding: dict[str, Any], suffix: str) -> Any:
     return None
 
 
-def binding_check(t: Any, d: Any) -> Check:
+def binding_check(t: ModelFacts, d: ModelFacts) -> Check:
     """EAGLE-3 / DFlash / DSpark drafts read the target's hidden states: they fit one target."""
-    kind = getattr(d, "draft_kind", None)
+    kind = d.draft_kind
     binding = _binding(d)
     hidden = _binding_value(binding, "target_hidden_size")
     layers = _binding_value(binding, "target_layers")
-    emb = getattr(t, "embedding_length", None)
-    blocks = getattr(t, "block_count", None)
+    emb = t.embedding_length
+    blocks = t.block_count
     values: dict[str, Any] = {
         "draft_kind": kind,
         "binding": binding,
@@ -283,11 +369,13 @@ def binding_check(t: Any, d: Any) -> Check:
     )
 
 
-def capability_checks(t: Any, d: Any, rules: RuleSet, vision: bool = False) -> list[Check]:
+def capability_checks(
+    t: ModelFacts, d: ModelFacts, rules: RuleSet, vision: bool = False
+) -> list[Check]:
     """`vision`: the target is served with a vision projector (an mmproj beside it)."""
     checks: list[Check] = []
     for role, m in (("target", t), ("draft", d)):
-        if getattr(m, "is_mmproj", False):
+        if m.is_mmproj:
             checks.append(
                 Check(
                     f"{role}_is_language_model",
@@ -297,7 +385,7 @@ def capability_checks(t: Any, d: Any, rules: RuleSet, vision: bool = False) -> l
                     {"is_mmproj": True},
                 )
             )
-    if getattr(t, "draft_kind", None):
+    if t.draft_kind:
         checks.append(
             Check(
                 "target_is_language_model",
@@ -308,8 +396,8 @@ def capability_checks(t: Any, d: Any, rules: RuleSet, vision: bool = False) -> l
             )
         )
 
-    recurrent = bool(getattr(t, "is_recurrent", False))
-    hybrid = bool(getattr(t, "is_hybrid", False))
+    recurrent = bool(t.is_recurrent)
+    hybrid = bool(t.is_hybrid)
     if recurrent or hybrid:
         kind = "recurrent" if recurrent else "hybrid"
         ok = rules.recurrent_targets_speculate
@@ -326,7 +414,7 @@ def capability_checks(t: Any, d: Any, rules: RuleSet, vision: bool = False) -> l
                 Severity.BLOCKS,
                 msg,
                 {
-                    "architecture": getattr(t, "architecture", None),
+                    "architecture": t.architecture,
                     "is_recurrent": recurrent,
                     "is_hybrid": hybrid,
                     "build_speculates_with_checkpoints": ok,
@@ -349,17 +437,16 @@ def capability_checks(t: Any, d: Any, rules: RuleSet, vision: bool = False) -> l
                 {"vision": True, "build_speculates_with_mmproj": ok},
             )
         )
-    for flag, attr, what in (
-        ("swa_target", "swa_targets_speculate", "sliding-window attention"),
-        ("mla_target", "mla_targets_speculate", "MLA attention"),
+    for flag, present, ok, what in (
+        (
+            "swa_target",
+            bool(t.sliding_window),
+            rules.swa_targets_speculate,
+            "sliding-window attention",
+        ),
+        ("mla_target", bool(t.uses_mla), rules.mla_targets_speculate, "MLA attention"),
     ):
-        present = (
-            bool(getattr(t, "sliding_window", None))
-            if flag == "swa_target"
-            else bool(getattr(t, "uses_mla", False))
-        )
         if present:
-            ok = bool(getattr(rules, attr))
             checks.append(
                 Check(
                     flag,
@@ -371,26 +458,21 @@ def capability_checks(t: Any, d: Any, rules: RuleSet, vision: bool = False) -> l
                         if ok
                         else "this build's cache cannot drop drafted tokens reliably"
                     ),
-                    {
-                        "sliding_window": getattr(t, "sliding_window", None),
-                        "uses_mla": getattr(t, "uses_mla", None),
-                    },
+                    {"sliding_window": t.sliding_window, "uses_mla": t.uses_mla},
                 )
             )
     return checks
 
 
-def risk_checks(t: Any, d: Any, outcome: VocabOutcome | None, rules: RuleSet) -> list[Check]:
+def risk_checks(
+    t: ModelFacts, d: ModelFacts, outcome: VocabOutcome | None, rules: RuleSet
+) -> list[Check]:
     checks: list[Check] = []
     if outcome is not None:
         ex = extra_tokens_check(outcome)
         if ex is not None:
             checks.append(ex)
-    missing = [
-        role
-        for role, m in (("target", t), ("draft", d))
-        if _tok(getattr(m, "bos_id", None)) == NULL_TOKEN
-    ]
+    missing = [role for role, m in (("target", t), ("draft", d)) if _tok(m.bos_id) == NULL_TOKEN]
     if missing:
         checks.append(
             Check(
@@ -399,18 +481,15 @@ def risk_checks(t: Any, d: Any, outcome: VocabOutcome | None, rules: RuleSet) ->
                 Severity.RISK,
                 f"no BOS id in the {' and '.join(missing)}: the legacy llama-speculative demands "
                 "matching special tokens and refuses such a pair",
-                {
-                    "target_bos_id": getattr(t, "bos_id", None),
-                    "draft_bos_id": getattr(d, "bos_id", None),
-                },
+                {"target_bos_id": t.bos_id, "draft_bos_id": d.bos_id},
             )
         )
     return checks
 
 
-def advisory_checks(t: Any, d: Any, outcome: VocabOutcome | None) -> list[Check]:
+def advisory_checks(t: ModelFacts, d: ModelFacts, outcome: VocabOutcome | None) -> list[Check]:
     checks: list[Check] = []
-    pre_t, pre_d = getattr(t, "tok_pre", None), getattr(d, "tok_pre", None)
+    pre_t, pre_d = t.tok_pre, d.tok_pre
     if outcome is not None and outcome.accepts and pre_t != pre_d:
         checks.append(
             Check(
@@ -425,8 +504,8 @@ def advisory_checks(t: Any, d: Any, outcome: VocabOutcome | None) -> list[Check]
     if outcome is not None and outcome.accepts:
         # llama.cpp compares the effective add_bos; a draft whose own metadata says otherwise
         # (the key absent and defaulted, or overridden as for Gemma 4) was trained on the other.
-        add = bool(_get(t, "add_bos", False))
-        declared = getattr(d, "add_bos_stored", None)
+        add = bool(t.add_bos)
+        declared = d.add_bos_stored
         if declared is not None and bool(declared) != add:
             checks.append(
                 Check(
@@ -439,14 +518,11 @@ def advisory_checks(t: Any, d: Any, outcome: VocabOutcome | None) -> list[Check]
                     {
                         "target_add_bos": add,
                         "draft_add_bos_stored": declared,
-                        "target_add_bos_stored": getattr(t, "add_bos_stored", None),
+                        "target_add_bos_stored": t.add_bos_stored,
                     },
                 )
             )
-    tpl_t, tpl_d = (
-        getattr(t, "chat_template_sha256", None),
-        getattr(d, "chat_template_sha256", None),
-    )
+    tpl_t, tpl_d = t.chat_template_sha256, d.chat_template_sha256
     if tpl_t and tpl_d and tpl_t != tpl_d:
         checks.append(
             Check(
@@ -457,8 +533,8 @@ def advisory_checks(t: Any, d: Any, outcome: VocabOutcome | None) -> list[Check]
                 {"target_sha256": tpl_t, "draft_sha256": tpl_d},
             )
         )
-    size_t = _get(t, "n_params_active", None) or _get(t, "n_params", None)
-    size_d = _get(d, "n_params_active", None) or _get(d, "n_params", None)
+    size_t = t.n_params_active or t.n_params
+    size_d = d.n_params_active or d.n_params
     if size_t and size_d:
         ratio = float(size_t) / float(size_d)
         ok = ratio >= MIN_USEFUL_SIZE_RATIO

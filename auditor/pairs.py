@@ -9,6 +9,7 @@ from typing import Any
 import duckdb
 
 from specreg.auditor.checks import (
+    ModelFacts,
     VocabOutcome,
     advisory_checks,
     binding_check,
@@ -21,6 +22,7 @@ from specreg.auditor.rules import PINNED_RULES, RuleSet
 from specreg.auditor.verdict import Check, ModelRef, PairVerdict, Severity, Verdict, verdict_of
 from specreg.registry.queries import ModelRecord, list_models, resolve_model
 from specreg.registry.vocab_store import Vocab, load_vocab
+from specreg.terms import SPEC_MTP
 
 
 def vision_dirs(models: Iterable[ModelRecord]) -> frozenset[str]:
@@ -47,22 +49,20 @@ def ref(m: ModelRecord) -> ModelRef:
     return ModelRef(m.model_id or "", m.display_name, m.path or "")
 
 
-def has_mtp(m: Any) -> bool:
-    return bool(getattr(m, "nextn_predict_layers", None)) or bool(
-        getattr(m, "has_mtp_tensors", False)
-    )
+def has_mtp(m: ModelFacts) -> bool:
+    return bool(m.nextn_predict_layers) or bool(m.has_mtp_tensors)
 
 
 def pair_checks(
-    t: Any,
-    d: Any,
+    t: ModelFacts,
+    d: ModelFacts,
     rules: RuleSet,
     vocab: VocabOutcome | None,
     vision: bool = False,
 ) -> tuple[tuple[Check, ...], str | None]:
     """All checks of (t, d) given the vocabulary outcome; also the --spec-type to use."""
     checks: list[Check] = []
-    kind = getattr(d, "draft_kind", None)
+    kind = d.draft_kind
     if kind:
         spec_type = f"draft-{kind}"
         if kind not in rules.bound_draft_kinds:
@@ -87,10 +87,10 @@ def pair_checks(
     return tuple(checks), spec_type
 
 
-def draftless_modes(t: Any, rules: RuleSet) -> tuple[str, ...]:
+def draftless_modes(t: ModelFacts, rules: RuleSet) -> tuple[str, ...]:
     """Speculation this target can do with no draft file: its MTP heads, the n-gram modes."""
-    modes = ["draft-mtp"] if has_mtp(t) and rules.draft_mtp else []
-    recurrent = getattr(t, "is_recurrent", False) or getattr(t, "is_hybrid", False)
+    modes = [SPEC_MTP] if has_mtp(t) and rules.draft_mtp else []
+    recurrent = t.is_recurrent or t.is_hybrid
     if recurrent and not rules.recurrent_targets_speculate:
         return ()
     return (*modes, *rules.ngram_spec_types)
@@ -149,15 +149,15 @@ def judge(
     alternatives: Iterable[ModelRecord] = (),
     vision_dirs: frozenset[str] = frozenset(),
 ) -> PairVerdict:
-    if outcome is None and not getattr(d, "draft_kind", None):
+    if outcome is None and not d.draft_kind:
         outcome = vocab_checks(t, d, vocabs.get(t.vocab_sha), vocabs.get(d.vocab_sha), rules)
     vision = bool(t.path) and os.path.dirname(t.path or "") in vision_dirs
     checks, spec_type = pair_checks(t, d, rules, outcome, vision)
     verdict = verdict_of(checks)
-    accepts = None if getattr(d, "draft_kind", None) else (outcome.accepts if outcome else None)
+    accepts = None if d.draft_kind else (outcome.accepts if outcome else None)
     flags: tuple[str, ...] = ()
     if verdict is not Verdict.INCOMPATIBLE:
-        if getattr(d, "draft_kind", None):
+        if d.draft_kind:
             flags = (*rules.spec_type_flags(spec_type or ""), rules.draft_model_flag, d.path or "")
         else:
             flags = (*rules.draft_flags, d.path or "")

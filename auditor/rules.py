@@ -26,7 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specreg.terms import DEFAULT_TYPE_OF, DRAFT_MODEL_TYPES, NGRAM_TYPES, Method
+
 PINNED_BUILD = 11434
+# The draft-model types whose GGUF is a head bound to one target (`draft-eagle3` -> eagle3).
+_DRAFT_SIMPLE = DEFAULT_TYPE_OF[Method.DRAFT]
+BOUND_DRAFT_KINDS = tuple(t.removeprefix("draft-") for t in DRAFT_MODEL_TYPES if t != _DRAFT_SIMPLE)
 
 
 @dataclass(frozen=True)
@@ -50,21 +55,15 @@ class RuleSet:
     vision_targets_speculate: bool = True
     draft_mtp: bool = True
     """`--spec-type draft-mtp`: a target's own next-token-prediction layers draft, no file."""
-    bound_draft_kinds: tuple[str, ...] = ("eagle3", "dflash", "dspark")
-    ngram_spec_types: tuple[str, ...] = (
-        "ngram-simple",
-        "ngram-map-k",
-        "ngram-map-k4v",
-        "ngram-mod",
-        "ngram-cache",
-    )
+    bound_draft_kinds: tuple[str, ...] = BOUND_DRAFT_KINDS
+    ngram_spec_types: tuple[str, ...] = NGRAM_TYPES
     # flags
     draft_model_flag: str = "-md"
     draft_max_flag: str = "--spec-draft-n-max"
     draft_min_flag: str = "--spec-draft-n-min"
     spec_type_flag: str | None = "--spec-type"
     """None: the build has no --spec-type; -md alone enables draft-model speculation."""
-    draft_simple_type: str | None = "draft-simple"
+    draft_simple_type: str | None = _DRAFT_SIMPLE
     notes: tuple[str, ...] = ()
 
     @property
