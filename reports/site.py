@@ -320,11 +320,9 @@ def render_site(site: SiteData, out_dir: Path, *, template_cache: Path | None = 
             path.write_text(html, encoding="utf-8")
         written.append(path)
 
-    counts = Counter({c: 0 for c in VERDICT_LABELS})
-    if site.matrix:
-        for row in site.matrix.codes:
-            counts.update(row)
-        counts = Counter({c: counts[str(c)] for c in VERDICT_LABELS})
+    # matrix rows are strings of verdict-code digits
+    digits = Counter("".join(site.matrix.codes) if site.matrix else "")
+    counts = {c: digits[str(c)] for c in VERDICT_LABELS}
     write(
         "index.html",
         "overview.html.j2",
