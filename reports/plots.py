@@ -23,8 +23,8 @@ import networkx as nx
 
 # Cached SVGs are keyed by this file's own text too: changing a drawing invalidates them.
 _CACHE_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-# Qualitative colours for tokenizer families (matplotlib's tab10, then greys).
-FAMILY_COLOURS = (
+# Qualitative colours: tokenizer families, sweep series (matplotlib's tab10, then greys).
+QUALITATIVE_COLOURS = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
     "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f",
 )  # fmt: skip
@@ -32,8 +32,8 @@ _LABEL_WIDTH = 2.8  # layout units a family label needs at the graph's font size
 _XML_DECL = re.compile(r"^<\?xml[^>]*>\s*(<!DOCTYPE[^>]*>\s*)?", re.S)
 
 
-def family_colour(index: int) -> str:
-    return FAMILY_COLOURS[(index - 1) % len(FAMILY_COLOURS)]
+def tok_family_colour(index: int) -> str:
+    return QUALITATIVE_COLOURS[(index - 1) % len(QUALITATIVE_COLOURS)]
 
 
 def plain(text: str) -> str:
@@ -102,7 +102,7 @@ def _figure(width: float, height: float) -> Any:
 
 
 def cluster_layout(
-    nodes: Sequence[str], family_of: Mapping[str, int]
+    nodes: Sequence[str], tok_family_of: Mapping[str, int]
 ) -> tuple[dict[str, tuple[float, float]], dict[int, tuple[float, float, float]]]:
     """Positions with each tokenizer family on its own circle, families packed in rows.
 
@@ -110,7 +110,7 @@ def cluster_layout(
     """
     members: dict[int, list[str]] = defaultdict(list)
     for n in sorted(nodes):
-        members[family_of.get(n, 0)].append(n)
+        members[tok_family_of.get(n, 0)].append(n)
     order = sorted(members, key=lambda f: (-len(members[f]), f))
     radius = {f: 0.6 + 0.35 * math.sqrt(len(members[f])) for f in order}
     per_row = max(1, math.ceil(math.sqrt(len(order))))
@@ -146,7 +146,7 @@ def _edge_kind(verdict: str) -> str:
 
 def graph_svg(
     graph: nx.Graph,
-    family_of: Mapping[str, int],
+    tok_family_of: Mapping[str, int],
     family_labels: Mapping[int, str],
     names: Mapping[str, str],
     cache: PlotCache,
@@ -160,7 +160,9 @@ def graph_svg(
     )
     show_names = len(nodes) <= 60
     spec = {
-        "nodes": [(n, family_of.get(n, 0), names.get(n, n) if show_names else "") for n in nodes],
+        "nodes": [
+            (n, tok_family_of.get(n, 0), names.get(n, n) if show_names else "") for n in nodes
+        ],
         "edges": edges,
         "families": sorted((int(k), v) for k, v in family_labels.items()),
     }
@@ -175,7 +177,7 @@ def graph_svg(
             codes = [c for _ in pairs for c in (MplPath.MOVETO, MplPath.LINETO)]
             return MplPath(verts or [(0, 0)], codes or [MplPath.MOVETO])
 
-        pos, centres = cluster_layout(nodes, family_of)
+        pos, centres = cluster_layout(nodes, tok_family_of)
         xs = [p[0] for p in pos.values()]
         ys = [p[1] for p in pos.values()]
         span_x = max(xs) - min(xs) + _LABEL_WIDTH + 0.8
@@ -204,14 +206,14 @@ def graph_svg(
                 ha="center",
                 va="bottom",
                 fontsize=8,
-                color=family_colour(fam),
+                color=tok_family_colour(fam),
                 fontweight="bold",
             )
         ax.scatter(
             [pos[n][0] for n in nodes],
             [pos[n][1] for n in nodes],
             s=28 if len(nodes) > 60 else 60,
-            c=[family_colour(family_of.get(n, 0)) for n in nodes],
+            c=[tok_family_colour(tok_family_of.get(n, 0)) for n in nodes],
             edgecolors="white",
             linewidths=0.6,
             zorder=3,
@@ -270,7 +272,7 @@ def sweep_svg(
             series[p.series].append(p)
         for i, (label, pts) in enumerate(sorted(series.items())):
             pts = sorted(pts, key=lambda p: p.k)
-            colour = FAMILY_COLOURS[i % len(FAMILY_COLOURS)]
+            colour = QUALITATIVE_COLOURS[i % len(QUALITATIVE_COLOURS)]
             ax_s.plot(
                 [p.k for p in pts],
                 [p.tokens_per_s for p in pts],

@@ -37,6 +37,7 @@ from specreg.reports.data import (
     SiteResult,
     TargetView,
 )
+from specreg.terms import TASKS
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def build_site(
     db_label: str = "",
     rules: Any = None,
     advise: gather.Advise | None = None,
-    tasks: Sequence[str] = gather.TASKS,
+    tasks: Sequence[str] = TASKS,
 ) -> SiteResult:
     """Write the report for the registry behind `con` into `out_dir`.
 
@@ -92,7 +93,7 @@ def gather_site(
     db_label: str = "",
     rules: Any = None,
     advise: gather.Advise | None = None,
-    tasks: Sequence[str] = gather.TASKS,
+    tasks: Sequence[str] = TASKS,
 ) -> SiteData:
     reg = gather.gather_registry(con)
     audit = gather.gather_audit(con, reg.models, rules)
@@ -100,7 +101,7 @@ def gather_site(
     runs, runs_status = gather.gather_runs(con)
     models = {m.model_id: m for m in reg.models}
 
-    family_of = {m.model_id: m.family for m in reg.models}
+    tok_family_of = {m.model_id: m.family for m in reg.models}
     graph_svg, graph_edges = "", 0
     if graph is not None and graph.number_of_nodes():
         keep = [n for n in graph.nodes if str(n) in models]
@@ -108,7 +109,7 @@ def gather_site(
         graph_edges = shown.number_of_edges()
         graph_svg = plots.graph_svg(
             shown,
-            family_of,
+            tok_family_of,
             {f.index: f.label for f in reg.families},
             {m.model_id: m.name for m in reg.models},
             cache,
@@ -244,7 +245,7 @@ def environment(template_cache: Path | None = None) -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.globals["colour"] = plots.family_colour
+    env.globals["colour"] = plots.tok_family_colour
     env.globals["labels"] = VERDICT_LABELS
     env.globals["server_command"] = server_command
     return env
