@@ -20,6 +20,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int, str], None]
+# Headers are parsed (and new vocabularies compressed) on this many threads.
+SCAN_THREADS = min(2, os.cpu_count() or 1)
 
 # What a ScanIssue's kind says.
 UNREADABLE = "unreadable"  # the OS refused (permissions, I/O error)
@@ -271,14 +274,30 @@ def _read(f: _File) -> None:
     f.part = F.part_info(header, Path(f.path))
 
 
-def read_headers(files: Iterable[_File], progress: ProgressFn | None = None) -> None:
-    to_read = [f for f in files if f.state in ("new", "changed")]
-    for i, f in enumerate(to_read):
+def read_headers(
+    files: Iterable[_File], pool: Executor | None = None, progress: ProgressFn | None = None
+) -> None:
+    """Parse new and changed files, largest first, on `pool`'s threads: hashing, numpy and
+    file reads release the GIL, so a second core shortens the scan."""
+    to_read = sorted(
+        (f for f in files if f.state in ("new", "changed")), key=lambda f: (-f.size, f.path)
+    )
+    if progress:
+        progress(0, len(to_read), "")
+    if pool is None or len(to_read) < 2:
+        done: Iterable[_File] = map(_read_it, to_read)
+    else:
+        done = (
+            future.result() for future in as_completed(pool.submit(_read_it, f) for f in to_read)
+        )
+    for i, f in enumerate(done, start=1):
         if progress:
             progress(i, len(to_read), f.text)
-        _read(f)
-    if progress:
-        progress(len(to_read), len(to_read), "")
+
+
+def _read_it(f: _File) -> _File:
+    _read(f)
+    return f
 
 
 # --- models -----------------------------------------------------------------------------------
@@ -286,9 +305,14 @@ def read_headers(files: Iterable[_File], progress: ProgressFn | None = None) -> 
 
 @dataclass
 class _ModelPlan:
+    """What `plan_models` found. Vocabularies the registry lacks are compressed on the pool
+    while the rest of the scan goes on; `vocabs` holds those jobs."""
+
+    stored_vocabs: set[str]
+    pool: Executor | None = None
     records: list[ModelRecord] = field(default_factory=list)
     kv: list[tuple[str, str, str, str]] = field(default_factory=list)
-    vocabs: dict[str, F.VocabBlob] = field(default_factory=dict)
+    vocabs: dict[str, Future[store.PackedVocab]] = field(default_factory=dict)
     new: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     duplicates: list[tuple[str, str]] = field(default_factory=list)
@@ -327,10 +351,12 @@ def _missing_parts(key: tuple[str, ...], members: list[_File], expected: int) ->
 def plan_models(
     groups: dict[tuple[str, ...], list[_File]],
     stored: dict[str, store.StoredModel],
+    stored_vocabs: set[str],
     scan_id: int,
+    pool: Executor | None = None,
 ) -> _ModelPlan:
     """Which models are new, rebuilt or unchanged; the facts of those that need writing."""
-    plan = _ModelPlan()
+    plan = _ModelPlan(stored_vocabs, pool)
     seen: dict[str, str] = {}
     for key, members in sorted(groups.items()):
         first = members[0]
@@ -384,8 +410,8 @@ def _build_model(
         return None  # a part failed to read now; its error is recorded
     first = parts[0][1]
     blob = F.vocab_blob(first)
-    if blob is not None:
-        plan.vocabs[blob.vocab_sha] = blob
+    if blob is not None and blob.vocab_sha not in plan.stored_vocabs | plan.vocabs.keys():
+        plan.vocabs[blob.vocab_sha] = _pack_later(plan.pool, blob)
     plan.kv += [(model_id, k, t, v) for k, t, v in F.kv_rows(first)]
     facts = F.model_facts(parts, expected_parts=expected, missing=missing)
     for name in ("paths", "parts_missing", "ssm_keys"):
@@ -400,6 +426,14 @@ def _build_model(
         first_scan=old.first_scan if old is not None and old.first_scan else scan_id,
         last_scan=scan_id,
     )
+
+
+def _pack_later(pool: Executor | None, blob: F.VocabBlob) -> Future[store.PackedVocab]:
+    if pool is not None:
+        return pool.submit(store.pack_vocab, blob)
+    done: Future[store.PackedVocab] = Future()
+    done.set_result(store.pack_vocab(blob))
+    return done
 
 
 # --- write ------------------------------------------------------------------------------------
@@ -470,7 +504,7 @@ def to_write(
         removed=[r.text for r in removed if r.text not in rewritten],
         models=plan.records,
         kv=plan.kv,
-        vocabs=list(plan.vocabs.values()),
+        vocabs=list(plan.vocabs.values()),  # still compressing: written last
         seen_models=sorted({f.model_id for f in files.values() if f.model_id}),
         issues=[store.IssueRow(i.path, i.kind, i.reason) for i in issues],
     )
@@ -492,51 +526,57 @@ def scan_paths(
     found = discover(root_paths, all_files=all_files)
     known = store.known_files(con)
     scan_id = store.next_scan_id(con)
-    files, issues = classify(found, known)
-    read_headers(files.values(), progress)
-    plan = plan_models(group_models(files.values()), store.stored_models(con), scan_id)
-    issues = [
-        *found.issues,
-        *issues,
-        *plan.issues,
-        *(f.error for f in files.values() if f.error is not None),
-    ]
-    removed = removed_files(known, files, root_paths)
-    write = to_write(scan_id, files, removed, plan, issues)
-    by_state = {s: [f.text for f in files.values() if f.state == s] for s in ("new", "changed")}
-    n_unchanged = sum(f.state == "unchanged" for f in files.values())
-    with transaction(con):
-        gone, n_models = store.write_scan(con, write)
-        seconds = time.perf_counter() - t0
-        store.record_scan(
-            con,
-            store.ScanRow(
-                scan_id=scan_id,
-                started_at=started,
-                finished_at=datetime.now(timezone.utc),
-                roots=[path_text(str(r)) for r in root_paths],
-                n_files=len(files),
-                n_new=len(by_state["new"]),
-                n_changed=len(by_state["changed"]),
-                n_unchanged=n_unchanged,
-                n_removed=len(write.removed),
-                n_errors=len(issues),
-                seconds=seconds,
-            ),
-        )
+    files, clashes = classify(found, known)
+    with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="specreg-scan") as pool:
+        read_headers(files.values(), pool, progress)
+        groups = group_models(files.values())
+        plan = plan_models(groups, store.stored_models(con), store.vocab_shas(con), scan_id, pool)
+        errors = [f.error for f in files.values() if f.error is not None]
+        issues = sorted([*found.issues, *clashes, *plan.issues, *errors], key=lambda i: i.path)
+        write = to_write(scan_id, files, removed_files(known, files, root_paths), plan, issues)
+        with transaction(con):
+            gone, n_models = store.write_scan(con, write)
+            seconds = time.perf_counter() - t0
+            row = _scan_row(write, files, [path_text(str(r)) for r in root_paths], started, seconds)
+            store.record_scan(con, row)
     return ScanResult(
         scan_id=scan_id,
-        roots=tuple(path_text(str(r)) for r in root_paths),
-        n_files=len(files),
-        new=tuple(sorted(by_state["new"])),
-        changed=tuple(sorted(by_state["changed"])),
-        n_unchanged=n_unchanged,
+        roots=tuple(row.roots),
+        n_files=row.n_files,
+        new=tuple(sorted(f.text for f in files.values() if f.state == "new")),
+        changed=tuple(sorted(f.text for f in files.values() if f.state == "changed")),
+        n_unchanged=row.n_unchanged,
         removed=tuple(write.removed),
-        errors=tuple(sorted(issues, key=lambda i: i.path)),
+        errors=tuple(issues),
         n_models=n_models,
         models_new=tuple(plan.new),
         models_updated=tuple(plan.updated),
         models_gone=tuple(gone),
         seconds=seconds,
         duplicates=tuple(plan.duplicates),
+    )
+
+
+def _scan_row(
+    write: store.ScanWrite,
+    files: dict[str, _File],
+    roots: list[str],
+    started: datetime,
+    seconds: float,
+) -> store.ScanRow:
+    def count(state: str) -> int:
+        return sum(f.state == state for f in files.values())
+
+    return store.ScanRow(
+        scan_id=write.scan_id,
+        started_at=started,
+        finished_at=datetime.now(timezone.utc),
+        roots=roots,
+        n_files=len(files),
+        n_new=count("new"),
+        n_changed=count("changed"),
+        n_unchanged=count("unchanged"),
+        n_removed=len(write.removed),
+        n_errors=len(write.issues),
+        seconds=seconds,
     )

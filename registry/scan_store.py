@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,22 @@ class ScanRow:
 
 
 @dataclass(frozen=True)
+class PackedVocab:
+    """One `vocabs` row: a vocabulary the registry lacks, compressed."""
+
+    vocab_sha: str
+    n_tokens: int
+    tokens_z: bytes
+    token_types: bytes | None
+    codec: str
+
+
+def pack_vocab(blob: VocabBlob) -> PackedVocab:
+    codec, packed = compress_tokens(blob.tokens_raw)
+    return PackedVocab(blob.vocab_sha, blob.n_tokens, packed, blob.token_types, codec)
+
+
+@dataclass(frozen=True)
 class ScanWrite:
     """Everything one scan changes, written in one transaction."""
 
@@ -113,7 +130,7 @@ class ScanWrite:
     removed: list[str]  # text keys of files no longer on disk
     models: list[ModelRecord]  # new or rebuilt models
     kv: list[tuple[str, str, str, str]]  # (model_id, key, type, JSON value)
-    vocabs: list[VocabBlob]
+    vocabs: list[Future[PackedVocab]]  # vocabularies the registry lacks, being compressed
     seen_models: list[str]  # every model id a file of this scan belongs to
     issues: list[IssueRow]
 
@@ -215,21 +232,13 @@ def _model_row(m: ModelRecord) -> dict[str, Any]:
     return row
 
 
-def _write_vocabs(con: duckdb.DuckDBPyConnection, blobs: Sequence[VocabBlob]) -> None:
-    if not blobs:
-        return
-    existing = {
-        r[0]
-        for r in con.execute(
-            "SELECT vocab_sha FROM vocabs WHERE vocab_sha IN (SELECT unnest(?))",
-            [[b.vocab_sha for b in blobs]],
-        ).fetchall()
-    }
-    rows = []
-    for b in blobs:
-        if b.vocab_sha not in existing:
-            codec, packed = compress_tokens(b.tokens_raw)
-            rows.append([b.vocab_sha, b.n_tokens, packed, b.token_types, codec])
+def vocab_shas(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The vocabularies the registry holds (one row per distinct token list: few)."""
+    return {r[0] for r in con.execute("SELECT vocab_sha FROM vocabs").fetchall()}
+
+
+def _write_vocabs(con: duckdb.DuckDBPyConnection, jobs: Sequence[Future[PackedVocab]]) -> None:
+    rows = [dataclasses.astuple(job.result()) for job in jobs]
     if rows:
         con.executemany(
             "INSERT INTO vocabs (vocab_sha, n_tokens, tokens_z, token_types, codec)"
