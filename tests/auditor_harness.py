@@ -1,11 +1,10 @@
-"""Ask llama.cpp itself: compile and run the C++ harness in `harness/compat_harness.cpp`.
+"""Ask llama.cpp itself: compile and run the C++ harness in `compat_harness.cpp`.
 
+The differential test's oracle (only tests use it, so it lives here, not in the package).
 The harness links the pinned build's libllama and llama-common and calls
 `common_speculative_are_compatible` on models loaded with `vocab_only`. The compiled binary is
 cached next to the build, named by a hash of its source and the build it links, so a rebuilt
-llama.cpp or an edited harness is recompiled and nothing else is.
-
-The auditor does not import the runner (data flows the other way): callers pass the build's
+llama.cpp or an edited harness is recompiled and nothing else is. Callers pass the build's
 source and library folders (`specreg.runner.llama_build.ensure_build()` has both).
 """
 
@@ -17,17 +16,18 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from specreg.errors import LlamaError
+from specreg.registry.llama_vocab import VOCAB_TYPE_IDS
 
-HARNESS_SOURCE = "compat_harness.cpp"
-VOCAB_TYPES = ("NONE", "SPM", "BPE", "WPM", "UGM", "RWKV", "PLAMO2", "TEST")
+HARNESS_SOURCE = Path(__file__).with_name("compat_harness.cpp")
+# llama_vocab_type by number, as the harness prints it
+VOCAB_TYPES = tuple(sorted(VOCAB_TYPE_IDS, key=VOCAB_TYPE_IDS.__getitem__))
 
 
 def harness_source() -> str:
-    return (resources.files("specreg.auditor") / "harness" / HARNESS_SOURCE).read_text()
+    return HARNESS_SOURCE.read_text()
 
 
 def _libs(lib_dir: Path) -> list[str]:
@@ -54,7 +54,7 @@ def compile_harness(src_dir: Path, lib_dir: Path, out_dir: Path) -> Path:
     if not cxx:
         raise LlamaError("no C++ compiler: install g++ to run llama.cpp's own compatibility check")
     out_dir.mkdir(parents=True, exist_ok=True)
-    src_file = out_dir / HARNESS_SOURCE
+    src_file = out_dir / HARNESS_SOURCE.name
     src_file.write_text(source)
     includes = [f"-I{src_dir / d}" for d in ("include", "common", "ggml/include", "vendor")]
     tmp = binary.with_suffix(f".tmp{os.getpid()}")

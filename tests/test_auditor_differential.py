@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 from auditor_fixtures import write_mutations
+from auditor_harness import HarnessResult, compile_harness, run_harness
 from llama_fixtures import llama_build_info  # noqa: F401 - fixture
 
 from specreg.auditor import audit_all, compatible_drafts
-from specreg.auditor.harness import HarnessResult, compile_harness, run_harness
 from specreg.registry.db import opened
 from specreg.registry.queries import ModelRecord, list_models
 from specreg.registry.scan import scan_paths
