@@ -3,11 +3,12 @@
 Each file carries the metadata and the tensor table a real conversion of that model would have
 (shapes and quant types per tensor), and is then extended to its full size without writing
 data, so a tree that looks like the reference host's 2 TB collection costs almost no disk.
-Tokenizers are synthetic but keep each family's real sizes, special ids and add_bos rules:
+Tokenizers are synthetic but keep each model line's real sizes, special ids and add_bos rules:
 Qwen2.5 and Qwen3 share a base vocabulary, the 32B/7B Qwen2.5 pad it to 152,064, the
-DeepSeek distills change the special tokens, Llama 3 and Gemma 3 are families of their own.
+DeepSeek distills change the special tokens, Llama 3 and Gemma 3 are lines of their own.
 
-It is also the test fixture generator (see `write_sparse_gguf`).
+`specreg demo` writes it (`make_demo_tree`); tests build their own trees from the same pieces
+(`Arch`, `Vocab`, `DemoModel`, `write_demo_model`).
 """
 
 from __future__ import annotations
@@ -43,15 +44,16 @@ class Vocab:
 
 @lru_cache(maxsize=8)
 def _base_tokens(kind: str, n: int) -> tuple[str, ...]:
-    # Distinct, deterministic texts; the byte-level families get "Ġ"-style pieces.
+    # Distinct, deterministic texts; the byte-level vocabularies get "Ġ"-style pieces.
     prefix = {"qwen": "Ġq", "llama3": "Ġl", "gemma": "▁g"}[kind]
     return tuple(f"{prefix}{i:x}" for i in range(n))
 
 
-def qwen_vocab(family: str, padded_to: int | None = None) -> Vocab:
-    """Qwen2.5 / Qwen3 / DeepSeek-R1-Distill-Qwen: 151,643 shared tokens plus family specials."""
+def qwen_vocab(line: str, padded_to: int | None = None) -> Vocab:
+    """Qwen2.5 / Qwen3 / DeepSeek-R1-Distill-Qwen (`line`): 151,643 shared tokens plus the
+    line's own specials."""
     base = list(_base_tokens("qwen", 151643))
-    if family == "deepseek-distill":
+    if line == "deepseek-distill":
         specials = [
             "<｜end▁of▁sentence｜>",
             "<｜begin▁of▁sentence｜>",
@@ -85,7 +87,7 @@ def qwen_vocab(family: str, padded_to: int | None = None) -> Vocab:
             "<|repo_name|>",
             "<|file_sep|>",
         ]
-        if family == "qwen3":
+        if line == "qwen3":
             specials += ["<tool_response>", "</tool_response>", "<think>", "</think>"]
     tokens = base + specials
     types = [int(TokenType.NORMAL)] * len(base) + [int(TokenType.CONTROL)] * len(specials)
@@ -100,7 +102,7 @@ def qwen_vocab(family: str, padded_to: int | None = None) -> Vocab:
     template = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     )
-    if family == "deepseek-distill":
+    if line == "deepseek-distill":
         return Vocab(
             "gpt2",
             "deepseek-r1-qwen",
@@ -119,8 +121,8 @@ def qwen_vocab(family: str, padded_to: int | None = None) -> Vocab:
         "qwen2",
         tuple(tokens),
         tuple(types),
-        bos_id=151643 if family == "qwen2.5" else None,  # Qwen3 GGUFs omit BOS (11)
-        eos_id=151645 if family == "qwen2.5" else 151645,
+        bos_id=151643 if line == "qwen2.5" else None,  # Qwen3 GGUFs omit BOS (11)
+        eos_id=151645 if line == "qwen2.5" else 151645,
         pad_id=151643,
         add_bos=False,
         chat_template=template + ("{# qwen3 #}" if n_real > 151665 else ""),
