@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
@@ -183,7 +184,54 @@ def discover(roots: Sequence[Path], *, all_files: bool = False) -> Found:
     return Found(found, issues)
 
 
-# --- classify and read ------------------------------------------------------------------------
+# --- vocabularies ---------------------------------------------------------------------------------
+
+
+class VocabJobs:
+    """Vocabularies this scan adds to the registry, each compressed once, on whichever
+    thread meets it first; the ones the registry holds already are never compressed."""
+
+    def __init__(self, stored: set[str], pool: Executor | None = None) -> None:
+        self.stored = stored
+        self.pool = pool
+        self.jobs: dict[str, Future[store.PackedVocab]] = {}
+        self._lock = threading.Lock()
+
+    def _claim(self, blob: F.VocabBlob) -> Future[store.PackedVocab] | None:
+        with self._lock:
+            if blob.vocab_sha in self.stored or blob.vocab_sha in self.jobs:
+                return None
+            job: Future[store.PackedVocab] = Future()
+            self.jobs[blob.vocab_sha] = job
+            return job
+
+    def pack_here(self, blob: F.VocabBlob) -> None:
+        """Compress on this thread (a worker that just read the file)."""
+        job = self._claim(blob)
+        if job is not None:
+            job.set_result(store.pack_vocab(blob))
+
+    def pack_later(self, blob: F.VocabBlob) -> None:
+        """Compress on the pool while the caller goes on."""
+        job = self._claim(blob)
+        if job is None:
+            return
+        if self.pool is None:
+            job.set_result(store.pack_vocab(blob))
+            return
+        done = self.pool.submit(store.pack_vocab, blob)
+        done.add_done_callback(lambda d: _copy_outcome(d, job))
+
+
+def _copy_outcome(src: Future[store.PackedVocab], dest: Future[store.PackedVocab]) -> None:
+    err = src.exception()
+    if err is not None:
+        dest.set_exception(err)
+    else:
+        dest.set_result(src.result())
+
+
+# --- classify and read ----------------------------------------------------------------------------
 
 
 @dataclass
@@ -201,6 +249,10 @@ class _File:
     part: F.PartInfo | None = None
     error: ScanIssue | None = None
     model_id: str | None = None
+    # A file that is a whole model has its facts built right after its header is read, on
+    # the same worker thread (most files are whole models).
+    facts: dict[str, Any] | None = None
+    blob: F.VocabBlob | None = None
 
     @property
     def text(self) -> str:
@@ -275,28 +327,36 @@ def _read(f: _File) -> None:
 
 
 def read_headers(
-    files: Iterable[_File], pool: Executor | None = None, progress: ProgressFn | None = None
+    files: Iterable[_File],
+    vocabs: VocabJobs,
+    pool: Executor | None = None,
+    progress: ProgressFn | None = None,
 ) -> None:
-    """Parse new and changed files, largest first, on `pool`'s threads: hashing, numpy and
-    file reads release the GIL, so a second core shortens the scan."""
+    """Parse new and changed files, largest first, on `pool`'s threads; a file that is a whole
+    model gets its facts built and its new vocabulary compressed there too. Reading, hashing,
+    numpy and zstd release the GIL, so a second core shortens the scan."""
     to_read = sorted(
         (f for f in files if f.state in ("new", "changed")), key=lambda f: (-f.size, f.path)
     )
     if progress:
         progress(0, len(to_read), "")
     if pool is None or len(to_read) < 2:
-        done: Iterable[_File] = map(_read_it, to_read)
+        done: Iterable[_File] = (_read_it(f, vocabs) for f in to_read)
     else:
-        done = (
-            future.result() for future in as_completed(pool.submit(_read_it, f) for f in to_read)
-        )
+        futures = [pool.submit(_read_it, f, vocabs) for f in to_read]
+        done = (future.result() for future in as_completed(futures))
     for i, f in enumerate(done, start=1):
         if progress:
             progress(i, len(to_read), f.text)
 
 
-def _read_it(f: _File) -> _File:
+def _read_it(f: _File, vocabs: VocabJobs) -> _File:
     _read(f)
+    if f.header is not None and f.part is not None and f.part.split_count == 1:
+        f.facts = F.model_facts([(Path(f.path), f.header)], expected_parts=1, missing=[])
+        f.blob = F.vocab_blob(f.header)
+        if f.blob is not None:
+            vocabs.pack_here(f.blob)
     return f
 
 
@@ -305,14 +365,11 @@ def _read_it(f: _File) -> _File:
 
 @dataclass
 class _ModelPlan:
-    """What `plan_models` found. Vocabularies the registry lacks are compressed on the pool
-    while the rest of the scan goes on; `vocabs` holds those jobs."""
+    """What `plan_models` found: rows to write, and what to tell the user."""
 
-    stored_vocabs: set[str]
-    pool: Executor | None = None
+    vocabs: VocabJobs
     records: list[ModelRecord] = field(default_factory=list)
     kv: list[tuple[str, str, str, str]] = field(default_factory=list)
-    vocabs: dict[str, Future[store.PackedVocab]] = field(default_factory=dict)
     new: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     duplicates: list[tuple[str, str]] = field(default_factory=list)
@@ -351,12 +408,11 @@ def _missing_parts(key: tuple[str, ...], members: list[_File], expected: int) ->
 def plan_models(
     groups: dict[tuple[str, ...], list[_File]],
     stored: dict[str, store.StoredModel],
-    stored_vocabs: set[str],
+    vocabs: VocabJobs,
     scan_id: int,
-    pool: Executor | None = None,
 ) -> _ModelPlan:
     """Which models are new, rebuilt or unchanged; the facts of those that need writing."""
-    plan = _ModelPlan(stored_vocabs, pool)
+    plan = _ModelPlan(vocabs)
     seen: dict[str, str] = {}
     for key, members in sorted(groups.items()):
         first = members[0]
@@ -409,11 +465,15 @@ def _build_model(
     if len(parts) != len(members):
         return None  # a part failed to read now; its error is recorded
     first = parts[0][1]
-    blob = F.vocab_blob(first)
-    if blob is not None and blob.vocab_sha not in plan.stored_vocabs | plan.vocabs.keys():
-        plan.vocabs[blob.vocab_sha] = _pack_later(plan.pool, blob)
+    whole = members[0] if len(members) == 1 and expected == 1 else None
+    if whole is not None and whole.facts is not None:
+        facts, blob = dict(whole.facts), whole.blob
+    else:
+        facts = F.model_facts(parts, expected_parts=expected, missing=missing)
+        blob = F.vocab_blob(first)
+    if blob is not None:
+        plan.vocabs.pack_later(blob)
     plan.kv += [(model_id, k, t, v) for k, t, v in F.kv_rows(first)]
-    facts = F.model_facts(parts, expected_parts=expected, missing=missing)
     for name in ("paths", "parts_missing", "ssm_keys"):
         facts[name] = tuple(facts[name] or ())
     return ModelRecord(
@@ -426,14 +486,6 @@ def _build_model(
         first_scan=old.first_scan if old is not None and old.first_scan else scan_id,
         last_scan=scan_id,
     )
-
-
-def _pack_later(pool: Executor | None, blob: F.VocabBlob) -> Future[store.PackedVocab]:
-    if pool is not None:
-        return pool.submit(store.pack_vocab, blob)
-    done: Future[store.PackedVocab] = Future()
-    done.set_result(store.pack_vocab(blob))
-    return done
 
 
 # --- write ------------------------------------------------------------------------------------
@@ -504,7 +556,7 @@ def to_write(
         removed=[r.text for r in removed if r.text not in rewritten],
         models=plan.records,
         kv=plan.kv,
-        vocabs=list(plan.vocabs.values()),  # still compressing: written last
+        vocabs=list(plan.vocabs.jobs.values()),  # maybe still compressing: written last
         seen_models=sorted({f.model_id for f in files.values() if f.model_id}),
         issues=[store.IssueRow(i.path, i.kind, i.reason) for i in issues],
     )
@@ -528,9 +580,9 @@ def scan_paths(
     scan_id = store.next_scan_id(con)
     files, clashes = classify(found, known)
     with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="specreg-scan") as pool:
-        read_headers(files.values(), pool, progress)
-        groups = group_models(files.values())
-        plan = plan_models(groups, store.stored_models(con), store.vocab_shas(con), scan_id, pool)
+        vocabs = VocabJobs(store.vocab_shas(con), pool)
+        read_headers(files.values(), vocabs, pool, progress)
+        plan = plan_models(group_models(files.values()), store.stored_models(con), vocabs, scan_id)
         errors = [f.error for f in files.values() if f.error is not None]
         issues = sorted([*found.issues, *clashes, *plan.issues, *errors], key=lambda i: i.path)
         write = to_write(scan_id, files, removed_files(known, files, root_paths), plan, issues)
