@@ -18,7 +18,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-import httpx
+import aiohttp
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -49,6 +49,7 @@ HEADER_ROUTE = "X-Specreg-Route"
 _JSON = {"content-type": "application/json"}
 # The stream's last event carries `timings`; keep this much of the stream's tail to find it.
 TAIL_BYTES = 64 * 1024
+KEEPALIVE_S = 4.0
 
 
 def error(status: int, message: str, kind: str, **extra: Any) -> JSONResponse:
@@ -83,7 +84,7 @@ class Service:
         self.max_body = max_body
         self.ready_timeout = ready_timeout
         self.request_timeout = request_timeout
-        self.client: httpx.AsyncClient | None = None
+        self.client: aiohttp.ClientSession | None = None
         self.app = Starlette(
             routes=[
                 HttpRoute("/v1/chat/completions", self.completions, methods=["POST"]),
@@ -96,14 +97,18 @@ class Service:
         )
 
     async def open(self) -> None:
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.request_timeout, connect=10.0),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+        # aiohttp's client costs a quarter of httpx's per request (0.12 vs 0.44 ms measured
+        # against llama-server here), which is most of what serve adds to a request.
+        self.client = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.request_timeout, connect=10.0),
+            # llama-server closes a connection idle for 5 s: never reuse one that old.
+            connector=aiohttp.TCPConnector(limit=512, keepalive_timeout=KEEPALIVE_S),
+            auto_decompress=False,
         )
 
     async def close(self) -> None:
         if self.client is not None:
-            await self.client.aclose()
+            await self.client.close()
 
     # -- small endpoints ----------------------------------------------------------------------
 
@@ -119,7 +124,7 @@ class Service:
         )
 
     async def health(self, request: Request) -> Response:
-        states = self.pool.status()
+        states = self.pool.status(memory=False)
         ok = all(s.ready for s in states)
         body = {
             "status": "ok" if ok else "degraded",
@@ -227,7 +232,7 @@ class _Call:
         self.path = path
 
     @property
-    def client(self) -> httpx.AsyncClient:
+    def client(self) -> aiohttp.ClientSession:
         assert self.service.client is not None
         return self.service.client
 
@@ -247,57 +252,55 @@ class _Call:
 
     async def forward(self, headers: dict[str, str]) -> Response:
         try:
-            resp = await self.client.post(
-                self.backend.url + self.path, content=self.raw, headers=_JSON
-            )
-        except httpx.TransportError as err:
+            async with self.client.post(
+                self.backend.url + self.path, data=self.raw, headers=_JSON
+            ) as resp:
+                data = await resp.read()
+                status = resp.status
+                ctype = resp.headers.get("content-type", "application/json")
+        except aiohttp.ClientError as err:
             return await self._broken(err, headers)
-        data = resp.content
         parsed = _loads(data)
         message = None
-        if resp.status_code != 200:
+        if status != 200:
             message = _error_message(parsed) or data[:200].decode(errors="replace")
-        self.record(parsed if isinstance(parsed, dict) else None, resp.status_code, message)
-        return Response(
-            data,
-            status_code=resp.status_code,
-            media_type=resp.headers.get("content-type", "application/json"),
-            headers=headers,
-        )
+        self.record(parsed if isinstance(parsed, dict) else None, status, message)
+        return Response(data, status_code=status, media_type=ctype, headers=headers)
 
     async def stream(self, headers: dict[str, str]) -> Response:
-        request = self.client.build_request(
-            "POST", self.backend.url + self.path, content=self.raw, headers=_JSON
-        )
         try:
-            resp = await self.client.send(request, stream=True)
-        except httpx.TransportError as err:
-            return await self._broken(err, headers)
-        if resp.status_code != 200:
-            data = await resp.aread()
-            await resp.aclose()
-            parsed = _loads(data)
-            self.record(
-                None, resp.status_code, _error_message(parsed) or data[:200].decode("replace")
+            resp = await self.client.post(
+                self.backend.url + self.path, data=self.raw, headers=_JSON
             )
-            return Response(data, resp.status_code, media_type="application/json", headers=headers)
+        except aiohttp.ClientError as err:
+            return await self._broken(err, headers)
+        if resp.status != 200:
+            try:
+                data = await resp.read()
+            except aiohttp.ClientError as err:
+                return await self._broken(err, headers)
+            finally:
+                resp.release()
+            message = _error_message(_loads(data)) or data[:200].decode("replace")
+            self.record(None, resp.status, message)
+            return Response(data, resp.status, media_type="application/json", headers=headers)
         return StreamingResponse(self._relay(resp), media_type="text/event-stream", headers=headers)
 
-    async def _relay(self, resp: httpx.Response) -> AsyncIterator[bytes]:
+    async def _relay(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         tail = b""
         failure: tuple[str, str] | None = None
         try:
-            async for chunk in resp.aiter_raw():
+            async for chunk in resp.content.iter_any():
                 tail = (tail + chunk)[-TAIL_BYTES:]
                 yield chunk
-        except httpx.TransportError as err:
+        except aiohttp.ClientError as err:
             # The status line has gone out already: the failure travels as an event.
             message = await self._failure_message(err)
             failure = (message, "crash")
             event = {"error": {"message": message, "type": "backend_error"}}
             yield f"data: {json.dumps(event)}\n\n".encode()
         finally:
-            await resp.aclose()
+            resp.release()
             final = _last_event_with(tail, b'"timings"')
             if failure is not None:
                 self.record(final, 502, *failure)

@@ -169,7 +169,8 @@ class Backend:
                 f"backend {self.name} was not ready within {timeout:.0f} s{why}"
             ) from err
 
-    def status(self) -> BackendStatus:
+    def status(self, *, memory: bool = True) -> BackendStatus:
+        """How the backend is; `memory` reads /proc (about a millisecond per process)."""
         pid = self.pid
         return BackendStatus(
             name=self.name,
@@ -180,7 +181,9 @@ class Backend:
             speculative=self.speculative,
             last_exit=self.last_exit,
             failure=self.failure,
-            memory=resident(pid) if pid is not None and self.exit_code() is None else None,
+            memory=resident(pid)
+            if memory and pid is not None and self.exit_code() is None
+            else None,
         )
 
 
@@ -277,5 +280,5 @@ class BackendPool:
                 if backend.ready.is_set() and backend.exit_code() is not None:
                     self.restart_soon(backend)
 
-    def status(self) -> list[BackendStatus]:
-        return [b.status() for b in self.backends.values()]
+    def status(self, *, memory: bool = True) -> list[BackendStatus]:
+        return [b.status(memory=memory) for b in self.backends.values()]

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from specreg.serve.backends import BackendStatus
     from specreg.serve.routes import RouteTable
 
-SERVE_EXTRA_HINT = "specreg serve needs starlette, uvicorn and httpx: pip install 'specreg[serve]'"
+SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'specreg[serve]'"
 
 
 @click.command("serve")

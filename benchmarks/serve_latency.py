@@ -1,0 +1,225 @@
+"""`specreg serve` against calling its backend directly, in the same run; and the resident
+memory of one backend against two backends of the same target.
+
+    SPECREG_CACHE=$PWD/.cache flock /tmp/specreg-llama.lock \
+        python benchmarks/serve_latency.py [--pairs 300] [--requests 120] [--concurrency 8]
+
+SmolLM2-135M, llama.cpp threads 1. The registry is a temporary one (served requests are
+recorded there, as in production: recording is part of the cost).
+
+* Added latency: the same chat request sent through serve and straight to the backend it is
+  routed to, alternating, one at a time; the prompt stays in the backend's cache so each
+  request costs a few decoded tokens. Reported: p50/p99 of the paired difference.
+* Throughput: the same number of requests at a fixed concurrency, blocks alternating between
+  serve and direct; ratio of requests per second (serve / direct).
+* Memory: Rss and Pss from /proc/PID/smaps_rollup after a few requests, first with one
+  backend (every task pinned to plain decoding), then with two (code pinned to ngram-mod).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from specreg.registry.db import opened
+from specreg.runner.llama import find_llama
+from specreg.runner.runs import model_record
+from specreg.runner.server import free_port
+from specreg.runner.small_models import ensure_test_models
+from specreg.serve.memory import resident
+
+SPEC = """\
+version: 1
+models:
+  {model_id}:
+    path: {path}
+    aliases: [smollm2]
+roles:
+  assistant:
+    target: smollm2
+    configs:
+{configs}
+"""
+ONE = "      default:\n        spec_type: none\n"
+TWO = "      code:\n        spec_type: ngram-mod\n        draft_max: 8\n" + ONE
+PROSE = "Write a short poem about the sea at night."
+CODE = "Write a Python function that returns the sum of a list of integers."
+
+
+def body(text: str, tokens: int) -> dict[str, object]:
+    return {
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": tokens,
+        "temperature": 0,
+    }
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class Serve:
+    def __init__(self, home: Path, configs: str, model: Path, bin_dir: Path):
+        with opened(home / "registry.duckdb") as con:
+            rec = model_record(con, model)
+        spec = home / f"specreg-{len(configs)}.yaml"
+        spec.write_text(SPEC.format(model_id=rec.model_id, path=model, configs=configs))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [
+            sys.executable, "-m", "specreg", "serve", "--spec", str(spec), "--port",
+            str(self.port), "--threads", "1", "--ctx", "2048", "--llama-bin", str(bin_dir),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"serve exited: {self.proc.stderr.read().decode()}")  # type: ignore[union-attr]
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit("serve did not become healthy")
+
+    def backends(self) -> list[dict[str, object]]:
+        return list(httpx.get(f"{self.url}/specreg/backends", timeout=10).json()["backends"])
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+def memory(serve: Serve) -> tuple[int, int, int]:
+    """(backends, sum of Rss, sum of Pss) in bytes."""
+    for text in (PROSE, CODE):
+        for _ in range(3):
+            httpx.post(f"{serve.url}/v1/chat/completions", json=body(text, 16), timeout=60)
+    got = [resident(int(str(b["pid"]))) for b in serve.backends()]
+    mem = [m for m in got if m is not None]
+    return len(mem), sum(m.rss for m in mem), sum(m.pss for m in mem)
+
+
+def latency(serve_url: str, direct_url: str, pairs: int, tokens: int) -> tuple[list[float], ...]:
+    payload = body(PROSE, tokens)
+    through, direct, diff = [], [], []
+    with httpx.Client(timeout=60) as client:
+        for _ in range(5):  # warm both paths and the backend's prompt cache
+            client.post(f"{serve_url}/v1/chat/completions", json=payload)
+            client.post(f"{direct_url}/v1/chat/completions", json=payload)
+        for i in range(pairs):
+            order = (serve_url, direct_url) if i % 2 else (direct_url, serve_url)
+            took = {}
+            for url in order:
+                t0 = time.perf_counter()
+                got = client.post(f"{url}/v1/chat/completions", json=payload)
+                took[url] = time.perf_counter() - t0
+                got.raise_for_status()
+            through.append(took[serve_url] * 1000)
+            direct.append(took[direct_url] * 1000)
+            diff.append((took[serve_url] - took[direct_url]) * 1000)
+    return through, direct, diff
+
+
+async def _block(url: str, n: int, concurrency: int, tokens: int) -> float:
+    sem = asyncio.Semaphore(concurrency)
+    texts = [PROSE] * n
+
+    async with httpx.AsyncClient(timeout=300) as client:
+
+        async def one(text: str) -> None:
+            async with sem:
+                got = await client.post(f"{url}/v1/chat/completions", json=body(text, tokens))
+                got.raise_for_status()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(t) for t in texts))
+        return time.perf_counter() - t0
+
+
+def throughput(
+    serve_url: str, direct_url: str, n: int, concurrency: int, tokens: int, rounds: int
+) -> tuple[float, float]:
+    serve_s = direct_s = 0.0
+    for r in range(rounds):
+        first, second = (serve_url, direct_url) if r % 2 else (direct_url, serve_url)
+        a = asyncio.run(_block(first, n, concurrency, tokens))
+        b = asyncio.run(_block(second, n, concurrency, tokens))
+        serve_s += a if first == serve_url else b
+        direct_s += b if first == serve_url else a
+    return rounds * n / serve_s, rounds * n / direct_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, default=300)
+    ap.add_argument("--tokens", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=120)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--throughput-tokens", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    install = find_llama()
+    models = ensure_test_models(install.binary("llama-quantize"))
+    model = models.smollm2.path
+    with tempfile.TemporaryDirectory(prefix="specreg-serve-bench-") as tmp:
+        home = Path(tmp)
+        os.environ["SPECREG_HOME"] = str(home)
+        print(f"SmolLM2-135M {models.smollm2.quant}, llama.cpp {install.version}, threads 1\n")
+
+        one = Serve(home, ONE, model, install.bin_dir)
+        try:
+            n1, rss1, pss1 = memory(one)
+        finally:
+            one.stop()
+        two = Serve(home, TWO, model, install.bin_dir)
+        try:
+            n2, rss2, pss2 = memory(two)
+            plain = next(b for b in two.backends() if "plain" in str(b["name"]))
+            direct_url = f"http://127.0.0.1:{plain['port']}"
+            through, direct, diff = latency(two.url, direct_url, args.pairs, args.tokens)
+            serve_rps, direct_rps = throughput(
+                two.url, direct_url, args.requests, args.concurrency,
+                args.throughput_tokens, args.rounds,
+            )  # fmt: skip
+        finally:
+            two.stop()
+
+    mib = 2**20
+    print("| resident memory | backends | sum of Rss | sum of Pss |")
+    print("|---|---|---|---|")
+    print(f"| one backend | {n1} | {rss1 / mib:.0f} MiB | {pss1 / mib:.0f} MiB |")
+    print(f"| two backends, one target | {n2} | {rss2 / mib:.0f} MiB | {pss2 / mib:.0f} MiB |")
+    print(
+        f"\nthe second backend adds {(pss2 - pss1) / mib:.0f} MiB of Pss "
+        f"({pss2 / pss1:.2f}x one backend); Rss would say {(rss2 - rss1) / mib:.0f} MiB "
+        f"({rss2 / rss1:.2f}x), counting the shared weights twice "
+        f"(model file {model.stat().st_size / mib:.0f} MiB)\n"
+    )
+    print(f"| latency ({args.pairs} pairs, {args.tokens} tokens) | p50 | p99 |")
+    print("|---|---|---|")
+    print(f"| through serve | {pct(through, 0.5):.2f} ms | {pct(through, 0.99):.2f} ms |")
+    print(f"| direct to the backend | {pct(direct, 0.5):.2f} ms | {pct(direct, 0.99):.2f} ms |")
+    print(f"| added by serve (paired) | {pct(diff, 0.5):.2f} ms | {pct(diff, 0.99):.2f} ms |")
+    print(f"\nmean added {statistics.mean(diff):.2f} ms (goal: p50 <= 2 ms)")
+    print(
+        f"\nthroughput ({args.rounds} x {args.requests} requests, concurrency "
+        f"{args.concurrency}, {args.throughput_tokens} tokens): serve {serve_rps:.2f} req/s, "
+        f"direct {direct_rps:.2f} req/s, ratio {serve_rps / direct_rps:.1%} (goal >= 98 %)"
+    )
+
+
+if __name__ == "__main__":
+    main()
