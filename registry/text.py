@@ -48,10 +48,14 @@ def escape_controls(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-def clean_reason(text: str, limit: int = REASON_MAX_CHARS) -> str:
-    """A reason fit to store and print: one line, controls escaped, at most about `limit`
-    characters (a corrupt header can embed kilobytes of raw bytes in a key name)."""
-    text = escape_controls(path_text(text))
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters for display, saying how many were left out."""
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def clean_reason(text: str, limit: int = REASON_MAX_CHARS) -> str:
+    """A reason fit to store and print: one line, controls escaped, at most about `limit`
+    characters (a corrupt header can embed kilobytes of raw bytes in a key name)."""
+    return clip(escape_controls(path_text(text)), limit)

@@ -2,6 +2,9 @@
 
 Nothing here knows about HTML. Every string that came from a GGUF file (names, paths, token
 texts, tokenizer names) stays a plain `str`; escaping is the templates' job (autoescape on).
+Such strings are unbounded (a 10 MB `general.name` is a valid GGUF), so what a page shows is
+cut to a display length (`TEXT_MAX_CHARS`; names `NAME_MAX_CHARS`); the full values stay in
+the registry and in `--json` output.
 Numbers stay raw (bytes as int, tokens/s as float); strings for people are properties.
 """
 
@@ -12,6 +15,15 @@ from datetime import datetime
 from pathlib import Path
 
 from specreg.registry.queries import ModelRecord, human_bytes, human_count
+from specreg.registry.text import clip
+
+# Display lengths of untrusted text in the report. Any string a page shows is cut to
+# TEXT_MAX_CHARS; a model's name (repeated on many pages, in the matrix and the graph) to
+# NAME_MAX_CHARS; the few long texts worth reading whole get their own bound.
+TEXT_MAX_CHARS = 1_000
+NAME_MAX_CHARS = 200
+CHAT_TEMPLATE_MAX_CHARS = 64_000  # real templates reach ~20 KB
+COMMAND_MAX_CHARS = 16_000  # a command line holds up to three paths of PATH_MAX (4096) each
 
 # Verdict codes used in the matrix and its CSS classes (v0..v4). 0: no verdict for the pair
 # (not audited, or a model paired with itself).
@@ -70,7 +82,8 @@ class ModelView:
 
     @property
     def name(self) -> str:
-        return self.record.display_name
+        """The name to show (cut to NAME_MAX_CHARS)."""
+        return clip(self.record.display_name, NAME_MAX_CHARS)
 
     @property
     def n_params(self) -> int:

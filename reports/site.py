@@ -26,8 +26,12 @@ from jinja2 import Environment, FileSystemBytecodeCache, PackageLoader, StrictUn
 from markupsafe import Markup
 
 from specreg.registry.queries import human_bytes, human_count
+from specreg.registry.text import clip
 from specreg.reports import gather, plots
 from specreg.reports.data import (
+    CHAT_TEMPLATE_MAX_CHARS,
+    COMMAND_MAX_CHARS,
+    TEXT_MAX_CHARS,
     VERDICT_LABELS,
     Matrix,
     ModelView,
@@ -241,19 +245,44 @@ def environment(template_cache: Path | None = None) -> Environment:
         loader=PackageLoader("specreg.reports", "templates"),
         bytecode_cache=bytecode,
         autoescape=True,  # every string from a GGUF file is hostile
+        finalize=_bounded,  # ... and unbounded
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.filters["clip"] = _clip_filter
+    env.globals["limits"] = {
+        "chat_template": CHAT_TEMPLATE_MAX_CHARS,
+        "command": COMMAND_MAX_CHARS,
+    }
     env.globals["colour"] = plots.tok_family_colour
     env.globals["labels"] = VERDICT_LABELS
     env.globals["server_command"] = server_command
     return env
 
 
+class _Clipped(str):
+    """Text already cut to a bound of its own: the page-wide bound leaves it alone."""
+
+
+def _clip_filter(text: str, limit: int) -> _Clipped:
+    return _Clipped(clip(str(text), limit))
+
+
+def _bounded(value: Any) -> Any:
+    """Every value a template prints: plain strings longer than TEXT_MAX_CHARS are cut.
+
+    Markup (the report's own CSS, scripts, SVG and JSON) and text clipped to its own bound
+    pass as they are."""
+    if type(value) is str:
+        return clip(value, TEXT_MAX_CHARS)
+    return value
+
+
 def server_command(target_path: str | None, flags: Sequence[str]) -> str:
     """The llama-server line for a target and a draft's flags, quoted for a POSIX shell."""
-    return shlex.join(["llama-server", "-m", target_path or "TARGET.gguf", *flags])
+    line = shlex.join(["llama-server", "-m", target_path or "TARGET.gguf", *flags])
+    return _Clipped(clip(line, COMMAND_MAX_CHARS))
 
 
 def matrix_payload(matrix: Matrix, models: dict[str, ModelView]) -> dict[str, Any]:
@@ -267,7 +296,7 @@ def matrix_payload(matrix: Matrix, models: dict[str, ModelView]) -> dict[str, An
         "t": [row(t) for t in matrix.targets],
         "d": [row(d) for d in matrix.drafts],
         "c": list(matrix.codes),
-        "r": list(matrix.reasons),
+        "r": [clip(r, TEXT_MAX_CHARS) for r in matrix.reasons],
         "x": [list(r) for r in matrix.reason_index],
         "labels": {str(k): v for k, v in VERDICT_LABELS.items()},
     }

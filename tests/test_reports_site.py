@@ -283,3 +283,47 @@ def test_empty_registry_gives_a_site_of_notes(tmp_path: Path) -> None:
         "index.html", "matrix.html", "graph.html", "runs.html",
     ]  # fmt: skip
     assert "fewer than two models: no pairs to audit" in read(tmp_path / "site", "matrix.html")
+
+
+def test_huge_gguf_strings_are_cut_for_display(tmp_path: Path) -> None:
+    """A GGUF string may be megabytes (issue 11: a 10 MB name made a 5-model report weigh
+    101 MB). Pages show a bounded prefix and say how much is left out; the registry keeps all."""
+    from dataclasses import replace
+
+    from reports_fixtures import _arch, family_vocab
+
+    from specreg.registry.demo import DemoModel, write_demo_model
+    from specreg.reports.data import CHAT_TEMPLATE_MAX_CHARS, NAME_MAX_CHARS, TEXT_MAX_CHARS
+
+    huge = 2_000_000
+    name = "Huge " + "N" * huge
+    vocab = family_vocab("Ġh", 600, template="T" * huge)
+    vocab = replace(vocab, tokens=(vocab.tokens[0], "B" * huge, *vocab.tokens[2:]))
+    models = [DemoModel("Huge-7B.gguf", name, _arch("qwen2", 28, 3584, 600), vocab)]
+    models += [
+        DemoModel(f"Plain-{n}B.gguf", f"Plain {n}B", _arch("qwen2", 20, 1024, 600),
+                  family_vocab("Ġh", 600))
+        for n in (1, 2, 3, 4)
+    ]  # fmt: skip
+    for m in models:
+        write_demo_model(tmp_path / "models", m)
+    db = tmp_path / "registry.duckdb"
+    with opened(db) as con:
+        scan_paths(con, [tmp_path / "models"])
+        stored = next(m for m in list_models(con) if m.name and m.name.startswith("Huge"))
+        assert len(stored.name or "") == len(name)  # the registry keeps the full value
+        build_site(con, tmp_path / "site", cache=None)
+    pages = list((tmp_path / "site").glob("*.html"))
+    total = sum(p.stat().st_size for p in pages)
+    assert total < 3 * CHAT_TEMPLATE_MAX_CHARS + 50 * len(pages) * 1024, total
+    cut = f"... ({len(name) - NAME_MAX_CHARS} more characters)"
+    page = Page(read(tmp_path / "site", "target-" + stored.model_id + ".html"))
+    assert page.texts["h1"] == [name[:NAME_MAX_CHARS] + cut]
+    assert page.texts["pre"][0] == "T" * CHAT_TEMPLATE_MAX_CHARS + (
+        f"... ({huge - CHAT_TEMPLATE_MAX_CHARS} more characters)"
+    )
+    bos = [t for t in page.texts["code"] if t.startswith("BBB")]
+    assert bos == ["B" * TEXT_MAX_CHARS + f"... ({huge - TEXT_MAX_CHARS} more characters)"]
+    matrix = Page(read(tmp_path / "site", "matrix.html"))
+    data = json.loads(next(s for s in matrix.scripts if s.lstrip().startswith("{")))
+    assert name[:NAME_MAX_CHARS] + cut in [row[1] for row in data["t"] + data["d"]]
