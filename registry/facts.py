@@ -10,7 +10,6 @@ import hashlib
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from gguf.constants import Keys, LlamaFileType
 
 from specreg.registry.gguf_header import GGUFHeader, StringArray
 from specreg.registry.llama_vocab import TOKEN_NULL, EffectiveVocab, effective_vocab
+from specreg.registry.parts import SPLIT_NAME, PartInfo, VocabBlob
 from specreg.registry.text import path_text
 
 # src/llama-arch.cpp of the pinned build: llm_arch_is_recurrent / llm_arch_is_hybrid.
@@ -49,21 +49,9 @@ HYBRID_ARCHS = frozenset(
 DRAFT_ARCHS = {"eagle3": "eagle3", "dflash": "dflash"}
 DSPARK_TENSOR = "markov_w1.weight"
 
-SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 # First token id whose text llama.cpp compares (SPEC_VOCAB_CHECK_START_TOKEN_ID).
 FINGERPRINT_START_ID = 5
 _EXPERT_TENSOR = re.compile(r"_exps\b|\.ffn_(gate|up|down|gate_up)_exps\.")
-
-
-@dataclass(frozen=True)
-class PartInfo:
-    """What the scanner keeps per file, enough to regroup split sets without re-reading."""
-
-    split_no: int  # 0-based, as in the split.no key
-    split_count: int
-    header_sha256: str
-    n_params: int
-    n_tensors: int
 
 
 def part_info(header: GGUFHeader, path: Path) -> PartInfo:
@@ -115,17 +103,6 @@ def kv_rows(header: GGUFHeader) -> list[tuple[str, str, str]]:
     return rows
 
 
-@dataclass(frozen=True)
-class VocabBlob:
-    """A vocabulary as found: the serialized token strings and their types, not yet encoded
-    (the registry compresses only the ones it does not hold already)."""
-
-    vocab_sha: str
-    n_tokens: int
-    tokens_raw: bytes
-    token_types: bytes | None
-
-
 def vocab_blob(header: GGUFHeader) -> VocabBlob | None:
     tokens = header.get(Keys.Tokenizer.LIST)
     if not isinstance(tokens, StringArray):
@@ -146,11 +123,6 @@ def tokenizer_fingerprint(tokens: StringArray) -> str:
     """Identity of the token texts llama.cpp compares: ids from 5 to the end."""
     start = min(FINGERPRINT_START_ID, len(tokens))
     return hashlib.sha256(tokens.region(start)).hexdigest()[:32]
-
-
-def model_id_for(first_part_sha: str) -> str:
-    """Physical identity: the first part's header hash (metadata and tensor table)."""
-    return first_part_sha[:16]
 
 
 def _token_text(tokens: Any, token_id: int) -> str | None:

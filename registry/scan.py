@@ -28,15 +28,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specreg.errors import GGUFError, UsageError
-from specreg.registry import facts as F
+from specreg.registry import parts as P
 from specreg.registry import scan_store as store
 from specreg.registry.db import transaction
-from specreg.registry.gguf_header import GGUFHeader, has_gguf_magic, read_header
 from specreg.registry.queries import ModelRecord
 from specreg.registry.text import clean_reason, path_raw, path_text
 
 if TYPE_CHECKING:
     import duckdb
+
+    from specreg.registry.gguf_header import GGUFHeader
+
+# The header parser and the facts built from headers (numpy, gguf) are imported by the steps
+# that read files, so a scan that finds nothing new never loads them.
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +149,11 @@ def discover(roots: Sequence[Path], *, all_files: bool = False) -> Found:
             if named or _is_candidate(os.path.basename(path), False):
                 issues.append(issue(path, NOT_A_FILE, _not_a_file(st.st_mode)))
             return
-        if all_files and not path.lower().endswith(".gguf") and not has_gguf_magic(real):
-            return
+        if all_files and not path.lower().endswith(".gguf"):
+            from specreg.registry.gguf_header import has_gguf_magic
+
+            if not has_gguf_magic(real):
+                return
         links = found.setdefault(real, [])
         if is_link and path not in links:
             links.append(path)
@@ -197,7 +204,7 @@ class VocabJobs:
         self.jobs: dict[str, Future[store.PackedVocab]] = {}
         self._lock = threading.Lock()
 
-    def _claim(self, blob: F.VocabBlob) -> Future[store.PackedVocab] | None:
+    def _claim(self, blob: P.VocabBlob) -> Future[store.PackedVocab] | None:
         with self._lock:
             if blob.vocab_sha in self.stored or blob.vocab_sha in self.jobs:
                 return None
@@ -205,13 +212,13 @@ class VocabJobs:
             self.jobs[blob.vocab_sha] = job
             return job
 
-    def pack_here(self, blob: F.VocabBlob) -> None:
+    def pack_here(self, blob: P.VocabBlob) -> None:
         """Compress on this thread (a worker that just read the file)."""
         job = self._claim(blob)
         if job is not None:
             job.set_result(store.pack_vocab(blob))
 
-    def pack_later(self, blob: F.VocabBlob) -> None:
+    def pack_later(self, blob: P.VocabBlob) -> None:
         """Compress on the pool while the caller goes on."""
         job = self._claim(blob)
         if job is None:
@@ -246,13 +253,13 @@ class _File:
     inode: int = 0
     state: str = "new"  # new | changed | unchanged | error
     header: GGUFHeader | None = None
-    part: F.PartInfo | None = None
+    part: P.PartInfo | None = None
     error: ScanIssue | None = None
     model_id: str | None = None
     # A file that is a whole model has its facts built right after its header is read, on
     # the same worker thread (most files are whole models).
     facts: dict[str, Any] | None = None
-    blob: F.VocabBlob | None = None
+    blob: P.VocabBlob | None = None
 
     @property
     def text(self) -> str:
@@ -307,8 +314,11 @@ def classify(
 
 def _read(f: _File) -> None:
     """Parse the header, or record why not; detects a file changing while we read it."""
+    from specreg.registry import facts as F
+    from specreg.registry import gguf_header
+
     try:
-        header = read_header(f.path)
+        header = gguf_header.read_header(f.path)
         st = os.stat(f.path)
     except GGUFError as err:
         f.state, f.error = "error", issue(f.path, FORMAT, str(err))
@@ -351,6 +361,8 @@ def read_headers(
 
 
 def _read_it(f: _File, vocabs: VocabJobs) -> _File:
+    from specreg.registry import facts as F
+
     _read(f)
     if f.header is not None and f.part is not None and f.part.split_count == 1:
         f.facts = F.model_facts([(Path(f.path), f.header)], expected_parts=1, missing=[])
@@ -378,7 +390,7 @@ class _ModelPlan:
 
 def _group_key(f: _File) -> tuple[str, ...]:
     name = os.path.basename(f.path)
-    m = F.SPLIT_NAME.match(name)
+    m = P.SPLIT_NAME.match(name)
     if m and f.part is not None and f.part.split_count > 1:
         return (os.path.dirname(f.path), m["prefix"], m["count"])
     return (f.path,)
@@ -423,7 +435,7 @@ def plan_models(
             issue(p, MISSING_PART, f"split part missing from a {expected}-part set")
             for p in missing
         ]
-        model_id = F.model_id_for(first.part.header_sha256)
+        model_id = P.model_id_for(first.part.header_sha256)
         if model_id in seen:
             plan.duplicates.append((first.text, seen[model_id]))
         else:
@@ -458,6 +470,8 @@ def _build_model(
     plan: _ModelPlan,
 ) -> ModelRecord | None:
     """A model's row from its parts' headers (reading parts skipped as unchanged)."""
+    from specreg.registry import facts as F
+
     for m in members:
         if m.header is None:
             _read(m)

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from specreg.registry.facts import PartInfo, VocabBlob
+from specreg.registry.parts import PartInfo, VocabBlob
 from specreg.registry.tables import insert_rows
 from specreg.registry.text import fs_path
-from specreg.registry.vocab_store import compress_tokens
 
 if TYPE_CHECKING:
     import duckdb
@@ -116,6 +115,8 @@ class PackedVocab:
 
 
 def pack_vocab(blob: VocabBlob) -> PackedVocab:
+    from specreg.registry.vocab_store import compress_tokens
+
     codec, packed = compress_tokens(blob.tokens_raw)
     return PackedVocab(blob.vocab_sha, blob.n_tokens, packed, blob.token_types, codec)
 

@@ -208,7 +208,7 @@ def test_a_bad_root_is_fatal(tmp_path: Path) -> None:
 def test_a_file_being_written_is_an_error_not_a_crash(
     tmp_path: Path, gguf_factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import specreg.registry.scan as scan_mod
+    import specreg.registry.gguf_header as header_mod
 
     path = gguf_factory("growing.gguf")
 
@@ -218,7 +218,7 @@ def test_a_file_being_written_is_an_error_not_a_crash(
             f.write(b"\0" * 64)  # the writer is still going
         return header
 
-    monkeypatch.setattr(scan_mod, "read_header", read_then_append)
+    monkeypatch.setattr(header_mod, "read_header", read_then_append)
     result = _scan(tmp_path / "r.duckdb", path.parent)
     assert [e.kind for e in result.errors] == ["changed_during_scan"]
 
