@@ -30,6 +30,7 @@ from specreg.auditor.checks import (
 from specreg.auditor.pairs import VocabCache, judge, vision_dirs
 from specreg.auditor.rules import PINNED_RULES, RuleSet
 from specreg.auditor.verdict import Verdict
+from specreg.registry.audits import AuditClassVerdict as ClassVerdict  # the stored row
 from specreg.registry.queries import ModelRecord, list_models
 
 
@@ -43,17 +44,6 @@ class PairSummary:
     llama_accepts: bool | None
     findings: tuple[str, ...]
     """Names of the failed checks (warnings and risks included)."""
-
-
-@dataclass(frozen=True)
-class ClassVerdict:
-    """The vocabulary check between two classes of models."""
-
-    target_class: int
-    draft_class: int
-    accepts: bool
-    failed: tuple[str, ...]
-    n_pairs: int
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from specreg.auditor.audit import AuditResult, PairSummary
 from specreg.registry.audits import (
     AuditClass,
-    AuditClassVerdict,
     AuditRun,
     StoredEdge,
     latest_audit_id,
@@ -42,11 +41,7 @@ def save_audit(
         for class_id, model_ids in result.classes
         for model_id in model_ids
     ]
-    verdicts = [
-        AuditClassVerdict(cv.target_class, cv.draft_class, cv.accepts, cv.failed, cv.n_pairs)
-        for cv in result.class_verdicts
-    ]
-    return _save(con, run, classes, verdicts, [edge(p) for p in result.pairs])
+    return _save(con, run, classes, result.class_verdicts, [edge(p) for p in result.pairs])
 
 
 def edge(p: PairSummary) -> StoredEdge:

@@ -15,6 +15,8 @@ from typing import Any
 
 import duckdb
 
+from specreg.terms import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE
+
 
 @dataclass(frozen=True)
 class DiskModel:
@@ -158,8 +160,8 @@ def measured_runs(
     return out
 
 
-# specreg.yaml's names for the runner's flag dialects
-DIALECT_NAMES = {"current": "spec-type", "legacy": "draft-max"}
+# specreg.yaml's names for the runner's flag dialects (specreg.terms)
+DIALECT_NAMES = {"current": DIALECT_SPEC_TYPE, "legacy": DIALECT_DRAFT_MAX}
 
 
 def detect_dialect(bin_dir: Path | None) -> str | None:

@@ -44,6 +44,8 @@ class AuditClass:
 
 @dataclass(frozen=True)
 class AuditClassVerdict:
+    """The vocabulary check between two classes of models (the auditor's ClassVerdict)."""
+
     target_class: int
     draft_class: int
     accepts: bool
