@@ -93,7 +93,7 @@ def target_text(
     build = build_id(m.install)
     key = _text_key(target, target_path, task, n_predict, build)
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", target_path.stem)[:60]
-    folder = cache_dir() / "agree"
+    folder = m.logits_cache().root / "texts"  # beside the logits saved over them
     path = folder / f"{stem}.{task}.n{n_predict}.{key}.txt"
     meta = path.with_suffix(".json")
     name = f"agree-{task}"
@@ -262,7 +262,8 @@ def _saved_comparison(
     if size > m.max_logits_bytes:
         raise UsageError(
             f"the saved logits of {Path(draft.path).name} would take about {human_size(size)}, "
-            f"over the {human_size(m.max_logits_bytes)} limit: pass --chunks N or raise the limit"
+            f"over the {human_size(m.max_logits_bytes)} limit: pass --chunks N or raise "
+            "--max-logits-gb"
         )
     m.say(f"saving {Path(draft.path).name}'s logits over {text.name}: about {human_size(size)}")
     tmp_dir = cache_dir() / "tmp"

@@ -306,7 +306,12 @@ class Perplexity:
         ]  # fmt: skip
 
     def _run(self, argv: list[str]) -> tuple[int, str, str, float]:
-        out = run_tool(argv, env=self.host.env(), log_path=self.log_path, timeout=self.timeout)
+        try:
+            out = run_tool(argv, env=self.host.env(), log_path=self.log_path, timeout=self.timeout)
+        except PerplexityFailed:
+            raise
+        except ServerFailed as err:  # it could not start, or outlived the timeout
+            raise PerplexityFailed(err.kind, err.summary, err.llama_message, err.log_path) from err
         return out.returncode, out.stdout, out.log_text, out.wall_s
 
     def save_logits(
@@ -483,7 +488,7 @@ class LogitsCache:
                 f"the saved logits of {what} would take about {human_size(size)} (n_vocab "
                 f"{n_vocab} x about {size // (2 * n_vocab)} tokens x 2 bytes), over the "
                 f"{human_size(max_bytes)} limit: pass --chunks N (each scores "
-                f"{scored_per_chunk(key.ctx)} tokens) or raise the limit"
+                f"{scored_per_chunk(key.ctx)} tokens) or raise --max-logits-gb"
             )
         if notify:
             notify(f"saving the logits of {what}: about {human_size(size)} in {self.root}")

@@ -1,0 +1,164 @@
+# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
+"""`specreg agree` with the pinned llama.cpp on real small models: SmolLM2-135M's own greedy
+text, its Q8_0 and Q4_0 self-drafts, the random-weight synthetic MoE; a draft whose
+vocabulary is 64 ids larger than its target's (compared over the shared ids, never handed
+to `llama-perplexity --kl-divergence`); acceptance at a temperature from saved logits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf.constants import TokenType
+from llama_fixtures import llama_install, small_models, synthetic_models  # noqa: F401
+
+from specreg.cli.main import cli
+from specreg.registry.db import opened
+from specreg.registry.quality import (
+    METHOD_KLD,
+    METHOD_SAVED,
+    PURPOSE_AGREEMENT,
+    TEXT_GENERATED,
+    list_quality,
+)
+from specreg.runner.agreement import measure_agreement, plan_agreement
+from specreg.runner.host import detect_host
+from specreg.runner.llama import LlamaInstall
+from specreg.runner.perplexity import LogitsCache
+from specreg.runner.quality import Measuring
+from specreg.runner.small_models import SmallModels
+from specreg.runner.synthetic import SyntheticModels
+
+pytestmark = pytest.mark.llama
+
+CHUNKS = 2
+N_PAD = 64
+
+
+@pytest.fixture
+def measuring(llama_install: LlamaInstall, tmp_path: Path) -> Measuring:
+    return Measuring(
+        llama_install, detect_host(), chunks=CHUNKS, threads=1,
+        cache=LogitsCache(tmp_path / "logits"),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def con(specreg_home: Path):  # type: ignore[no-untyped-def]
+    with opened(specreg_home / "registry.duckdb") as c:
+        yield c
+
+
+def padded_copy(src: Path, out: Path, n_pad: int = N_PAD) -> Path:
+    """`src` with `n_pad` control tokens appended to its vocabulary and zero rows appended
+    to its embedding and output head: the same model on the shared ids, as Qwen2.5's 0.5B
+    draft is to its 32B target (151,936 ids against 152,064)."""
+    reader = GGUFReader(src)
+    arch = str(reader.fields["general.architecture"].contents())
+    w = GGUFWriter(out, arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        value = field.contents()
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == GGUFValueType.ARRAY else None
+        if name == "tokenizer.ggml.tokens":
+            value = [*value, *(f"<|pad_{i}|>" for i in range(n_pad))]
+        elif name == "tokenizer.ggml.token_type":
+            value = [*value, *([int(TokenType.CONTROL)] * n_pad)]
+        elif name == "tokenizer.ggml.scores":
+            value = [*value, *([0.0] * n_pad)]
+        w.add_key_value(name, value, vtype, sub_type=sub)
+    for t in reader.tensors:
+        data = np.array(t.data).reshape([int(x) for x in reversed(t.shape.tolist())])
+        if t.name in ("token_embd.weight", "output.weight"):
+            data = np.concatenate([data, np.zeros((n_pad, data.shape[1]), dtype=data.dtype)])
+        w.add_tensor(t.name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def test_agreement_orders_the_self_drafts_and_the_random_draft(
+    con, measuring: Measuring, small_models: SmallModels, synthetic_models: SyntheticModels
+) -> None:
+    target = small_models.smollm2.path
+    q8 = small_models.draft("smollm2", "Q8_0").path
+    q4 = small_models.draft("smollm2", "Q4_0").path
+    rand = synthetic_models.moe.path
+    plan = plan_agreement(con, target, (q8, q4, rand), ("code",))
+    result = measure_agreement(con, measuring, plan)
+    by = {Path(p.draft_path).name: p for p in result.points}
+    assert all(p.ok and p.method == METHOD_KLD for p in result.points), result.points
+    s8, s4, sr = (by[p.name].same_top for p in (q8, q4, rand))
+    assert s8 is not None and s4 is not None and sr is not None
+    assert s8 > s4 > 0.4 and s8 > 0.85 and sr < 0.05
+    assert by[q8.name].mean_kld < by[q4.name].mean_kld < by[rand.name].mean_kld  # type: ignore[operator]
+    assert by[q8.name].n_tokens == CHUNKS * 63
+    (text,) = result.texts
+    assert not text.cached and text.text.source == TEXT_GENERATED and text.n_tokens >= 512
+
+    rows = list_quality(con, purpose=PURPOSE_AGREEMENT)
+    assert len(rows) == 3 and {r.model_path for r in rows} == {str(q8), str(q4), str(rand)}
+    assert all(r.base_path == str(target) and r.task == "code" and r.ok for r in rows)
+    assert all(r.accept == r.same_top and r.temperature == 0 for r in rows)
+
+    again = measure_agreement(con, measuring, plan_agreement(con, target, (q8,), ("code",)))
+    assert again.texts[0].cached and again.texts[0].text.sha256 == text.text.sha256
+    assert again.points[0].same_top == pytest.approx(s8)
+
+
+def test_a_draft_with_more_ids_is_compared_over_the_shared_ones(
+    con, measuring: Measuring, synthetic_models: SyntheticModels, tmp_path: Path
+) -> None:
+    target = synthetic_models.moe.path  # 49,152 ids
+    padded = padded_copy(target, tmp_path / "synth-padded.gguf")  # 49,216 ids
+    plan = plan_agreement(con, target, (padded,), ("prose",))
+    (point,) = measure_agreement(con, measuring, plan).points
+    assert point.ok, point.error
+    assert point.method == METHOD_SAVED
+    assert (point.n_vocab_target, point.n_vocab_draft) == (49152, 49152 + N_PAD)
+    # The same weights on the shared ids: the same top token everywhere, next to no divergence.
+    assert point.same_top == 1.0
+    assert point.mean_kld is not None and point.mean_kld < 1e-3
+    (row,) = list_quality(con, purpose=PURPOSE_AGREEMENT)
+    assert row.method == METHOD_SAVED and row.n_vocab_model == 49152 + N_PAD
+    assert "--kl-divergence" not in row.argv and "--kl-divergence-base" in row.argv
+
+
+def test_temperature_acceptance_from_saved_logits_matches_the_tools_same_top(
+    con, measuring: Measuring, small_models: SmallModels
+) -> None:
+    target = small_models.smollm2.path
+    q4 = small_models.draft("smollm2", "Q4_0").path
+    greedy = measure_agreement(con, measuring, plan_agreement(con, target, (q4,), ("math",)))
+    warm = measure_agreement(
+        con, measuring, plan_agreement(con, target, (q4,), ("math",), temperature=0.7)
+    )
+    g, w = greedy.points[0], warm.points[0]
+    assert g.method == METHOD_KLD and w.method == METHOD_SAVED
+    # Saved (quantized) draft logits against the tool's float ones: the same answer.
+    assert w.same_top == pytest.approx(g.same_top, abs=0.02)
+    assert w.mean_kld == pytest.approx(g.mean_kld, rel=0.05)
+    assert w.accept is not None and 0.2 < w.accept < 1.0 and w.accept != w.same_top
+    assert w.confidence is not None and w.confidence[0.0][0] == 1.0
+    assert "temperature 0.7" in warm.acceptance_label
+
+
+def test_the_command_reports_json(small_models: SmallModels, specreg_home: Path) -> None:
+    target = str(small_models.smollm2.path)
+    q8 = str(small_models.draft("smollm2", "Q8_0").path)
+    args = ["agree", target, q8, "--task", "json", "--chunks", "2", "--threads", "1", "--json"]
+    r = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert (doc["version"], doc["kind"], doc["temperature"]) == ("1", "agreement", 0.0)
+    (point,) = doc["points"]
+    assert point["task"] == "json" and point["method"] == METHOD_KLD and point["same_top"] > 0.8
+    assert doc["acceptance"] == "greedy (same top token)"
