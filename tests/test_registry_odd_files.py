@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -168,3 +170,16 @@ def test_clean_reason_keeps_short_text_and_escapes_surrogates() -> None:
     assert clean_reason("tab\there") == "tab\\x09here"
     assert clean_reason(os.fsdecode(b"bad \xff byte")) == "bad \\xff byte"
     assert clean_reason("x" * 1000, limit=10) == "xxxxxxxxxx... (990 more characters)"
+
+
+def test_the_scan_command_prints_and_reports_odd_names(tmp_path: Path, gguf_factory) -> None:
+    good = gguf_factory("good.gguf")
+    odd = _odd_copy(gguf_factory("src.gguf", directory=tmp_path / "src"), good.parent)
+    db = str(tmp_path / "r.duckdb")
+    cmd = [sys.executable, "-m", "specreg", "scan", str(good.parent), "--db", db, "-v"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"new: {path_text(odd)}" in r.stdout and f"new: {good}" in r.stdout
+    r = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["n_unchanged"] == 2
