@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from gguf import GGUFReader
@@ -73,7 +74,7 @@ def main() -> None:
     subprocess.run(["cat", *map(str, paths)], stdout=subprocess.DEVNULL, check=True)  # warm
 
     cat = best_of(5, lambda: subprocess.run(["cat", *map(str, paths)], stdout=subprocess.DEVNULL))
-    ours_each = {p.name: best_of(3, lambda p=p: read_header(p)) for p in paths}
+    ours_each = {p.name: best_of(3, partial(read_header, p)) for p in paths}
     ours = sum(ours_each.values())
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,7 +84,7 @@ def main() -> None:
         rescan = [scan_process(folder, db, fresh=False) for _ in range(args.runs)]
 
     subset = paths if args.reader_files <= 0 else paths[: args.reader_files]
-    reader_each = {p.name: timed(lambda p=p: GGUFReader(p)) for p in subset}
+    reader_each = {p.name: timed(partial(GGUFReader, p)) for p in subset}
     reader = sum(reader_each.values())
     ours_subset = sum(ours_each[p.name] for p in subset)
     # GGUFReader on every file: measured, or scaled from the subset by the parser's times.
