@@ -12,6 +12,7 @@ from collections.abc import Callable
 import duckdb
 
 from specreg.errors import RegistryError
+from specreg.registry.calibration import m009_calibration
 
 Migration = Callable[[duckdb.DuckDBPyConnection], None]
 
@@ -381,6 +382,7 @@ MIGRATIONS: list[tuple[int, str, Migration]] = [
     (3, "audit tables", m003_audit),
     (4, "odd file names and vocabulary codec", m004_scan_bytes_and_codec),
     (7, "quality and agreement measurements", m007_quality),
+    (9, "calibration curves and host bandwidth", m009_calibration),
 ]
 
 

@@ -1,0 +1,350 @@
+"""This host's physics in the registry: llama-bench cost curves per model, and memory bandwidth.
+
+`specreg calibrate` times one forward pass over a batch of 1, 2, 4, ... 32 tokens and plain
+generation for a model on a host; verifying K drafted tokens is one pass over K + 1 tokens, so
+this curve is the verify cost the recommender needs before any speculative run. Rows are keyed by
+the runner's host fingerprint, the registry model id and the thread count; the newest wins.
+`specreg doctor` stores the memory bandwidth it measured, keyed by host fingerprint.
+
+The runner hands over typed records; this module owns the SQL (migration 9).
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from dataclasses import dataclass, fields, replace
+from datetime import datetime, timezone
+from typing import Any
+
+import duckdb
+
+CALIBRATIONS = "calibrations"
+CALIBRATION_POINTS = "calibration_points"
+HOST_BANDWIDTH = "host_bandwidth"
+
+KIND_BATCH = "batch"  # one forward pass over n_tokens tokens (llama-bench pp<n>)
+KIND_GEN = "gen"  # n_tokens tokens generated one at a time (llama-bench tg<n>)
+
+
+def m009_calibration(con: duckdb.DuckDBPyConnection) -> None:
+    """Calibration curves (one row per model, host and thread count measured; one point per
+    batch size or generation test) and measured memory bandwidth per host."""
+    con.execute("CREATE SEQUENCE calibrations_seq START 1")
+    con.execute(
+        f"""
+        CREATE TABLE {CALIBRATIONS} (
+            calibration_id    BIGINT PRIMARY KEY DEFAULT nextval('calibrations_seq'),
+            host_fingerprint  VARCHAR NOT NULL,
+            model_id          VARCHAR NOT NULL,
+            model_path        VARCHAR NOT NULL,
+            model_bytes       BIGINT,
+            role              VARCHAR NOT NULL,   -- target | draft (as calibrated)
+            threads           INTEGER NOT NULL,
+            measured_at       TIMESTAMPTZ NOT NULL,
+            seconds           DOUBLE,             -- wall time of the whole calibration
+            repetitions       INTEGER NOT NULL,   -- llama-bench -r
+            llama_version     VARCHAR,
+            llama_bin_dir     VARCHAR,
+            argv              VARCHAR[],
+            load_foreign_cpu  DOUBLE              -- CPU seconds other processes used meanwhile
+        )
+        """
+    )
+    con.execute(
+        f"""
+        CREATE TABLE {CALIBRATION_POINTS} (
+            calibration_id  BIGINT NOT NULL,
+            kind            VARCHAR NOT NULL,    -- batch | gen
+            n_tokens        INTEGER NOT NULL,
+            seconds         DOUBLE NOT NULL,     -- median seconds for the whole test
+            seconds_lo      DOUBLE,              -- fastest and slowest repetition
+            seconds_hi      DOUBLE,
+            samples         DOUBLE[] NOT NULL,
+            wall_s          DOUBLE,              -- the test's wall time, warm-up included
+            foreign_cpu_s   DOUBLE,              -- CPU seconds other processes used during it
+            reruns          INTEGER NOT NULL,    -- times measured again because of that load
+            contended       BOOLEAN NOT NULL,    -- still disturbed after the last rerun
+            PRIMARY KEY (calibration_id, kind, n_tokens)
+        )
+        """
+    )
+    con.execute(
+        f"""
+        CREATE TABLE {HOST_BANDWIDTH} (
+            host_fingerprint  VARCHAR NOT NULL,
+            measured_at       TIMESTAMPTZ NOT NULL,
+            read_gbs          DOUBLE NOT NULL,     -- what decoding needs: streaming reads
+            copy_gbs          DOUBLE,              -- read + write traffic of a copy
+            method            VARCHAR NOT NULL,
+            threads           INTEGER NOT NULL,
+            buffer_mib        BIGINT NOT NULL,
+            peak_gbs          DOUBLE,              -- the DIMMs' theoretical peak, when known
+            peak_source       VARCHAR,             -- dmidecode | user
+            foreign_share     DOUBLE               -- share of the CPUs other processes used
+        )
+        """
+    )
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """One llama-bench test: `seconds` for the whole test (a batch pass, or n generated tokens)."""
+
+    kind: str
+    n_tokens: int
+    seconds: float
+    seconds_lo: float
+    seconds_hi: float
+    samples: tuple[float, ...]
+    wall_s: float | None = None
+    foreign_cpu_s: float | None = None
+    reruns: int = 0
+    contended: bool = False
+
+    @property
+    def per_token(self) -> float:
+        return self.seconds / self.n_tokens
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class CalibrationRecord:
+    """A model's cost curve on one host at one thread count. `calibration_id` is None until
+    recorded."""
+
+    host_fingerprint: str
+    model_id: str
+    model_path: str
+    role: str
+    threads: int
+    measured_at: datetime
+    repetitions: int
+    points: tuple[CalibrationPoint, ...]
+    model_bytes: int | None = None
+    seconds: float | None = None
+    llama_version: str | None = None
+    llama_bin_dir: str | None = None
+    argv: tuple[str, ...] = ()
+    load_foreign_cpu: float | None = None
+    calibration_id: int | None = None
+
+    @property
+    def batch(self) -> tuple[CalibrationPoint, ...]:
+        return tuple(sorted((p for p in self.points if p.kind == KIND_BATCH), key=_n))
+
+    @property
+    def gen(self) -> CalibrationPoint | None:
+        gens = [p for p in self.points if p.kind == KIND_GEN]
+        return max(gens, key=_n) if gens else None
+
+    @property
+    def gen_seconds(self) -> float | None:
+        """Seconds per token of plain generation."""
+        g = self.gen
+        return g.per_token if g is not None else None
+
+    @property
+    def contended(self) -> bool:
+        return any(p.contended for p in self.points)
+
+    def batch_seconds(self, n_tokens: float) -> float:
+        """Seconds for one pass over `n_tokens` tokens: measured, linearly interpolated between
+        measured sizes, extended past the largest along the last two points' slope."""
+        pts = self.batch
+        if not pts:
+            raise ValueError(f"calibration of {self.model_id} has no batch points")
+        xs = [p.n_tokens for p in pts]
+        ys = [p.seconds for p in pts]
+        if len(pts) == 1:
+            return ys[0] * n_tokens / xs[0]
+        i = bisect.bisect_left(xs, n_tokens)
+        lo, hi = (0, 1) if i == 0 else (len(xs) - 2, len(xs) - 1) if i >= len(xs) else (i - 1, i)
+        slope = (ys[hi] - ys[lo]) / (xs[hi] - xs[lo])
+        return max(ys[0] * 0.5, ys[lo] + slope * (n_tokens - xs[lo]))
+
+    def verify_ratio(self, k: float) -> float:
+        """Cost of verifying K drafted tokens (one pass over K + 1) in single decode steps."""
+        step = self.batch_seconds(1)
+        return self.batch_seconds(k + 1) / step if step > 0 else float("nan")
+
+
+def _n(p: CalibrationPoint) -> int:
+    return p.n_tokens
+
+
+def point(
+    kind: str,
+    n_tokens: int,
+    samples: tuple[float, ...],
+    *,
+    wall_s: float | None = None,
+    foreign_cpu_s: float | None = None,
+    reruns: int = 0,
+    contended: bool = False,
+) -> CalibrationPoint:
+    """A point from its repetitions' seconds: the median, with the fastest and slowest."""
+    if not samples:
+        raise ValueError("a calibration point needs at least one sample")
+    return CalibrationPoint(
+        kind=kind,
+        n_tokens=n_tokens,
+        seconds=statistics.median(samples),
+        seconds_lo=min(samples),
+        seconds_hi=max(samples),
+        samples=tuple(samples),
+        wall_s=wall_s,
+        foreign_cpu_s=foreign_cpu_s,
+        reruns=reruns,
+        contended=contended,
+    )
+
+
+_CAL_COLUMNS = [f.name for f in fields(CalibrationRecord) if f.name not in ("points",)]
+_CAL_INSERT = [c for c in _CAL_COLUMNS if c != "calibration_id"]
+_POINT_COLUMNS = [f.name for f in fields(CalibrationPoint)]
+# TIMESTAMPTZ values come back as pytz-aware datetimes, and pytz is not a dependency: read
+# instants as epoch seconds.
+_CAL_SELECT = ", ".join("epoch(measured_at)" if c == "measured_at" else c for c in _CAL_COLUMNS)
+
+
+def record_calibration(con: duckdb.DuckDBPyConnection, rec: CalibrationRecord) -> int:
+    """Store a calibration and its points in one transaction; return its id."""
+    from specreg.registry.db import transaction  # db imports the migrations, which import us
+
+    values: list[Any] = [
+        list(getattr(rec, c)) if c == "argv" else getattr(rec, c) for c in _CAL_INSERT
+    ]
+    with transaction(con):
+        row = con.execute(
+            f"INSERT INTO {CALIBRATIONS} ({', '.join(_CAL_INSERT)}) "
+            f"VALUES ({', '.join('?' for _ in _CAL_INSERT)}) RETURNING calibration_id",
+            values,
+        ).fetchone()
+        assert row is not None
+        cal_id = int(row[0])
+        for p in rec.points:
+            pvalues = [list(p.samples) if c == "samples" else getattr(p, c) for c in _POINT_COLUMNS]
+            con.execute(
+                f"INSERT INTO {CALIBRATION_POINTS} (calibration_id, {', '.join(_POINT_COLUMNS)}) "
+                f"VALUES (?, {', '.join('?' for _ in _POINT_COLUMNS)})",
+                [cal_id, *pvalues],
+            )
+    return cal_id
+
+
+def _points(con: duckdb.DuckDBPyConnection, cal_id: int) -> tuple[CalibrationPoint, ...]:
+    rows = con.execute(
+        f"SELECT {', '.join(_POINT_COLUMNS)} FROM {CALIBRATION_POINTS} "
+        "WHERE calibration_id = ? ORDER BY kind, n_tokens",
+        [cal_id],
+    ).fetchall()
+    out = []
+    for r in rows:
+        data = dict(zip(_POINT_COLUMNS, r, strict=True))
+        data["samples"] = tuple(data["samples"] or ())
+        out.append(CalibrationPoint(**data))
+    return tuple(out)
+
+
+def _record(con: duckdb.DuckDBPyConnection, row: tuple[Any, ...]) -> CalibrationRecord:
+    data = dict(zip(_CAL_COLUMNS, row, strict=True))
+    data["measured_at"] = datetime.fromtimestamp(data["measured_at"], timezone.utc)
+    data["argv"] = tuple(data["argv"] or ())
+    return CalibrationRecord(**data, points=_points(con, data["calibration_id"]))
+
+
+def list_calibrations(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    host_fingerprint: str | None = None,
+    model_id: str | None = None,
+    threads: int | None = None,
+    latest_only: bool = True,
+) -> list[CalibrationRecord]:
+    """Calibrations, newest first; with `latest_only`, the newest per (host, model, threads)."""
+    where, params = [], []
+    for column, value in (
+        ("host_fingerprint", host_fingerprint),
+        ("model_id", model_id),
+        ("threads", threads),
+    ):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    sql = f"SELECT {_CAL_SELECT} FROM {CALIBRATIONS}"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    if latest_only:
+        sql += (
+            " QUALIFY row_number() OVER (PARTITION BY host_fingerprint, model_id, threads"
+            " ORDER BY calibration_id DESC) = 1"
+        )
+    sql += " ORDER BY calibration_id DESC"
+    return [_record(con, r) for r in con.execute(sql, params).fetchall()]
+
+
+def latest_calibration(
+    con: duckdb.DuckDBPyConnection,
+    host_fingerprint: str,
+    model_id: str,
+    threads: int | None = None,
+) -> CalibrationRecord | None:
+    """The newest calibration of a model on a host (at `threads`, or at any thread count)."""
+    found = list_calibrations(
+        con, host_fingerprint=host_fingerprint, model_id=model_id, threads=threads
+    )
+    return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class BandwidthRecord:
+    """A memory bandwidth measurement of one host (GB/s = 1e9 bytes per second)."""
+
+    host_fingerprint: str
+    measured_at: datetime
+    read_gbs: float
+    method: str
+    threads: int
+    buffer_mib: int
+    copy_gbs: float | None = None
+    peak_gbs: float | None = None
+    peak_source: str | None = None
+    foreign_share: float | None = None
+
+
+_BW_COLUMNS = [f.name for f in fields(BandwidthRecord)]
+_BW_SELECT = ", ".join("epoch(measured_at)" if c == "measured_at" else c for c in _BW_COLUMNS)
+
+
+def record_bandwidth(con: duckdb.DuckDBPyConnection, rec: BandwidthRecord) -> None:
+    from specreg.registry.db import transaction
+
+    with transaction(con):
+        con.execute(
+            f"INSERT INTO {HOST_BANDWIDTH} ({', '.join(_BW_COLUMNS)}) "
+            f"VALUES ({', '.join('?' for _ in _BW_COLUMNS)})",
+            [getattr(rec, c) for c in _BW_COLUMNS],
+        )
+
+
+def latest_bandwidth(
+    con: duckdb.DuckDBPyConnection, host_fingerprint: str
+) -> BandwidthRecord | None:
+    row = con.execute(
+        f"SELECT {_BW_SELECT} FROM {HOST_BANDWIDTH} WHERE host_fingerprint = ? "
+        "ORDER BY measured_at DESC LIMIT 1",
+        [host_fingerprint],
+    ).fetchone()
+    if row is None:
+        return None
+    data = dict(zip(_BW_COLUMNS, row, strict=True))
+    data["measured_at"] = datetime.fromtimestamp(data["measured_at"], timezone.utc)
+    return BandwidthRecord(**data)
+
+
+def with_id(rec: CalibrationRecord, cal_id: int) -> CalibrationRecord:
+    return replace(rec, calibration_id=cal_id)
