@@ -2,7 +2,8 @@
 
 Applied migrations are never edited: a schema change is a new function appended to
 `MIGRATIONS`. Numbers are owned by the part that needs the tables:
-1 scan (registry), 2 runs (runner), 3 audit (auditor), 4 recommender.
+1 scan (registry), 2 runs (runner), 3 audit (auditor), 4 scan: exact bytes of odd file
+names and the vocabulary codec (registry), 7 quality (runner).
 """
 
 from __future__ import annotations
