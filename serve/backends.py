@@ -38,8 +38,9 @@ SUPERVISE_INTERVAL_S = 0.25
 # A crashed backend is started again this many times in a row before it is given up.
 MAX_RESTARTS = 5
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
-# After a broken connection, how long to wait for the process to be reapable.
-EXIT_WAIT_S = 2.0
+# After a broken connection, how long to wait for the process to be reapable: ggml's crash
+# handler prints a backtrace (through gdb when installed) before the process is gone.
+EXIT_WAIT_S = 10.0
 
 
 class BackendUnavailable(Exception):

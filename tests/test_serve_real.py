@@ -189,6 +189,35 @@ def test_routes_show_in_headers_and_in_runs(served: Served, module_home: Path) -
     assert "serve" in table and "ngram-mod k=8" in table
 
 
+def test_drafted_tokens_are_recorded(served: Served, module_home: Path) -> None:
+    # ngram-mod keeps one pool per server: a request seen before drafts its own earlier answer
+    # (llama-cpp notes, section 7), so the second of two equal requests drafts and accepts.
+    for _ in range(2):
+        got = httpx.post(
+            f"{served.url}/v1/completions",
+            json={"prompt": "def binary_search(items, target):", "max_tokens": 48,
+                  "temperature": 0},
+            headers={"X-Specreg-Task": "code"},
+            timeout=120,
+        )  # fmt: skip
+        assert got.status_code == 200
+    timings = got.json()["timings"]
+    assert timings["draft_n"] > 0 and timings["draft_n_accepted"] > 0
+    deadline = time.monotonic() + 30
+    while True:
+        runs = json.loads(CliRunner().invoke(cli, ["runs", "--json"]).output or "{}")
+        drafted = [r for r in runs.get("runs", []) if r["kind"] == "serve" and r["draft_n"]]
+        if drafted or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    run = drafted[0]
+    assert (run["draft_n"], run["draft_n_accepted"]) == (
+        timings["draft_n"], timings["draft_n_accepted"]
+    )  # fmt: skip
+    assert run["acceptance"] == pytest.approx(timings["draft_n_accepted"] / timings["draft_n"])
+    assert run["speculative_active"] is True
+
+
 def _chat(url: str, text: str, *, stream: bool = False, tokens: int = 24) -> str:
     body = {
         "messages": [{"role": "user", "content": text}],

@@ -225,3 +225,17 @@ def test_unknown_model_among_several_targets_is_404(service: Service) -> None:
     got = TestClient(service.app).post("/v1/completions", json={"model": "gpt-4", "prompt": "hi"})
     assert got.status_code == 404
     assert got.json()["error"]["message"] == "unknown model 'gpt-4': this server has tiny, other"
+
+
+def test_a_non_loopback_address_is_announced(
+    tmp_path: Path, specreg_home: Path, small_models: SmallModels, llama_install: LlamaInstall
+) -> None:
+    spec = write_spec(tmp_path, specreg_home / "registry.duckdb", small_models.smollm2.path)
+    args = ["serve", "--spec", str(spec), "--dry-run", "--llama-bin", str(llama_install.bin_dir)]
+    wide = CliRunner().invoke(cli, [*args, "--host", "0.0.0.0"])
+    assert wide.exit_code == 0, wide.output
+    assert wide.stderr.startswith(
+        "warning: listening on 0.0.0.0, not loopback: anyone who can reach this machine can "
+        "use these models (there is no authentication)"
+    )
+    assert CliRunner().invoke(cli, [*args, "--host", "127.0.0.1"]).stderr == ""

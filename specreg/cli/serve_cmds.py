@@ -84,20 +84,21 @@ def serve_cmd(
         resolve_db(db_path), targets, spec_path=spec_path, llama_bin=llama_bin,
         bandwidth=bandwidth, threads=threads, ctx=ctx, parallel=parallel,
     )  # fmt: skip
+    options = serving.ServeOptions(host=bind, port=port, max_body=max_body, record=not no_record)
+    if not options.loopback:
+        click.echo(
+            f"warning: listening on {bind}, not loopback: anyone who can reach this machine "
+            "can use these models (there is no authentication)",
+            err=True,
+        )
     if dry_run:
         _print_routes(prepared.table, as_json)
         return
-    options = serving.ServeOptions(host=bind, port=port, max_body=max_body, record=not no_record)
-    if not options.loopback:
-        err_console().print(
-            f"warning: listening on {bind}, not loopback: anyone who can reach this machine "
-            "can use these models (there is no authentication)"
-        )
     why = serving.serve(
         prepared.table, prepared.install, prepared.host, resolve_db(db_path), options,
         on_ready=lambda status: _print_ready(options.url, prepared.table, status),
     )  # fmt: skip
-    err_console().print(f"stopped ({why}); every backend has exited")
+    click.echo(f"stopped ({why}); every backend has exited", err=True)
 
 
 def _print_routes(table: RouteTable, as_json: bool) -> None:
