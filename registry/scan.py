@@ -350,14 +350,20 @@ def read_headers(
     )
     if progress:
         progress(0, len(to_read), "")
+    futures: list[Future[_File]] = []
     if pool is None or len(to_read) < 2:
         done: Iterable[_File] = (_read_it(f, vocabs) for f in to_read)
     else:
         futures = [pool.submit(_read_it, f, vocabs) for f in to_read]
         done = (future.result() for future in as_completed(futures))
-    for i, f in enumerate(done, start=1):
-        if progress:
-            progress(i, len(to_read), f.text)
+    try:
+        for i, f in enumerate(done, start=1):
+            if progress:
+                progress(i, len(to_read), f.text)
+    except BaseException:  # Ctrl-C or a bug: do not read the files still queued
+        for future in futures:
+            future.cancel()
+        raise
 
 
 def _read_it(f: _File, vocabs: VocabJobs) -> _File:

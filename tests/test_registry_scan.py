@@ -255,3 +255,30 @@ def test_sigkill_mid_scan_leaves_previous_state_and_next_scan_completes(
         assert con.execute("SELECT count(*) FROM scans").fetchone()[0] == 1
     result = _scan(db, models)
     assert result.ok and result.n_models == 401
+
+
+def test_an_interrupted_scan_stops_reading_and_writes_nothing(
+    tmp_path: Path, gguf_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import specreg.registry.gguf_header as header_mod
+
+    for i in range(40):
+        gguf_factory(f"m{i:02d}.gguf", tokens=[f"x{i}-{j}" for j in range(50)])
+    reads = []
+
+    def slow_read(p):
+        reads.append(p)
+        time.sleep(0.02)
+        return read_header(p)
+
+    def interrupt(done: int, total: int, path: str) -> None:
+        if done == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(header_mod, "read_header", slow_read)
+    db = tmp_path / "r.duckdb"
+    with pytest.raises(KeyboardInterrupt):
+        _scan(db, tmp_path / "models", progress=interrupt)
+    assert len(reads) < 10  # the queued files were dropped, not read
+    with opened(db) as con:
+        assert con.execute("SELECT count(*) FROM files").fetchone()[0] == 0
