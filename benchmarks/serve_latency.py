@@ -13,7 +13,7 @@ recorded there, as in production: recording is part of the cost).
 * Throughput: the same number of requests at a fixed concurrency, blocks alternating between
   serve and direct; ratio of requests per second (serve / direct).
 * Memory: Rss and Pss from /proc/PID/smaps_rollup after a few requests, first with one
-  backend (every task pinned to plain decoding), then with two (code pinned to ngram-mod).
+  backend (`--pin default=none`), then with two (`--pin code=ngram-mod:8` added).
 """
 
 from __future__ import annotations
@@ -31,27 +31,13 @@ from pathlib import Path
 
 import httpx
 
-from specreg.registry.db import opened
 from specreg.runner.llama import find_llama
-from specreg.runner.runs import model_record
 from specreg.runner.server import free_port
 from specreg.runner.small_models import ensure_test_models
 from specreg.serve.memory import resident
 
-SPEC = """\
-version: 1
-models:
-  {model_id}:
-    path: {path}
-    aliases: [smollm2]
-roles:
-  assistant:
-    target: smollm2
-    configs:
-{configs}
-"""
-ONE = "      default:\n        spec_type: none\n"
-TWO = "      code:\n        spec_type: ngram-mod\n        draft_max: 8\n" + ONE
+ONE = ("--pin", "default=none")
+TWO = ("--pin", "code=ngram-mod:8", *ONE)
 PROSE = "Write a short poem about the sea at night."
 CODE = "Write a Python function that returns the sum of a list of integers."
 
@@ -70,15 +56,11 @@ def pct(values: list[float], q: float) -> float:
 
 
 class Serve:
-    def __init__(self, home: Path, configs: str, model: Path, bin_dir: Path):
-        with opened(home / "registry.duckdb") as con:
-            rec = model_record(con, model)
-        spec = home / f"specreg-{len(configs)}.yaml"
-        spec.write_text(SPEC.format(model_id=rec.model_id, path=model, configs=configs))
+    def __init__(self, pins: tuple[str, ...], model: Path, bin_dir: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [
-            sys.executable, "-m", "specreg", "serve", "--spec", str(spec), "--port",
+            sys.executable, "-m", "specreg", "serve", str(model), *pins, "--port",
             str(self.port), "--threads", "1", "--ctx", "2048", "--llama-bin", str(bin_dir),
         ]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -179,12 +161,12 @@ def main() -> None:
         os.environ["SPECREG_HOME"] = str(home)
         print(f"SmolLM2-135M {models.smollm2.quant}, llama.cpp {install.version}, threads 1\n")
 
-        one = Serve(home, ONE, model, install.bin_dir)
+        one = Serve(ONE, model, install.bin_dir)
         try:
             n1, rss1, pss1 = memory(one)
         finally:
             one.stop()
-        two = Serve(home, TWO, model, install.bin_dir)
+        two = Serve(TWO, model, install.bin_dir)
         try:
             n2, rss2, pss2 = memory(two)
             plain = next(b for b in two.backends() if "plain" in str(b["name"]))

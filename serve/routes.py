@@ -23,7 +23,7 @@ from specreg.errors import UsageError
 from specreg.jsonout import document
 from specreg.recommender.advisor import Advisor
 from specreg.registry.queries import ModelRecord, get_model
-from specreg.runner.config import SPEC_NONE, Config, server_argv
+from specreg.runner.config import SPEC_NONE, SPEC_TYPES, Config, server_argv
 from specreg.runner.host import Host
 from specreg.runner.llama import LlamaInstall
 from specreg.runner.runs import model_record, with_expert_key
@@ -32,6 +32,8 @@ from specreg.terms import TASKS, canonical_task
 
 SOURCE_PINNED = "pinned"
 SOURCE_RECOMMENDED = "recommended"
+# specreg.yaml's and --pin's name for "every task not pinned on its own".
+DEFAULT_TASK = "default"
 # llama-server slots per backend. One, as every measurement the recommendation rests on was
 # taken with one slot; more slots batch concurrent requests but change the speed trade-offs.
 DEFAULT_PARALLEL = 1
@@ -175,7 +177,7 @@ def _pinned(role: RoleDecl | None, task: str) -> PinnedConfig | None:
     if role is None:
         return None
     by_task = {canonical_task(c.task): c for c in role.configs}
-    return by_task.get(task) or by_task.get("default")
+    return by_task.get(task) or by_task.get(DEFAULT_TASK)
 
 
 def pinned_config(
@@ -215,6 +217,141 @@ def _target(rec: ModelRecord, spec: Spec | None, taken: set[str]) -> Target:
     return Target(name=name, model_id=rec.model_id, path=rec.path, aliases=aliases)
 
 
+@dataclass(frozen=True)
+class Pin:
+    """A configuration pinned on the command line: `--pin code=ngram-mod:8`."""
+
+    task: str  # a task, or "default" for every task without a pin of its own
+    spec_type: str
+    k: int | None
+    draft: str | None  # a model path, name or id
+    text: str
+
+
+PIN_SYNTAX = re.compile(r"([a-z]+)=([a-z0-9-]+)(?::(\d+))?(?:@(.+))?")
+
+
+def parse_pin(text: str) -> Pin:
+    m = PIN_SYNTAX.fullmatch(text.strip())
+    if m is None:
+        raise UsageError(f"--pin {text!r}: write TASK=SPEC_TYPE[:K][@DRAFT], e.g. code=ngram-mod:8")
+    task = canonical_task(m[1])
+    if task not in (*TASKS, DEFAULT_TASK):
+        raise UsageError(f"--pin {text!r}: the task is one of {', '.join(TASKS)} or default")
+    if m[2] not in SPEC_TYPES:
+        raise UsageError(f"--pin {text!r}: the speculative type is one of {', '.join(SPEC_TYPES)}")
+    return Pin(task, m[2], int(m[3]) if m[3] else None, m[4], text.strip())
+
+
+def _model(con: duckdb.DuckDBPyConnection, ref: str) -> ModelRecord:
+    """A model by path (scanned when new), name or id."""
+    if Path(ref).is_file():
+        return model_record(con, Path(ref))
+    from specreg.registry.queries import resolve_model
+
+    return resolve_model(con, ref)
+
+
+def _records(
+    con: duckdb.DuckDBPyConnection, refs: Sequence[str], spec: Spec | None
+) -> list[ModelRecord]:
+    records: list[ModelRecord] = []
+    for ref in refs:
+        decl = spec.model(ref) if spec is not None else None
+        if decl is not None:
+            rec = get_model(con, decl.id)
+            if rec is None:
+                raise UsageError(f"{ref} is declared in {spec.path if spec else ''} but not in "
+                                 "the registry: run `specreg plan` or `specreg scan`")  # fmt: skip
+        else:
+            rec = _model(con, ref)
+        if rec.model_id not in {r.model_id for r in records}:
+            records.append(rec)
+    return records
+
+
+@dataclass(frozen=True)
+class _Choice:
+    config: Config
+    draft: ModelRecord | None
+    source: str
+    reason: str
+
+
+def _choose(
+    con: duckdb.DuckDBPyConnection,
+    advisor: Advisor,
+    spec: Spec | None,
+    pins: Sequence[Pin],
+    rec: ModelRecord,
+    task: str,
+) -> _Choice:
+    """--pin, then specreg.yaml, then the recommender."""
+    by_task = {p.task: p for p in pins}
+    pin = by_task.get(task) or by_task.get(DEFAULT_TASK)
+    if pin is not None:
+        draft = _model(con, pin.draft) if pin.draft else None
+        config = Config(spec_type=pin.spec_type, k=pin.k)
+        if config.needs_draft and draft is None:
+            raise UsageError(f"--pin {pin.text!r}: {pin.spec_type} needs @DRAFT (a draft model)")
+        return _Choice(config, draft, SOURCE_PINNED, f"pinned by --pin {pin.text}")
+    role = _role_for(spec, rec)
+    cfg = _pinned(role, task)
+    if cfg is not None and role is not None and spec is not None:
+        config, draft = pinned_config(con, spec, cfg, rec)
+        return _Choice(config, draft, SOURCE_PINNED, f"pinned in {cfg.where} (role {role.name})")
+    best = advisor.recommend(con, rec.model_id, task=task).best
+    reason = f"recommend: {best.label} predicted {best.tps:.1f} t/s ({best.speedup_str} vs plain)"
+    if best.n_measured:
+        reason += f", {best.n_measured} run(s) measured here"
+    return _Choice(
+        option_config(best).with_(temperature=0.0),
+        get_model(con, best.draft_id) if best.draft_id else None,
+        SOURCE_RECOMMENDED,
+        reason,
+    )
+
+
+def _backend(
+    backends: dict[tuple[str, ...], BackendSpec],
+    install: LlamaInstall,
+    host: Host,
+    target: Target,
+    config: Config,
+    draft: ModelRecord | None,
+    parallel: int,
+) -> BackendSpec:
+    """The backend running `config` for `target`: the existing one with the same flags."""
+    draft_path = Path(draft.path) if draft is not None else None
+    flags = (
+        "-np",
+        str(parallel),
+        "--metrics",
+        "--alias",
+        target.name,
+        *server_argv(config, Path(target.path), draft_path, install.dialect, host),
+    )
+    key = (str(install.server), *flags)
+    if key not in backends:
+        label = config.label.replace(" ", "-").replace("=", "")
+        if draft_path is not None:
+            label += f"-{draft_path.stem}"
+        name = safe_name(f"{target.name}~{label}")
+        if name in {b.name for b in backends.values()}:
+            name = f"{name}-{len(backends) + 1}"
+        backends[key] = BackendSpec(
+            name=name,
+            target=target,
+            config=config,
+            draft_id=draft.model_id if draft is not None else None,
+            draft_path=str(draft_path) if draft_path is not None else None,
+            prefix=tuple(host.launch_prefix()),
+            binary=str(install.server),
+            flags=flags,
+        )
+    return backends[key]
+
+
 def plan_routes(
     con: duckdb.DuckDBPyConnection,
     install: LlamaInstall,
@@ -223,6 +360,7 @@ def plan_routes(
     targets: Sequence[str],
     *,
     spec: Spec | None = None,
+    pins: Sequence[Pin] = (),
     threads: int | None = None,
     ctx: int | None = None,
     parallel: int = DEFAULT_PARALLEL,
@@ -236,23 +374,7 @@ def plan_routes(
             "nothing to serve: give a TARGET (model path, name or id), or a specreg.yaml "
             "with roles (--spec)"
         )
-    records: list[ModelRecord] = []
-    for ref in refs:
-        decl = spec.model(ref) if spec is not None else None
-        if decl is not None:
-            rec = get_model(con, decl.id)
-            if rec is None:
-                raise UsageError(f"{ref} is declared in {spec.path if spec else ''} but not in "
-                                 "the registry: run `specreg plan` or `specreg scan`")  # fmt: skip
-        elif Path(ref).is_file():
-            rec = model_record(con, Path(ref))
-        else:
-            from specreg.registry.queries import resolve_model
-
-            rec = resolve_model(con, ref)
-        if rec.model_id not in {r.model_id for r in records}:
-            records.append(rec)
-
+    records = _records(con, refs, spec)
     taken: set[str] = set()
     out_targets: list[Target] = []
     routes: list[Route] = []
@@ -266,53 +388,11 @@ def plan_routes(
     for rec in records:
         target = _target(rec, spec, taken)
         out_targets.append(target)
-        role = _role_for(spec, rec)
         for task in TASKS:
-            cfg = _pinned(role, task)
-            draft: ModelRecord | None = None
-            if cfg is not None and role is not None and spec is not None:
-                config, draft = pinned_config(con, spec, cfg, rec)
-                source = SOURCE_PINNED
-                reason = f"pinned in {cfg.where} (role {role.name})"
-            else:
-                rank = advisor.recommend(con, rec.model_id, task=task)
-                best = rank.best
-                config = option_config(best).with_(temperature=0.0)
-                draft = get_model(con, best.draft_id) if best.draft_id else None
-                source = SOURCE_RECOMMENDED
-                reason = (
-                    f"recommend: {best.label} predicted {best.tps:.1f} t/s "
-                    f"({best.speedup_str} vs plain)"
-                    + (f", {best.n_measured} run(s) measured here" if best.n_measured else "")
-                )
-            config = config.with_(threads=threads, **({"ctx": ctx} if ctx is not None else {}))
-            draft_path = Path(draft.path) if draft is not None else None
-            flags = (
-                "-np",
-                str(parallel),
-                "--metrics",
-                "--alias",
-                target.name,
-                *server_argv(config, Path(rec.path), draft_path, install.dialect, host),
+            choice = _choose(con, advisor, spec, pins, rec, task)
+            config = choice.config.with_(threads=threads, **({"ctx": ctx} if ctx else {}))
+            b = _backend(backends, install, host, target, config, choice.draft, parallel)
+            routes.append(
+                Route(target.name, task, b.name, config.label, choice.source, choice.reason)
             )
-            key = (str(install.server), *flags)
-            if key not in backends:
-                label = config.label.replace(" ", "-").replace("=", "")
-                if draft_path is not None:
-                    label += f"-{draft_path.stem}"
-                name = safe_name(f"{target.name}~{label}")
-                if name in {b.name for b in backends.values()}:
-                    name = f"{name}-{len(backends) + 1}"
-                backends[key] = BackendSpec(
-                    name=name,
-                    target=target,
-                    config=config,
-                    draft_id=draft.model_id if draft is not None else None,
-                    draft_path=str(draft_path) if draft_path is not None else None,
-                    prefix=tuple(host.launch_prefix()),
-                    binary=str(install.server),
-                    flags=flags,
-                )
-            b = backends[key]
-            routes.append(Route(target.name, task, b.name, config.label, source, reason))
     return RouteTable(tuple(out_targets), tuple(routes), tuple(backends.values()), tuple(notes))

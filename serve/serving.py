@@ -35,7 +35,13 @@ from specreg.serve.app import (
 from specreg.serve.backends import BackendPool, BackendStatus
 from specreg.serve.classify import fitted_classifier
 from specreg.serve.recorder import RunRecorder
-from specreg.serve.routes import DEFAULT_PARALLEL, BackendSpec, RouteTable, plan_routes
+from specreg.serve.routes import (
+    DEFAULT_PARALLEL,
+    BackendSpec,
+    RouteTable,
+    parse_pin,
+    plan_routes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +105,7 @@ def prepare(
     targets: Sequence[str],
     *,
     spec_path: Path | None = None,
+    pins: Sequence[str] = (),
     llama_bin: Path | None = None,
     bandwidth: float | None = None,
     threads: int | None = None,
@@ -117,6 +124,7 @@ def prepare(
         raise UsageError(f"--threads must be at least 1, got {threads}")
     if parallel < 1:
         raise UsageError(f"--parallel must be at least 1, got {parallel}")
+    parsed = [parse_pin(p) for p in pins]
     install = find_llama(llama_bin)
     host = detect_host()
     spec = load_spec(spec_path)[0] if spec_path is not None and spec_path.exists() else None
@@ -124,7 +132,7 @@ def prepare(
         advisor = open_advisor(con, detect_host_facts(bandwidth, fingerprint=host.fingerprint))
         table = plan_routes(
             con, install, host, advisor, targets,
-            spec=spec, threads=threads, ctx=ctx, parallel=parallel,
+            spec=spec, pins=parsed, threads=threads, ctx=ctx, parallel=parallel,
         )  # fmt: skip
     return Prepared(table, install, host)
 

@@ -1,8 +1,7 @@
 # ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """`specreg serve` for real: SmolLM2 behind supervised llama-servers, one thread, few tokens.
 
-specreg.yaml pins code to ngram-mod and every other task to plain decoding, so the routes are
-known whatever the recommender predicts on this host. Clients are the `openai` package and
+Clients are the `openai` package and
 httpx, as a user's would be.
 """
 
@@ -25,30 +24,15 @@ from click.testing import CliRunner
 from llama_fixtures import llama_install, small_models  # noqa: F401
 
 from specreg.cli.main import cli
-from specreg.registry.db import opened
 from specreg.runner.llama import LlamaInstall
-from specreg.runner.runs import model_record
 from specreg.runner.server import LlamaServer, free_port
 from specreg.runner.small_models import SmallModels
 
 pytestmark = pytest.mark.llama
 
-SPEC = """\
-version: 1
-models:
-  {model_id}:
-    path: {path}
-    aliases: [smollm2]
-roles:
-  assistant:
-    target: smollm2
-    configs:
-      code:
-        spec_type: ngram-mod
-        draft_max: 8
-      default:
-        spec_type: none
-"""
+# Code to ngram-mod, every other task to plain decoding: the routes are known whatever the
+# recommender predicts on this host.
+PINS = ("--pin", "code=ngram-mod:8", "--pin", "default=none")
 CODE = "Write a Python function that returns the sum of a list of integers."
 PROSE = "Write a short poem about the sea at night."
 STARTUP_S = 180.0
@@ -84,15 +68,10 @@ def wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
 
 
 def start_serve(tmp_path: Path, llama: LlamaInstall, model: Path, *extra: str) -> Served:
-    home = Path(os.environ["SPECREG_HOME"])
-    with opened(home / "registry.duckdb") as con:
-        rec = model_record(con, model)
-    spec = tmp_path / "specreg.yaml"
-    spec.write_text(SPEC.format(model_id=rec.model_id, path=model))
     port = free_port()
     log = tmp_path / f"serve-{port}.log"
     argv = [
-        sys.executable, "-m", "specreg", "serve", "--spec", str(spec), "--port", str(port),
+        sys.executable, "-m", "specreg", "serve", str(model), *PINS, "--port", str(port),
         "--threads", "1", "--ctx", "2048", "--llama-bin", str(llama.bin_dir), *extra,
     ]  # fmt: skip
     with log.open("wb") as out:
@@ -150,11 +129,11 @@ def test_routes_show_in_headers_and_in_runs(served: Served, module_home: Path) -
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
-    assert [m.id for m in client.models.list().data] == ["smollm2"]
+    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct.Q4_1"]
     seen = {}
     for text in (CODE, PROSE):
         raw = client.chat.completions.with_raw_response.create(
-            model="smollm2",
+            model="SmolLM2-135M-Instruct.Q4_1",
             messages=[{"role": "user", "content": text}],
             max_tokens=8,
             temperature=0,

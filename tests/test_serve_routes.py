@@ -239,3 +239,34 @@ def test_a_non_loopback_address_is_announced(
         "use these models (there is no authentication)"
     )
     assert CliRunner().invoke(cli, [*args, "--host", "127.0.0.1"]).stderr == ""
+
+
+def test_pins_on_the_command_line() -> None:
+    from specreg.serve.routes import Pin, parse_pin
+
+    assert parse_pin("code=ngram-mod:8") == Pin("code", "ngram-mod", 8, None, "code=ngram-mod:8")
+    assert parse_pin("summary=draft-simple:4@small.gguf").draft == "small.gguf"
+    assert parse_pin("default=none").task == "default"
+    with pytest.raises(UsageError) as err:
+        parse_pin("code:ngram-mod")
+    assert str(err.value) == (
+        "--pin 'code:ngram-mod': write TASK=SPEC_TYPE[:K][@DRAFT], e.g. code=ngram-mod:8"
+    )
+    with pytest.raises(UsageError, match="the task is one of code, prose"):
+        parse_pin("poetry=none")
+
+
+def test_a_pin_wins_over_specreg_yaml(
+    tmp_path: Path, specreg_home: Path, small_models: SmallModels, llama_install: LlamaInstall
+) -> None:
+    spec = write_spec(tmp_path, specreg_home / "registry.duckdb", small_models.smollm2.path)
+    result = CliRunner().invoke(
+        cli,
+        ["serve", "--spec", str(spec), "--pin", "code=ngram-simple", "--dry-run", "--json",
+         "--llama-bin", str(llama_install.bin_dir)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    routes = {r["task"]: r for r in json.loads(result.output)["routes"]}
+    assert routes["code"]["config_label"] == "ngram-simple"
+    assert routes["code"]["reason"] == "pinned by --pin code=ngram-simple"
+    assert routes["prose"]["reason"].startswith("pinned in roles.assistant.configs.default")

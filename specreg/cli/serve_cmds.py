@@ -36,6 +36,14 @@ SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'spe
     show_default=True,
     help="specreg.yaml whose roles pin configurations per task (used when it exists).",
 )
+@click.option(
+    "--pin",
+    "pins",
+    multiple=True,
+    metavar="TASK=TYPE[:K][@DRAFT]",
+    help="Serve TASK (or default: every other task) with this configuration, e.g. "
+    "code=ngram-mod:8; wins over specreg.yaml and the recommender.",
+)
 @click.option("--threads", type=int, default=None, help="Threads per backend (default: cores).")
 @click.option("--ctx", type=int, default=None, help="Context size per backend.")
 @click.option("--parallel", type=int, default=1, show_default=True, help="Slots per backend.")
@@ -55,6 +63,7 @@ def serve_cmd(
     port: int,
     bind: str,
     spec_path: Path,
+    pins: tuple[str, ...],
     threads: int | None,
     ctx: int | None,
     parallel: int,
@@ -81,7 +90,7 @@ def serve_cmd(
 
         raise UsageError(SERVE_EXTRA_HINT) from err
     prepared = serving.prepare(
-        resolve_db(db_path), targets, spec_path=spec_path, llama_bin=llama_bin,
+        resolve_db(db_path), targets, spec_path=spec_path, pins=pins, llama_bin=llama_bin,
         bandwidth=bandwidth, threads=threads, ctx=ctx, parallel=parallel,
     )  # fmt: skip
     options = serving.ServeOptions(host=bind, port=port, max_body=max_body, record=not no_record)
