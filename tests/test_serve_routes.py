@@ -54,6 +54,20 @@ def write_spec(tmp_path: Path, db: Path, model: Path) -> Path:
     return spec
 
 
+def dry_run(
+    tmp_path: Path, home: Path, models: SmallModels, llama: LlamaInstall, *extra: str
+) -> dict:  # type: ignore[type-arg]
+    """`specreg serve --spec SPEC --dry-run --json` with SmolLM2 pinned as in SPEC."""
+    spec = write_spec(tmp_path, home / "registry.duckdb", models.smollm2.path)
+    result = CliRunner().invoke(
+        cli,
+        ["serve", "--spec", str(spec), "--dry-run", "--json", "--llama-bin",
+         str(llama.bin_dir), *extra],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.output))
+
+
 def test_pinned_configs_route_code_to_ngram_and_share_the_plain_backend(
     tmp_path: Path, specreg_home: Path, llama_install: LlamaInstall, small_models: SmallModels
 ) -> None:
@@ -104,14 +118,7 @@ def test_without_a_pin_every_task_gets_the_top_recommendation(
 def test_dry_run_json_lists_routes_and_commands(
     tmp_path: Path, specreg_home: Path, small_models: SmallModels, llama_install: LlamaInstall
 ) -> None:
-    spec = write_spec(tmp_path, specreg_home / "registry.duckdb", small_models.smollm2.path)
-    result = CliRunner().invoke(
-        cli,
-        ["serve", "--spec", str(spec), "--dry-run", "--json", "--threads", "1",
-         "--llama-bin", str(llama_install.bin_dir)],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = dry_run(tmp_path, specreg_home, small_models, llama_install, "--threads", "1")
     assert (doc["version"], doc["kind"]) == ("1", "serve-routes")
     assert set(doc) == {"version", "kind", "targets", "routes", "backends", "notes"}
     assert set(doc["routes"][0]) == {
@@ -259,14 +266,8 @@ def test_pins_on_the_command_line() -> None:
 def test_a_pin_wins_over_specreg_yaml(
     tmp_path: Path, specreg_home: Path, small_models: SmallModels, llama_install: LlamaInstall
 ) -> None:
-    spec = write_spec(tmp_path, specreg_home / "registry.duckdb", small_models.smollm2.path)
-    result = CliRunner().invoke(
-        cli,
-        ["serve", "--spec", str(spec), "--pin", "code=ngram-simple", "--dry-run", "--json",
-         "--llama-bin", str(llama_install.bin_dir)],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    routes = {r["task"]: r for r in json.loads(result.output)["routes"]}
+    doc = dry_run(tmp_path, specreg_home, small_models, llama_install, "--pin", "code=ngram-simple")
+    routes = {r["task"]: r for r in doc["routes"]}
     assert routes["code"]["config_label"] == "ngram-simple"
     assert routes["code"]["reason"] == "pinned by --pin code=ngram-simple"
     assert routes["prose"]["reason"].startswith("pinned in roles.assistant.configs.default")
