@@ -216,26 +216,23 @@ class VocabJobs:
         """Compress on this thread (a worker that just read the file)."""
         job = self._claim(blob)
         if job is not None:
-            job.set_result(store.pack_vocab(blob))
+            _fill(job, blob)
 
     def pack_later(self, blob: P.VocabBlob) -> None:
         """Compress on the pool while the caller goes on."""
         job = self._claim(blob)
-        if job is None:
-            return
-        if self.pool is None:
-            job.set_result(store.pack_vocab(blob))
-            return
-        done = self.pool.submit(store.pack_vocab, blob)
-        done.add_done_callback(lambda d: _copy_outcome(d, job))
+        if job is not None and self.pool is not None:
+            self.pool.submit(_fill, job, blob)
+        elif job is not None:
+            _fill(job, blob)
 
 
-def _copy_outcome(src: Future[store.PackedVocab], dest: Future[store.PackedVocab]) -> None:
-    err = src.exception()
-    if err is not None:
-        dest.set_exception(err)
-    else:
-        dest.set_result(src.result())
+def _fill(job: Future[store.PackedVocab], blob: P.VocabBlob) -> None:
+    try:
+        job.set_result(store.pack_vocab(blob))
+    except BaseException as err:  # the writer waiting on `job` sees it instead of hanging
+        job.set_exception(err)
+        raise
 
 
 # --- classify and read ----------------------------------------------------------------------------
