@@ -16,6 +16,14 @@ import duckdb
 import numpy as np
 
 from specreg.errors import UsageError
+from specreg.recommender.agreement import (
+    ACC_AGREEMENT,
+    ACC_PREDICTED,
+    MeasuredAgreement,
+    agreement_why,
+    apply_agreement,
+    load_agreement,
+)
 from specreg.recommender.costmodel import (
     CostParams,
     drafted_acceptance,
@@ -30,6 +38,7 @@ from specreg.recommender.host import HostFacts
 from specreg.recommender.local import NGRAM_MATCH_DEFAULT, draft_fields, target_fields
 from specreg.recommender.predictor import SpeedPredictor
 from specreg.recommender.prior import Observation
+from specreg.recommender.quality import QualityCost, expert_cost, load_quality
 from specreg.registry.queries import ModelRecord, get_model, resolve_model
 from specreg.terms import (
     DEFAULT_TYPE_OF,
@@ -55,6 +64,8 @@ MIN_GAIN = 1.05
 # Scatter of one recorded local run (log tokens/s), for weighing it against the prediction.
 LOCAL_RUN_SIGMA = 0.08
 N_EVIDENCE = 3
+# Below this measured per-token agreement a draft cannot pay for itself at any K or cost.
+RULED_OUT_AGREEMENT = 0.1
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,9 @@ class Option:
     evidence: tuple[Evidence, ...] = ()
     measured_tps: float | None = None  # this host's runs of exactly this configuration
     n_measured: int = 0
+    acceptance_source: str = ACC_PREDICTED  # run measured | agreement measured | predicted
+    agreement: MeasuredAgreement | None = None  # `specreg agree`, when it set the acceptance
+    quality: QualityCost | None = None  # what a behaviour-changing option costs in output
 
     @property
     def spec_type(self) -> str:
@@ -407,11 +421,15 @@ def recommend(
     policy: str = POLICY_QUALITY,
     temperature: float = 0.0,
     observations: Sequence[Observation] = (),
+    max_kld: float | None = None,
 ) -> Recommendation:
     """Rank configurations for `target_ref` on `host` for `task` under `policy`.
 
     observations: the runs the model was trained on (prior + local), used as evidence and, for
     this host's runs of a candidate, to pull its prediction towards what was measured.
+    Measured draft agreement (`specreg agree`) replaces the predicted acceptance of pairs
+    without runs. max_kld: leave out behaviour-changing options whose quality cost (measured,
+    else predicted) is above this mean KL divergence.
     """
     if policy not in POLICIES:
         raise UsageError(f"unknown policy {policy!r}: use {' or '.join(POLICIES)}")
@@ -483,7 +501,19 @@ def recommend(
     measured_plain = by_key.get(_config_key(base), [])
     if measured_plain:
         plain_tps = _posterior(plain_tps, float(sigma[0]), measured_plain)[0]
+    run_curves = {_k_curve(o.config) for o in local if o.acceptance is not None}
+    adjusted = apply_agreement(
+        [
+            (d.model_id if d is not None and c.method is Method.DRAFT else None, c.k,
+             _k_curve(c) in run_curves)
+            for c, d in cands
+        ],
+        X, model.params, mid, acc, load_agreement(con, target.model_id, task, temperature),
+    )  # fmt: skip
+    mid, acc = adjusted.mid, adjusted.acceptance
     mid, sigma = _local_correction(cands, local, X, model, mid, sigma)
+    quality_rows = load_quality(con, target.model_id) if policy == POLICY_SPEED else []
+    over_budget = 0
     pool = [*observations]
     z = math.log(hi[0] / mid[0]) / sigma[0] if sigma[0] > 0 else 1.2816
 
@@ -493,10 +523,19 @@ def recommend(
         allowed = policy == POLICY_SPEED or not changes_output
         if not allowed:
             continue
+        cost = None
+        if c.experts_ratio < 1:
+            cost = expert_cost(c.experts, c.default_experts, task, quality_rows)
+            if max_kld is not None and cost.mean_kld > max_kld:
+                over_budget += 1
+                continue
         meas = by_key.get(_config_key(c), [])
         m, s = _posterior(float(mid[i]), float(sigma[i]), meas)
         tps, tlo, thi = m, m * math.exp(-z * s), m * math.exp(z * s)
         a = float(acc[i]) if c.method is not Method.NONE else None
+        why = _why(c, model, a or 0.0, plain_tps)
+        if (used := adjusted.used[i]) is not None:
+            why = agreement_why(why, used, c.k)
         options.append(
             Option(
                 method=c.method,
@@ -516,10 +555,13 @@ def recommend(
                 acceptance=a,
                 tokens_per_step=float(expected_tokens_per_step(a, c.k)) if a is not None else None,
                 knobs=_knobs(c, d.display_name if d else None, temperature),
-                why=_why(c, model, a or 0.0, plain_tps),
+                why=why,
                 evidence=_evidence(c, pool),
                 measured_tps=float(np.median(meas)) if meas else None,
                 n_measured=len(meas),
+                acceptance_source=adjusted.sources[i],
+                agreement=adjusted.used[i],
+                quality=cost,
             )
         )
     options.sort(key=lambda o: -o.tps)
@@ -536,6 +578,12 @@ def recommend(
         options.sort(key=lambda o: (o.method is not Method.NONE or o.experts is not None, -o.tps))
     if not drafts:
         advice.append(_no_draft_advice(target, base, model, task))
+    advice.extend(_agreement_advice(options))
+    if over_budget:
+        advice.append(
+            f"{over_budget} behaviour-changing options cost more than the KLD budget "
+            f"{max_kld:g} and are not shown"
+        )
     if target.is_hybrid or target.is_recurrent:
         advice.append(
             "hybrid/recurrent target: llama-server speculates on it with context checkpoints "
@@ -570,6 +618,30 @@ def recommend(
         n_considered=len(cands),
         considered_experts=tuple(reduced),
     )
+
+
+def _agreement_advice(options: Sequence[Option]) -> list[str]:
+    """Drafts that measured agreement rules out: no K of theirs beats plain decoding."""
+    best: dict[str, Option] = {}
+    for o in options:
+        mine = o.acceptance_source == ACC_AGREEMENT and o.draft_id and o.experts is None
+        if mine and (o.draft_id not in best or o.speedup > best[o.draft_id].speedup):
+            best[o.draft_id] = o  # type: ignore[index]
+    out = []
+    for o in best.values():
+        if o.agreement is None or o.speedup >= 1.0:
+            continue
+        if o.agreement.acceptance < RULED_OUT_AGREEMENT:
+            out.append(
+                f"measured agreement rules out {o.draft_name}: {o.agreement.summary}; it "
+                f"almost never drafts the target's token (best K={o.k}: {o.speedup:.2f}x)"
+            )
+        else:
+            out.append(
+                f"with its measured agreement {o.draft_name} does not beat plain decoding on "
+                f"this host: {o.agreement.summary}; best K={o.k}: {o.speedup:.2f}x"
+            )
+    return out
 
 
 def _no_draft_advice(

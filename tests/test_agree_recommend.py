@@ -1,0 +1,198 @@
+"""The recommender with measured agreement and measured quality cost, on the demo registry
+(no llama.cpp needed: the measurements are recorded as `specreg agree` / `quality` would).
+
+Qwen2.5-Coder-32B with its 0.5B draft (152,064 against 151,936 ids) and Qwen3-Coder-30B-A3B
+(8 experts used of 128) are the demo's headline pair and MoE."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from datetime import datetime, timezone
+
+import pytest
+from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
+
+from specreg.recommender.agreement import (
+    ACC_AGREEMENT,
+    ACC_PREDICTED,
+    ACC_RUN,
+    accepted_per_step,
+    drafted_acceptance_at,
+    effective_acceptance,
+)
+from specreg.recommender.host import REFERENCE_HOST
+from specreg.recommender.local import local_observations
+from specreg.recommender.prior import load_prior
+from specreg.recommender.quality import COST_MEASURED, COST_PREDICTED
+from specreg.recommender.recommend import Recommendation, recommend
+from specreg.registry.quality import (
+    PURPOSE_AGREEMENT,
+    PURPOSE_QUALITY,
+    QualityRecord,
+    record_quality,
+)
+from specreg.registry.runs import RunRecord, record_run
+from specreg.terms import Method
+
+# ruff: noqa: F811  (pytest fixtures imported from recommender_fixtures are used as arguments)
+
+MY_HOST = dataclasses.replace(REFERENCE_HOST, fingerprint="this-host")
+DRAFT_05B = "Qwen2.5 Coder 0.5B Instruct"
+
+
+def agreement(con, target, draft, task, same_top, *, temperature=0.0, accept=None):  # type: ignore[no-untyped-def]
+    return record_quality(
+        con,
+        QualityRecord(
+            purpose=PURPOSE_AGREEMENT, status="ok", started_at=datetime.now(timezone.utc),
+            config={}, base_model_id=target.model_id, model_id=draft.model_id, task=task,
+            n_tokens=252, same_top=same_top, temperature=temperature,
+            accept=same_top if accept is None else accept,
+        ),
+    )  # fmt: skip
+
+
+def rec(con, model, target, task="code", **kw) -> Recommendation:  # type: ignore[no-untyped-def]
+    host = kw.pop("host", REFERENCE_HOST)
+    local = local_observations(con, host)
+    return recommend(
+        con, target.model_id, model=model, host=host, task=task,
+        observations=[*load_prior().observations, *local], **kw,
+    )  # fmt: skip
+
+
+def drafts_of(r: Recommendation) -> list:  # type: ignore[type-arg]
+    return [o for o in r.options if o.method is Method.DRAFT and o.draft_name == DRAFT_05B]
+
+
+@pytest.fixture
+def pair(demo_con):  # type: ignore[no-untyped-def]
+    target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
+    draft = demo_model(demo_con, "Qwen2.5-Coder", "0.5B")
+    return target, draft
+
+
+def test_measured_agreement_replaces_the_prior_guess(demo_con, prior_model, pair) -> None:  # type: ignore[no-untyped-def]
+    target, draft = pair
+    before = rec(demo_con, prior_model, target)
+    assert before.best.method is Method.DRAFT and before.best.draft_name == DRAFT_05B
+    assert {o.acceptance_source for o in drafts_of(before)} == {ACC_PREDICTED}
+
+    agreement(demo_con, target, draft, "code", 0.02)
+    after = rec(demo_con, prior_model, target)
+    ds = drafts_of(after)
+    assert ds and all(o.acceptance_source == ACC_AGREEMENT for o in ds)
+    assert all(o.acceptance == pytest.approx(0.02) and o.speedup < 1 for o in ds)
+    assert after.best.draft_name != DRAFT_05B
+    assert any(
+        a.startswith("measured agreement rules out Qwen2.5 Coder 0.5B") for a in after.advice
+    )
+    why = " ".join(ds[0].why)
+    assert "2% per token measured by `specreg agree` (same top token, on the target's own" in why
+
+    agreement(demo_con, target, draft, "code", 0.97)
+    high = {o.k: o for o in drafts_of(rec(demo_con, prior_model, target))}
+    low = {o.k: o for o in drafts_of(before)}
+    assert all(high[k].tps > low[k].tps for k in high)  # the prior guessed lower than 97%
+    best = max(high.values(), key=lambda o: o.tps)
+    assert best.k is not None and best.k >= max(low.values(), key=lambda o: o.tps).k  # type: ignore[operator]
+
+
+def test_another_tasks_agreement_is_used_and_said(demo_con, prior_model, pair) -> None:  # type: ignore[no-untyped-def]
+    target, draft = pair
+    agreement(demo_con, target, draft, "prose", 0.5)
+    agreement(demo_con, target, draft, "math", 0.7)
+    o = drafts_of(rec(demo_con, prior_model, target, task="code"))[0]
+    assert o.acceptance == pytest.approx(0.6) and o.agreement is not None
+    assert o.agreement.tasks == ("math", "prose")
+    assert "math/prose (no code measurement)" in o.agreement.summary
+
+
+def test_temperature_uses_its_own_acceptance_or_says_greedy(demo_con, prior_model, pair) -> None:  # type: ignore[no-untyped-def]
+    target, draft = pair
+    agreement(demo_con, target, draft, "code", 0.9)
+    agreement(demo_con, target, draft, "code", 0.9, temperature=0.7, accept=0.55)
+    warm = drafts_of(rec(demo_con, prior_model, target, temperature=0.7))[0]
+    assert warm.acceptance == pytest.approx(0.55)
+    assert "probability of the draft's top token at temperature 0.7" in warm.agreement.summary  # type: ignore[union-attr]
+    other = drafts_of(rec(demo_con, prior_model, target, temperature=0.3))[0]
+    assert other.acceptance == pytest.approx(0.9)
+    assert other.agreement is not None and other.agreement.greedy_only
+    assert "greedy: no agreement at this temperature" in other.agreement.summary
+
+
+def test_runs_of_the_pair_outrank_agreement(demo_con, prior_model, pair) -> None:  # type: ignore[no-untyped-def]
+    target, draft = pair
+    agreement(demo_con, target, draft, "code", 0.1)
+    record_run(
+        demo_con,
+        RunRecord(
+            kind="run", status="ok", started_at=datetime.now(timezone.utc), config={},
+            config_label="draft-simple k=8", spec_type="draft-simple",
+            target_model_id=target.model_id, draft_model_id=draft.model_id, k=8,
+            temperature=0.0, task="code", tokens_per_s=30.0, draft_n=400,
+            draft_n_accepted=300, acceptance=0.75, host_fingerprint=MY_HOST.fingerprint,
+        ),
+    )  # fmt: skip
+    ds = drafts_of(rec(demo_con, prior_model, target, host=MY_HOST))
+    assert ds and {o.acceptance_source for o in ds} == {ACC_RUN}
+    assert all(o.agreement is None for o in ds)
+
+
+def test_quality_cost_measured_predicted_and_the_budget(demo_con, prior_model) -> None:  # type: ignore[no-untyped-def]
+    moe = demo_model(demo_con, "Qwen3-Coder", "30B-A3B")
+    speed = rec(demo_con, prior_model, moe, policy="speed")
+    fewer = sorted({o.experts for o in speed.options if o.experts is not None})
+    assert fewer == [4, 6]
+    assert all(o.quality is not None and o.quality.source == COST_PREDICTED
+               for o in speed.options if o.experts)  # fmt: skip
+    for kld in (0.06, 0.04):  # two texts at 4 of 8 experts
+        record_quality(
+            demo_con,
+            QualityRecord(
+                purpose=PURPOSE_QUALITY, status="ok", started_at=datetime.now(timezone.utc),
+                config={}, base_model_id=moe.model_id, model_id=moe.model_id, experts=4,
+                task="code" if kld > 0.05 else "prose", n_tokens=252, mean_kld=kld,
+                same_top=0.8,
+            ),
+        )  # fmt: skip
+    speed = rec(demo_con, prior_model, moe, policy="speed")
+    at4 = next(o for o in speed.options if o.experts == 4)
+    at6 = next(o for o in speed.options if o.experts == 6)
+    assert at4.quality is not None and at4.quality.source == COST_MEASURED
+    assert at4.quality.mean_kld == pytest.approx(0.06) and at4.quality.tasks == ("code",)
+    assert at4.quality.label == "KLD 0.060 measured (code, same top 80%)"
+    # 6 of 8: predicted from this model's own measurements, c = median(0.06, 0.04) / 0.5^2
+    assert at6.quality is not None and at6.quality.source == COST_PREDICTED
+    assert at6.quality.mean_kld == pytest.approx(0.2 * 0.25**2)
+    assert "from this model's measurements" in at6.quality.label
+    assert all(o.quality is None for o in speed.options if o.experts is None)
+
+    budget = rec(demo_con, prior_model, moe, policy="speed", max_kld=0.03)
+    assert {o.experts for o in budget.options} == {None, 6}
+    assert any("cost more than the KLD budget 0.03" in a for a in budget.advice)
+    quality = rec(demo_con, prior_model, moe, policy="quality", max_kld=0.03)
+    assert all(o.lossless and o.quality is None for o in quality.options)
+
+
+def test_drafting_rules_turn_agreement_into_accepted_tokens() -> None:
+    # p_min 0, n_min 0 (the build's defaults): the geometric prefix, K drafted every time.
+    acc, drafted = accepted_per_step(0.8, 4)
+    assert acc == pytest.approx(0.8 + 0.64 + 0.512 + 0.4096) and drafted == 4
+    assert drafted_acceptance_at(0.8, 4) == pytest.approx(acc / 4)
+    assert effective_acceptance(0.8, 4) == 0.8
+    # p_min: the draft stops at a token it is unsure of (half the positions here), and is
+    # right 90 % of the time where it is sure.
+    conf = {0.0: (1.0, 0.8), 0.75: (0.5, 0.9)}
+    acc, drafted = accepted_per_step(0.8, 3, p_min=0.75, confidence=conf)
+    assert drafted == pytest.approx(0.5 + 0.25 + 0.125)
+    assert acc == pytest.approx(0.45 + 0.45**2 + 0.45**3)
+    a_eff = effective_acceptance(0.8, 3, p_min=0.75, confidence=conf)
+    assert sum(a_eff**i for i in (1, 2, 3)) == pytest.approx(acc, rel=1e-6)
+    # n_min: drafts shorter than n_min are dropped; n_min > K drafts nothing at all.
+    acc, drafted = accepted_per_step(0.8, 3, p_min=0.75, n_min=2, confidence=conf)
+    assert drafted == pytest.approx(0.25 + 0.25 + 0.125)
+    assert acc == pytest.approx(0.45 * 0.5 + 0.45**2 + 0.45**3)
+    assert accepted_per_step(0.8, 3, n_min=4) == (0.0, 0.0)
+    assert math.isnan(drafted_acceptance_at(0.8, 3, n_min=4))
