@@ -135,6 +135,7 @@ class RoleDecl:
     configs: tuple[PinnedConfig, ...]
     where: Where
     target_where: Where
+    max_kld: float | None = None  # quality budget of lossy knobs (mean KL divergence)
 
 
 @dataclass(frozen=True)
@@ -420,7 +421,7 @@ MODEL_HINTS = {
     "split_count": "split parts are read from the GGUF header (split.count), not declared",
     "name": "use aliases: [...] for names",
 }
-ROLE_KEYS = {"target": "", "policy": "", "forbid": "", "configs": "", "note": ""}
+ROLE_KEYS = {"target": "", "policy": "", "forbid": "", "configs": "", "note": "", "max_kld": ""}
 ROLE_HINTS = {
     "draft": "drafts are pinned per task under configs.<task>.draft",
     "compatible_targets": "compatibility is decided by the auditor from GGUF metadata",
@@ -576,6 +577,11 @@ def validate(doc: CommentedMap, path: Path) -> Spec:
                 if "forbid" in r
                 else ()
             )
+            max_kld = (
+                c.number(r, "max_kld", f"{dotted}.max_kld", 0.0, 100.0, "nats per token")
+                if "max_kld" in r
+                else None
+            )
             configs: list[PinnedConfig] = []
             if "configs" in r:
                 cn = c.mapping(r, "configs", f"{dotted}.configs", None)
@@ -590,6 +596,7 @@ def validate(doc: CommentedMap, path: Path) -> Spec:
                     configs=tuple(configs),
                     where=c.where(rn, name, dotted),
                     target_where=c.where(r, "target", f"{dotted}.target"),
+                    max_kld=max_kld,
                 )
             )
     return Spec(

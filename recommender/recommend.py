@@ -536,6 +536,8 @@ def recommend(
         why = _why(c, model, a or 0.0, plain_tps)
         if (used := adjusted.used[i]) is not None:
             why = agreement_why(why, used, c.k)
+        if cost is not None:
+            why = (*why, f"quality cost: {cost.label}")
         options.append(
             Option(
                 method=c.method,

@@ -196,3 +196,32 @@ def test_drafting_rules_turn_agreement_into_accepted_tokens() -> None:
     assert acc == pytest.approx(0.45 * 0.5 + 0.45**2 + 0.45**3)
     assert accepted_per_step(0.8, 3, n_min=4) == (0.0, 0.0)
     assert math.isnan(drafted_acceptance_at(0.8, 3, n_min=4))
+
+
+def test_the_command_takes_the_budget_from_a_role(demo_con, scanned_db, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from click.testing import CliRunner
+
+    from specreg.cli.main import cli
+
+    moe = demo_model(demo_con, "Qwen3-Coder", "30B-A3B")
+    spec = tmp_path / "specreg.yaml"
+    spec.write_text(
+        f"version: 1\nmodels:\n  {moe.model_id}:\n    path: {moe.path}\n    aliases: [coder]\n"
+        "roles:\n  architect:\n    target: coder\n    policy: speed\n    max_kld: 0.0001\n"
+    )
+    demo_con.close()  # the command opens the registry itself
+    base = ["recommend", moe.model_id, "--policy", "speed", "--task", "code", "--db",
+            str(scanned_db), "--json", "--top", "500"]  # fmt: skip
+
+    def experts(*extra: str) -> set[int | None]:
+        r = CliRunner().invoke(cli, [*base, *extra], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        return {o["experts"] for o in json.loads(r.stdout)["options"]}
+
+    assert experts() == {None, 4, 6}
+    assert experts("--role", "architect", "--spec", str(spec)) == {None}
+    assert experts("--max-kld", "1", "--role", "architect", "--spec", str(spec)) == {None, 4, 6}
+    missing = CliRunner().invoke(cli, [*base, "--role", "coder", "--spec", str(spec)])
+    assert "no role 'coder'" in str(missing.exception)

@@ -82,11 +82,36 @@ def _commands(rec: Recommendation, host: Host, dialect: str, server: str) -> lis
     return out
 
 
+def _kld_budget(max_kld: float | None, role: str | None, spec_path: Path) -> float | None:
+    """--max-kld, else the role's `max_kld` in specreg.yaml."""
+    if max_kld is not None or role is None:
+        return max_kld
+    from specreg.declare.spec import load_spec
+    from specreg.errors import UsageError
+
+    spec, _ = load_spec(spec_path)
+    found = next((r for r in spec.roles if r.name == role), None)
+    if found is None:
+        names = ", ".join(r.name for r in spec.roles) or "none"
+        raise UsageError(f"no role {role!r} in {spec_path} (roles: {names})")
+    return found.max_kld
+
+
 @click.command("recommend")
 @click.argument("target")
 @_common
 @click.option("--temp", type=float, default=0.0, show_default=True, help="Your temperature.")
 @click.option("--top", type=int, default=5, show_default=True, help="Options to show.")
+@click.option(
+    "--max-kld", type=float, default=None,
+    help="Quality budget: leave out lossy options whose mean KL divergence (measured by "
+    "`specreg quality`, else predicted) is above it.",
+)  # fmt: skip
+@click.option("--role", default=None, help="Take the quality budget (max_kld) of this role.")
+@click.option(
+    "--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("specreg.yaml"), show_default=True, help="The declaration file for --role.",
+)  # fmt: skip
 def recommend_cmd(
     target: str,
     task: str,
@@ -97,9 +122,17 @@ def recommend_cmd(
     as_json: bool,
     temp: float,
     top: int,
+    max_kld: float | None,
+    role: str | None,
+    spec_path: Path,
 ) -> None:
-    """Rank configurations for TARGET: predicted t/s and speedup band, command, why."""
+    """Rank configurations for TARGET: predicted t/s and speedup band, command, why.
+
+    Acceptance is measured agreement (`specreg agree`) for draft pairs without runs; under
+    --policy speed each lossy option shows its quality cost (`specreg quality`, or predicted).
+    """
     host, facts = _host(bandwidth)
+    budget = _kld_budget(max_kld, role, spec_path)
     with opened(resolve_db(db_path)) as con:
         resolve_model(con, target)  # an unknown target fails before the model is fitted
         local = local_observations(con, facts)
@@ -107,7 +140,7 @@ def recommend_cmd(
         model = trained[0] if trained else cached_fit(local)
         rec = recommend(
             con, target, model=model, host=facts, task=task, policy=policy,
-            temperature=temp, observations=[*load_prior().observations, *local],
+            temperature=temp, observations=[*load_prior().observations, *local], max_kld=budget,
         )  # fmt: skip
     commands = _commands(rec, host, *_install(llama_bin))
     if as_json:
@@ -128,17 +161,24 @@ def _print_recommendation(rec: Recommendation, commands: list[str | None], top: 
     c.print(f"{rec.target_name}  task={rec.task}  policy={rec.policy}")
     c.print(rec.roofline.line)
     table = Table(show_edge=False)
-    for col in ("#", "configuration", "t/s [80% band]", "speedup", "knobs", "measured"):
+    cols = ["#", "configuration", "t/s [80% band]", "speedup", "acceptance", "knobs", "measured"]
+    if rec.policy == "speed":
+        cols.append("quality cost")
+    for col in cols:
         table.add_column(col)
     for i, o in enumerate(rec.options[:top], start=1):
-        table.add_row(
+        row = [
             str(i),
             o.label,
             f"{o.tps:.1f} [{o.tps_lo:.1f}-{o.tps_hi:.1f}]",
             o.speedup_str,
+            f"{o.acceptance:.0%} {o.acceptance_source}" if o.acceptance is not None else "-",
             "lossless" if o.lossless else "behaviour-changing",
             f"{o.measured_tps:.1f} x{o.n_measured}" if o.measured_tps else "-",
-        )
+        ]
+        if rec.policy == "speed":
+            row.append(o.quality.label if o.quality else "-")
+        table.add_row(*row)
     c.print(table)
     best = rec.best
     c.print("do not speculate" if not rec.speculate else f"run: {best.label}")
