@@ -216,3 +216,34 @@ def latest_measurements(
         params,
     ).fetchall()
     return [_from_row(r) for r in rows]
+
+
+def agreement_by_draft(
+    con: duckdb.DuckDBPyConnection, target_id: str
+) -> dict[str, tuple[QualityRecord, ...]]:
+    """The newest greedy agreement of each draft with `target_id`, one record per task."""
+    out: dict[str, list[QualityRecord]] = {}
+    for r in latest_measurements(con, PURPOSE_AGREEMENT, target_id):
+        if r.model_id and not r.temperature and r.same_top is not None:
+            out.setdefault(r.model_id, []).append(r)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def agreement_str(records: tuple[QualityRecord, ...] | None) -> str:
+    """Same-top agreement for a table cell: "97% (code)", "70-82% (5 tasks)", or "-"."""
+    if not records:
+        return "-"
+    tops = sorted(r.same_top for r in records if r.same_top is not None)
+    if len(records) == 1:
+        return f"{tops[0]:.0%} ({records[0].task or records[0].text_name})"
+    span = (
+        f"{tops[0]:.0%}"
+        if round(tops[0], 2) == round(tops[-1], 2)
+        else (f"{tops[0] * 100:.0f}-{tops[-1]:.0%}")
+    )
+    return f"{span} ({len(records)} tasks)"
+
+
+def agreement_json(records: tuple[QualityRecord, ...] | None) -> dict[str, float | None]:
+    """Same-top agreement per task, for `--json` ({} when never measured)."""
+    return {str(r.task or r.text_name): r.same_top for r in records or ()}

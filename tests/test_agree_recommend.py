@@ -225,3 +225,24 @@ def test_the_command_takes_the_budget_from_a_role(demo_con, scanned_db, tmp_path
     assert experts("--max-kld", "1", "--role", "architect", "--spec", str(spec)) == {None, 4, 6}
     missing = CliRunner().invoke(cli, [*base, "--role", "coder", "--spec", str(spec)])
     assert "no role 'coder'" in str(missing.exception)
+
+
+def test_drafts_shows_the_measured_agreement(demo_con, scanned_db, pair) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from click.testing import CliRunner
+
+    from specreg.cli.main import cli
+
+    target, draft = pair
+    agreement(demo_con, target, draft, "code", 0.93)
+    agreement(demo_con, target, draft, "prose", 0.71)
+    agreement(demo_con, target, draft, "prose", 0.5, temperature=1.0)  # not a greedy figure
+    demo_con.close()
+    args = ["drafts", target.model_id, "--db", str(scanned_db)]
+    r = CliRunner().invoke(cli, [*args, "--json"], catch_exceptions=False)
+    by_id = {d["draft"]["id"]: d for d in json.loads(r.stdout)["drafts"]}
+    assert by_id[draft.model_id]["agreement"] == {"code": 0.93, "prose": 0.71}
+    assert all(d["agreement"] == {} for i, d in by_id.items() if i != draft.model_id)
+    table = CliRunner().invoke(cli, args, catch_exceptions=False, terminal_width=250).stdout
+    assert "agreement" in table and "71-93% (2 tasks)" in table

@@ -18,6 +18,7 @@ from specreg.auditor.verdict import PairVerdict, Severity, Verdict
 from specreg.cli.common import console, db_option, emit_json, json_option, resolve_db
 from specreg.errors import EXIT_FINDINGS
 from specreg.registry.db import opened
+from specreg.registry.quality import agreement_by_draft, agreement_json, agreement_str
 from specreg.registry.queries import resolve_model
 from specreg.runner.llama import DIALECT_DRAFT_MAX, ENV_LLAMA_BIN, find_llama
 
@@ -129,6 +130,7 @@ def drafts(
     with opened(resolve_db(db_path), read_only=True) as con:
         model = resolve_model(con, target)
         found = auditor.compatible_drafts(con, model, rules, include_rejected=rejected)
+        agreement = agreement_by_draft(con, model.model_id)  # `specreg agree`
     draftless = draftless_modes(model, rules)
     if as_json:
         emit_json(
@@ -136,7 +138,10 @@ def drafts(
             {
                 "target": target,
                 "draftless": list(draftless),
-                "drafts": [pv.as_dict() for pv in found],
+                "drafts": [
+                    {**pv.as_dict(), "agreement": agreement_json(agreement.get(pv.draft.model_id))}
+                    for pv in found
+                ],
             },
         )
         return
@@ -147,11 +152,12 @@ def drafts(
         console().print("no compatible draft in the registry (--rejected shows why)")
         return
     table = Table(show_header=True, header_style="bold")
-    for col in ("draft", "verdict", "why / warnings", "path"):
+    for col in ("draft", "verdict", "agreement", "why / warnings", "path"):
         table.add_column(col)
     for pv in found:
         why = "; ".join(pv.reasons if pv.verdict is not Verdict.WARNINGS else pv.warnings)
-        table.add_row(pv.draft.label, pv.verdict.text, why, pv.draft.path)
+        agree = agreement_str(agreement.get(pv.draft.model_id))
+        table.add_row(pv.draft.label, pv.verdict.text, agree, why, pv.draft.path)
     console().print(table)
 
 
