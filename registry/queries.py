@@ -324,3 +324,55 @@ def kv_values(con: duckdb.DuckDBPyConnection, key: str) -> dict[str, Any]:
     one query for all models, where `model_kv` per model costs ~2 ms each."""
     rows = con.execute("SELECT model_id, value FROM model_kv WHERE key = ?", [key]).fetchall()
     return {m: json.loads(v) for m, v in rows if v is not None}
+
+
+# --- results the CLI shows: each owns its `--json` document ---------------------------------
+
+
+@dataclass(frozen=True)
+class ModelList:
+    """`specreg models`: the models that match a listing's filters."""
+
+    JSON_KIND = "models"
+    JSON_VERSION = "1"
+
+    models: tuple[ModelRecord, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        return document(self.JSON_KIND, self.JSON_VERSION, {"models": self.models})
+
+
+@dataclass(frozen=True)
+class ModelKey:
+    """One GGUF key/value of a model, its value decoded from the stored JSON."""
+
+    key: str
+    type: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class ModelDetails:
+    """`specreg show`: a model's row, its files and every GGUF key/value."""
+
+    JSON_KIND = "model"
+    JSON_VERSION = "1"
+
+    model: ModelRecord
+    files: tuple[dict[str, Any], ...]
+    kv: tuple[ModelKey, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        payload = {"model": self.model, "files": self.files, "kv": self.kv}
+        return document(self.JSON_KIND, self.JSON_VERSION, payload)
+
+
+def model_details(con: duckdb.DuckDBPyConnection, ref: str | os.PathLike[str]) -> ModelDetails:
+    """Everything the registry knows about the model `ref` names (see `resolve_model`)."""
+    record = resolve_model(con, ref)
+    kv = tuple(ModelKey(k, t, v) for k, t, v in model_kv(con, record.model_id))
+    return ModelDetails(record, tuple(model_files(con, record.model_id)), kv)

@@ -80,11 +80,15 @@ def test_models_filters_and_show_by_name(tmp_path: Path, sparse_tree: Path) -> N
     assert any(kv["key"] == "qwen3moe.expert_count" and kv["value"] == 160 for kv in doc["kv"])
 
 
-def test_bad_parameter_count_is_a_usage_error(gguf_factory) -> None:
+@pytest.mark.parametrize("value", ["lots", "-5B", "nan", ""])
+def test_bad_parameter_count_is_a_one_line_usage_error(gguf_factory, value: str) -> None:
     specreg("scan", str(gguf_factory("a.gguf").parent))
-    r = specreg("models", "--max-params", "lots")
+    r = specreg("models", "--max-params", value)
     assert r.returncode == 2
-    assert "'LOTS' is not a parameter count like 500M or 32B" in r.stderr
+    assert r.stderr == (
+        f"error: Invalid value for '--max-params': '{value}' is not a parameter count like 500M"
+        " or 32B (see `specreg models --help`)\n"
+    )
 
 
 @pytest.mark.parametrize("name", ["<script>alert(1)</script>", "[bold red]x[/]"])

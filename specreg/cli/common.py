@@ -1,20 +1,43 @@
-"""Options and output helpers shared by every command."""
+"""Options and output helpers shared by every command.
+
+Everything a command shows goes through these helpers, never `click.echo` or `print` (a test
+holds every module of this package to that):
+
+- `console()` / `err_console()`: a `SafeConsole`, which makes every piece of text it renders
+  terminal-safe (`specreg.text.terminal_safe`) and cuts any one string to `TEXT_LIMIT`
+  characters. Text reaches a terminal through rich in exactly two forms, a `str` (turned into
+  `Text` by `render_str`) or a `Text`, and every table cell, title, message and progress label
+  is one of them; the console escapes at those two points, below every renderable, so no table
+  or message written tomorrow can forget it. Markup and emoji codes are off: `[red]` or
+  `:smile:` in a model name prints as written. Styles stay where they carry no data (header
+  and column styles, given as `style=`).
+- `emit(result)` / `emit_json(kind, payload)`: the exact `--json` document. JSON already
+  escapes C0 controls; C1 controls, bidi controls and lone surrogates are written as `\\uXXXX`
+  too, which parses back to the same value, so `--json` stays exact and is safe on a terminal.
+- `write_output(text)`: a machine document (a script, GraphML) on stdout, as the target format
+  escaped it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
+from rich.text import Span, Text
 
-from specreg.home import default_db_path
+from specreg.jsonout import JsonResult
+from specreg.text import TEXT_LIMIT, clip, terminal_safe
 
-# Every --json payload starts with this; renaming or removing a field bumps it.
+# The version of payloads still built with `emit_json`; results with `to_json()` carry their own.
 JSON_SCHEMA_VERSION = "1"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -35,37 +58,162 @@ def json_option(func: F) -> F:
 
 
 def resolve_db(db_path: Path | None) -> Path:
+    from specreg.home import default_db_path
+
     return db_path if db_path is not None else default_db_path()
 
 
-def _default(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.asdict(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    if hasattr(obj, "isoformat"):
-        return obj.isoformat()
-    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+# --- machine output ----------------------------------------------------------------------
+
+# Characters JSON leaves raw with ensure_ascii=False that a terminal may act on, or that
+# cannot be encoded at all (lone surrogates from undecodable file names).
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def json_text(doc: dict[str, Any]) -> str:
+    """`doc` as indented JSON, readable (non-ASCII kept) and terminal-safe: the characters a
+    terminal acts on are `\\uXXXX` escapes, which parse back to the same string."""
+    from specreg.jsonout import plain
+
+    text = json.dumps(plain(doc), indent=2, ensure_ascii=False, allow_nan=False)
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def emit(result: JsonResult) -> None:
+    """Write a result's own versioned `--json` document to stdout."""
+    sys.stdout.write(json_text(result.to_json()) + "\n")
 
 
 def emit_json(kind: str, payload: dict[str, Any]) -> None:
-    """Write one versioned JSON document to stdout."""
-    doc = {"version": JSON_SCHEMA_VERSION, "kind": kind, **payload}
-    sys.stdout.write(json.dumps(doc, default=_default, indent=2, ensure_ascii=False) + "\n")
+    """Write one versioned JSON document to stdout (for payloads without a result type)."""
+    sys.stdout.write(json_text({"version": JSON_SCHEMA_VERSION, "kind": kind, **payload}) + "\n")
+
+
+def write_output(text: str) -> None:
+    """A machine document (shell script, YAML, INI, GraphML) on stdout, exactly as rendered.
+    Its renderer escapes untrusted text for its own format; none leaves a raw control."""
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+# --- human output ------------------------------------------------------------------------
+
+
+def safe_text(text: Text) -> Text:
+    """`text` with its characters made terminal-safe and its styles kept on the same spans."""
+    if terminal_safe(text.plain) == text.plain:
+        return text
+    starts = [0]  # where each old character starts in the escaped text
+    pieces = []
+    for ch in text.plain:
+        piece = terminal_safe(ch)
+        pieces.append(piece)
+        starts.append(starts[-1] + len(piece))
+    spans = [Span(starts[s.start], starts[s.end], s.style) for s in text.spans]
+    return Text(
+        "".join(pieces),
+        style=text.style,
+        justify=text.justify,
+        overflow=text.overflow,
+        no_wrap=text.no_wrap,
+        end=text.end,
+        tab_size=text.tab_size,
+        spans=spans,
+    )
+
+
+class SafeConsole(Console):
+    """A rich Console that renders untrusted text visibly escaped and cut to `limit`.
+
+    `limit=None` shows whole strings (`show --full`); escaping always happens.
+    """
+
+    def __init__(self, *, limit: int | None = TEXT_LIMIT, **kwargs: Any) -> None:
+        kwargs.setdefault("soft_wrap", True)  # a long line (a command to paste) stays one line
+        super().__init__(markup=False, emoji=False, highlight=False, **kwargs)
+        self.limit = limit
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        kwargs.update(markup=False, emoji=False, highlight=False)
+        return super().render_str(terminal_safe(clip(text, self.limit)), **kwargs)
+
+    def render(
+        self, renderable: RenderableType, options: ConsoleOptions | None = None
+    ) -> Iterable[Segment]:
+        if isinstance(renderable, Text):
+            renderable = safe_text(renderable)
+        return super().render(renderable, options)
 
 
 def _width() -> int | None:
-    # Piped output keeps whole lines (paths, table rows) instead of rich's default 80 columns.
+    # Piped output keeps whole rows instead of rich's default 80 columns.
     return None if sys.stdout.isatty() else 200
 
 
-def console() -> Console:
-    # Untrusted strings from GGUF files go through rich; markup is off so `[red]` in a model
-    # name prints as text instead of being interpreted.
-    return Console(highlight=False, markup=False, width=_width())
+def console(*, full: bool = False) -> SafeConsole:
+    """stdout for people. `full`: no cut on long strings (`show --full`)."""
+    return SafeConsole(width=_width(), limit=None if full else TEXT_LIMIT)
 
 
-def err_console() -> Console:
-    return Console(stderr=True, highlight=False, markup=False)
+def err_console() -> SafeConsole:
+    """stderr for people: progress, notes, errors."""
+    return SafeConsole(stderr=True)
+
+
+# --- option types: a bad value is a usage error (exit 2, one line) -----------------------
+
+
+class ModelRef(click.ParamType):
+    """A model by path, id prefix or name: anything `queries.resolve_model` takes, not blank."""
+
+    name = "model"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text.strip():
+            self.fail("empty: give a path, an id from `specreg models`, or a name", param, ctx)
+        return text
+
+
+class FiniteFloat(click.ParamType):
+    """A finite number of at least `min` (temperatures, bandwidths)."""
+
+    name = "number"
+
+    def __init__(self, min: float = 0.0) -> None:
+        self.min = min
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or number < self.min:
+            self.fail(f"{value} is not a number of at least {self.min:g}", param, ctx)
+        return number
+
+
+_COUNT_UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+
+
+class ParamCount(click.ParamType):
+    """A parameter count like 500M, 1.5B or 7000000000 (not negative)."""
+
+    name = "count"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().upper()
+        scale = _COUNT_UNITS.get(text[-1:], 1.0)
+        try:
+            number = float(text[:-1] if text[-1:] in _COUNT_UNITS else text) * scale
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number) or number < 0:
+            self.fail(f"{value!r} is not a parameter count like 500M or 32B", param, ctx)
+        return int(number)
+
+
+MODEL = ModelRef()
+TEMPERATURE = FiniteFloat(0.0)
+PARAM_COUNT = ParamCount()

@@ -72,22 +72,40 @@ def cli() -> None:
     pass
 
 
+def _usage_line(err: click.ClickException) -> str:
+    """A click usage error as one line that says what to do: the problem, then the help to
+    read (click's own form is a usage block, a hint and the error over four lines)."""
+    message = err.format_message().replace("\n", " ").strip().rstrip(".")
+    ctx = getattr(err, "ctx", None)
+    if ctx is not None:
+        where = ctx.command_path
+    else:  # an option's parse error carries no context: name the command from argv
+        named = next((a for a in sys.argv[1:] if a in COMMAND_MODULES), None)
+        where = f"specreg {named}" if named else "specreg"
+    if isinstance(err, click.UsageError):
+        return f"error: {message} (see `{where} --help`)"
+    return f"error: {message}"
+
+
 def main() -> None:
+    # Errors go through the safe console: a message may quote a model name or a path.
+    from specreg.cli.common import err_console
+
     try:
         # Without standalone mode click returns a command's `Exit(code)` instead of exiting.
-        code = cli.main(standalone_mode=False)
+        code = cli.main(standalone_mode=False, prog_name="specreg")
         if isinstance(code, int) and code:
             sys.exit(code)
     except SpecregError as err:
         if os.environ.get("SPECREG_DEBUG"):
             raise
-        click.echo(f"error: {err}", err=True)
+        err_console().print(f"error: {err}")
         sys.exit(err.exit_code)
     except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+        err_console().print("aborted")
         sys.exit(130)
     except click.ClickException as err:
-        err.show()
+        err_console().print(_usage_line(err))
         sys.exit(EXIT_USAGE if err.exit_code == 2 else err.exit_code)
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)

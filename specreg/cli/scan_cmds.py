@@ -4,36 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from specreg.cli.common import (
+    MODEL,
+    PARAM_COUNT,
     console,
     db_option,
+    emit,
     emit_json,
     err_console,
     json_option,
     resolve_db,
 )
-from specreg.registry import queries
-from specreg.registry.db import opened
-from specreg.registry.scan import ScanResult, scan_paths
+from specreg.text import FIELD_LIMIT, clip, shell_join
 
-_PARAM_UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+if TYPE_CHECKING:
+    import duckdb
 
-
-def _parse_params(text: str | None) -> int | None:
-    if text is None:
-        return None
-    text = text.strip().upper()
-    try:
-        if text[-1] in _PARAM_UNITS:
-            return int(float(text[:-1]) * _PARAM_UNITS[text[-1]])
-        return int(float(text))
-    except (ValueError, IndexError):
-        raise click.BadParameter(f"'{text}' is not a parameter count like 500M or 32B") from None
+    from specreg.registry.queries import ModelDetails, ModelRecord
+    from specreg.registry.scan import ScanResult
 
 
 @click.command()
@@ -49,21 +41,30 @@ def scan(
 
     Exit 1 if any file could not be read; the rest is recorded all the same.
     """
+    from specreg.registry.db import opened
+
     with opened(resolve_db(db_path)) as con:
-        if as_json:
-            result = scan_paths(con, paths, all_files=all_files)
-        else:
-            result = _scan_with_progress(con, paths, all_files)
+        result = _scan(con, paths, all_files, progress=not as_json)
     if as_json:
-        emit_json("scan", dataclasses.asdict(result))
+        emit(result)
     else:
         _print_scan(result, verbose)
     if not result.ok:
         raise click.exceptions.Exit(1)
 
 
-def _scan_with_progress(con, paths, all_files) -> ScanResult:  # type: ignore[no-untyped-def]
-    progress = Progress(
+def _scan(
+    con: duckdb.DuckDBPyConnection, paths: tuple[Path, ...], all_files: bool, *, progress: bool
+) -> ScanResult:
+    """`scan_paths` with a progress bar on stderr once there are enough files to wait for."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.progress import TimeElapsedColumn
+
+    from specreg.registry.scan import scan_paths
+
+    if not progress:
+        return scan_paths(con, paths, all_files=all_files)
+    bar = Progress(
         TextColumn("reading headers"),
         BarColumn(),
         MofNCompleteColumn(),
@@ -78,31 +79,26 @@ def _scan_with_progress(con, paths, all_files) -> ScanResult:  # type: ignore[no
         if total < 20:  # not worth a bar
             return
         if task is None:
-            progress.start()
-            task = progress.add_task("scan", total=total)
-        progress.update(task, completed=done)
+            bar.start()
+            task = bar.add_task("scan", total=total)
+        bar.update(task, completed=done)
 
     try:
         return scan_paths(con, paths, all_files=all_files, progress=on_progress)
     finally:
         if task is not None:
-            progress.stop()
+            bar.stop()
 
 
 def _print_scan(r: ScanResult, verbose: bool) -> None:
+    from rich.table import Table
+
     out = console()
     table = Table(title=f"scan {r.scan_id} ({r.seconds:.2f} s)", show_header=True)
     for col in ("models", "files", "new", "changed", "unchanged", "removed", "errors"):
         table.add_column(col, justify="right")
-    table.add_row(
-        str(r.n_models),
-        str(r.n_files),
-        str(len(r.new)),
-        str(len(r.changed)),
-        str(r.n_unchanged),
-        str(len(r.removed)),
-        str(len(r.errors)),
-    )
+    counts = (r.n_models, r.n_files, len(r.new), len(r.changed), r.n_unchanged, len(r.removed))
+    table.add_row(*map(str, counts), str(len(r.errors)))
     out.print(table)
     limit = None if verbose else 5
     for label, items in (("new", r.new), ("changed", r.changed), ("removed", r.removed)):
@@ -121,8 +117,8 @@ def _print_scan(r: ScanResult, verbose: bool) -> None:
 @click.command()
 @click.option("--arch", "architecture", help="Only this general.architecture (e.g. qwen2).")
 @click.option("--tokenizer", help="Tokenizer model (gpt2, llama), pre-tokenizer, or fingerprint.")
-@click.option("--min-params", help="At least this many parameters (e.g. 7B).")
-@click.option("--max-params", help="At most this many parameters (e.g. 1.5B; drafts).")
+@click.option("--min-params", type=PARAM_COUNT, help="At least this many parameters (e.g. 7B).")
+@click.option("--max-params", type=PARAM_COUNT, help="At most this many parameters (e.g. 1.5B).")
 @click.option("--name", help="Substring of the name or path.")
 @click.option(
     "--role",
@@ -132,99 +128,102 @@ def _print_scan(r: ScanResult, verbose: bool) -> None:
 @click.option("--all", "include_gone", is_flag=True, help="Include models whose files are gone.")
 @db_option
 @json_option
-def models(
-    architecture: str | None,
-    tokenizer: str | None,
-    min_params: str | None,
-    max_params: str | None,
-    name: str | None,
-    role: str | None,
-    include_gone: bool,
-    db_path: Path | None,
-    as_json: bool,
-) -> None:
+def models(db_path: Path | None, as_json: bool, **filters: object) -> None:
     """List models in the registry."""
-    with opened(resolve_db(db_path)) as con:
-        rows = queries.list_models(
-            con,
-            architecture=architecture,
-            tokenizer=tokenizer,
-            min_params=_parse_params(min_params),
-            max_params=_parse_params(max_params),
-            include_gone=include_gone,
-            name=name,
-            role=role,
-        )
+    from specreg.registry.db import opened
+    from specreg.registry.queries import ModelList, list_models
+
+    with opened(resolve_db(db_path), read_only=True) as con:
+        found = ModelList(tuple(list_models(con, **filters)))  # type: ignore[arg-type]
     if as_json:
-        emit_json("models", {"models": [dataclasses.asdict(m) for m in rows]})
-        return
+        emit(found)
+    else:
+        _print_models(found.models)
+
+
+def _print_models(rows: tuple[ModelRecord, ...]) -> None:
+    from rich.table import Table
+
     table = Table(show_header=True, header_style="bold")
     for col in ("id", "name", "arch", "params", "quant", "size", "tokenizer", "vocab", "status"):
         table.add_column(col)
     for m in rows:
         table.add_row(
             m.model_id[:10],
-            m.display_name,
-            m.architecture or "?",
+            clip(m.display_name),
+            clip(m.architecture or "?", 40),
             m.params_str,
             m.quant or "?",
             m.size_str,
-            f"{m.tok_model or '-'}/{m.tok_pre or '-'} {(m.tok_fingerprint or '')[:8]}",
+            clip(f"{m.tok_model or '-'}/{m.tok_pre or '-'}", 40) + f" {(m.tok_fingerprint or '')[:8]}",
             str(m.n_tokens or "-"),
             m.status,
         )
-    console().print(table)
-    console().print(f"{len(rows)} model(s)")
+    out = console()
+    out.print(table)
+    out.print(f"{len(rows)} model(s)")
 
 
 @click.command()
-@click.argument("model")
+@click.argument("model", type=MODEL)
+@click.option("--full", is_flag=True, help="Whole values, however long (default: cut for reading).")
 @db_option
 @json_option
-def show(model: str, db_path: Path | None, as_json: bool) -> None:
+def show(model: str, full: bool, db_path: Path | None, as_json: bool) -> None:
     """Every fact about MODEL (a path, an id prefix, or a name)."""
-    with opened(resolve_db(db_path)) as con:
-        record = queries.resolve_model(con, model)
-        kv = queries.model_kv(con, record.model_id)
-        files = queries.model_files(con, record.model_id)
+    from specreg.registry.db import opened
+    from specreg.registry.queries import model_details
+
+    with opened(resolve_db(db_path), read_only=True) as con:
+        details = model_details(con, model)
     if as_json:
-        emit_json(
-            "model",
-            {
-                "model": dataclasses.asdict(record),
-                "files": files,
-                "kv": [{"key": k, "type": t, "value": v} for k, t, v in kv],
-            },
-        )
-        return
-    out = console()
-    facts = Table(title=record.display_name, show_header=False)
+        emit(details)
+    else:
+        _print_details(details, full)
+
+
+# How much of one GGUF value `show` prints without --full (templates run to kilobytes).
+KV_LIMIT = 200
+
+
+def _print_details(d: ModelDetails, full: bool) -> None:
+    from rich.table import Table
+
+    field_limit, kv_limit = (None, None) if full else (FIELD_LIMIT, KV_LIMIT)
+    record = d.model
+    out = console(full=full)
+    facts = Table(title=clip(record.display_name, field_limit), show_header=False)
     facts.add_column("fact", style="bold")
-    facts.add_column("value")
+    facts.add_column("value", overflow="fold")
+    cut = False
     for field in dataclasses.fields(record):
         value = getattr(record, field.name)
+        cut = cut or len(str(value)) > FIELD_LIMIT
         if field.name == "n_bytes":
             value = f"{value} ({record.size_str})"
         elif field.name == "n_params":
             value = f"{value} ({record.params_str})"
-        facts.add_row(field.name, "" if value is None else str(value))
+        facts.add_row(field.name, "" if value is None else clip(str(value), field_limit))
     out.print(facts)
     keys = Table(title="GGUF key/values", show_header=True)
-    keys.add_column("key")
+    keys.add_column("key", overflow="fold")
     keys.add_column("type")
     keys.add_column("value", overflow="fold")
-    for k, t, v in kv:
-        text = str(v)
-        keys.add_row(k, t, text if len(text) <= 200 else text[:200] + "...")
+    for kv in d.kv:
+        cut = cut or len(str(kv.value)) > KV_LIMIT
+        keys.add_row(clip(kv.key, field_limit), kv.type, clip(str(kv.value), kv_limit))
     out.print(keys)
+    if cut and not full:
+        out.print("long values are cut for reading: --full shows them whole, --json exactly")
 
 
 @click.command()
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def demo(directory: Path, as_json: bool) -> None:
     """Write a demo model tree of sparse GGUFs (about 530 GB apparent, under 50 MB on disk)."""
     from specreg.registry.demo import make_demo_tree
+    from specreg.registry.queries import human_bytes
 
     made = make_demo_tree(directory)
     if as_json:
@@ -232,8 +231,8 @@ def demo(directory: Path, as_json: bool) -> None:
         return
     total = sum(p.stat().st_size for p in made if p.exists() and not p.is_symlink())
     console().print(
-        f"wrote {len(made)} files under {directory} ({queries.human_bytes(total)} apparent); "
-        f"next: specreg scan {directory}"
+        f"wrote {len(made)} files under {directory} ({human_bytes(total)} apparent); "
+        f"next: {shell_join(['specreg', 'scan', directory])}"
     )
 
 

@@ -1,0 +1,88 @@
+"""Untrusted text on a terminal and in the command lines specreg prints.
+
+Every string that comes from a GGUF file or the disk (names, token texts, templates,
+architectures, file names, llama.cpp's messages) may hold control characters. On a terminal
+`ESC[2J` clears the screen, `ESC]0;...BEL` sets the window title and OSC 52 writes the
+clipboard; C1 bytes (U+0080-U+009F, `\\x9b` is a one-byte CSI) do the same on some terminals;
+bidi overrides make a name read as something else. `terminal_safe` writes each such character
+as a visible escape (`\\x1b`, `\\u202e`) and leaves every other character, backslashes
+included, as it is: a second pass changes nothing, so a layer that escapes again is harmless.
+
+A command line is quoted for the shell it is pasted into (`shell_join`): plain arguments as
+`shlex.quote` does, an argument holding such characters in bash's `$'...'` form, so the pasted
+line names exactly the file on disk (a non-UTF-8 name included) and the terminal never sees a
+raw control character.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Iterable
+
+# C0, DEL and C1 controls; Unicode bidi controls (the "Trojan Source" characters); lone
+# surrogates, which is how Python spells the undecodable bytes of a file name (os.fsdecode).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+# How much of one untrusted string a human view shows (`show --full` shows everything).
+FIELD_LIMIT = 120
+TEXT_LIMIT = 2000
+
+
+def _escape(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    if 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's stand-in for the undecodable byte code-0xDC00
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every character that can drive a terminal written as a visible escape."""
+    return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
+
+
+def is_terminal_safe(text: str) -> bool:
+    return _UNSAFE.search(text) is None
+
+
+def clip(text: str, limit: int | None = FIELD_LIMIT) -> str:
+    """`text` cut to `limit` characters for display, saying how many were left out.
+
+    Cut before escaping: a 10 MB name costs the first `limit` characters, not 10 MB of work.
+    """
+    if limit is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+
+
+def shown(value: object, limit: int | None = FIELD_LIMIT) -> str:
+    """One untrusted value as a human view shows it: cut to `limit`, then made terminal-safe."""
+    return terminal_safe(clip(value if isinstance(value, str) else str(value), limit))
+
+
+# Quoting for the shell ------------------------------------------------------------------
+
+_PRINTABLE_ASCII = frozenset(range(0x20, 0x7F))
+
+
+def shell_quote(arg: str | os.PathLike[str]) -> str:
+    """One argument quoted for bash: `shlex.quote`, or `$'...'` when it holds a control
+    character, a bidi control or an undecodable byte (each written as `\\xNN` of its bytes)."""
+    text = os.fspath(arg)
+    if is_terminal_safe(text):
+        return shlex.quote(text)
+    out = []
+    for byte in os.fsencode(text):  # surrogates back to the file name's own bytes
+        if byte in (0x27, 0x5C):  # ' and \ need a backslash inside $'...'
+            out.append("\\" + chr(byte))
+        elif byte in _PRINTABLE_ASCII:
+            out.append(chr(byte))
+        else:
+            out.append(f"\\x{byte:02x}")
+    return "$'" + "".join(out) + "'"
+
+
+def shell_join(argv: Iterable[str | os.PathLike[str]]) -> str:
+    """A command line that runs exactly `argv` when pasted into bash, and prints safely."""
+    return " ".join(shell_quote(a) for a in argv)
