@@ -15,6 +15,7 @@ import hashlib
 import os
 import stat
 import struct
+import threading
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -417,6 +418,18 @@ def _string_offsets_loop(cur: _Cursor, key: str, count: int) -> np.ndarray:
     return offsets
 
 
+_local = threading.local()
+
+
+def _scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Three boolean rows of at least `n`, kept per thread (scans parse on two threads)."""
+    rows: np.ndarray | None = getattr(_local, "rows", None)
+    if rows is None or rows.shape[1] < n:
+        rows = np.empty((3, n + n // 4), dtype=bool)
+        _local.rows = rows
+    return rows[0], rows[1], rows[2]
+
+
 def _string_offsets_vectorised(buf: bytes, start: int, count: int) -> np.ndarray | None:
     """Find the length fields of a string array without a Python-level loop.
 
@@ -433,11 +446,16 @@ def _string_offsets_vectorised(buf: bytes, start: int, count: int) -> np.ndarray
         if window < 16:
             return None
         arr = np.frombuffer(buf, dtype=np.uint8, count=window, offset=start)
-        z = arr == 0
-        z2 = z[:-1] & z[1:]  # zeros at i, i+1
-        z4 = z2[:-2] & z2[2:]  # zeros at i..i+3
-        z6 = z4[: window - 6] & z2[4 : window - 2]  # zeros at i..i+5
-        ends = np.flatnonzero(z6 & ~z[6:]) + 6  # index just past six zeros, at non-zero
+        # Three reused scratch rows instead of fresh temporaries: a vocabulary is megabytes,
+        # and fresh arrays cost a page fault per 4 KB, about half the parse's system time.
+        s0, s1, s2 = _scratch(window)
+        w = window
+        z = np.equal(arr, 0, out=s0[:w])  # zero bytes
+        z2 = np.logical_and(z[:-1], z[1:], out=s1[: w - 1])  # zeros at i, i+1
+        z4 = np.logical_and(z2[:-2], z2[2:], out=s2[: w - 3])  # zeros at i..i+3
+        z6 = np.logical_and(z4[: w - 6], z2[4 : w - 2], out=s2[: w - 6])  # zeros at i..i+5
+        nonzero_after = np.logical_not(z[6:], out=s1[: w - 6])
+        ends = np.flatnonzero(np.logical_and(z6, nonzero_after, out=s2[: w - 6])) + 6
         if len(ends) >= count:
             break
         if start + window >= blen:
