@@ -282,3 +282,20 @@ def test_an_interrupted_scan_stops_reading_and_writes_nothing(
     assert len(reads) < 10  # the queued files were dropped, not read
     with opened(db) as con:
         assert con.execute("SELECT count(*) FROM files").fetchone()[0] == 0
+
+
+def test_scan_result_owns_its_versioned_json(tmp_path: Path, gguf_factory) -> None:
+    path = gguf_factory("a.gguf")
+    (path.parent / "bad.gguf").write_bytes(b"NOPE" + b"\0" * 60)
+    doc = _scan(tmp_path / "r.duckdb", path.parent).to_json()
+    assert list(doc)[:2] == ["version", "kind"] and (doc["version"], doc["kind"]) == ("1", "scan")
+    assert set(doc) == {
+        "version", "kind", "scan_id", "roots", "n_files", "new", "changed", "n_unchanged",
+        "removed", "errors", "n_models", "models_new", "models_updated", "models_gone",
+        "seconds", "duplicates",
+    }  # fmt: skip
+    assert doc["new"] == [str(path)] and doc["n_models"] == 1
+    assert doc["errors"] == [
+        {"path": str(path.parent / "bad.gguf"), "kind": "format",
+         "reason": "not a GGUF file (magic b'NOPE', expected b'GGUF')"}
+    ]  # fmt: skip
