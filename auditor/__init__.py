@@ -11,16 +11,23 @@ The functions other parts call:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import duckdb
 
 from specreg.auditor.audit import AuditResult, ClassVerdict, PairSummary, audit_all
-from specreg.auditor.pairs import check_pair, compatible_drafts
-from specreg.auditor.rules import PINNED_RULES, RULESETS, RuleSet, rules_for_build
+from specreg.auditor.pairs import check_pair, compatible_drafts, draftless_modes, ref
+from specreg.auditor.rules import (
+    PINNED_RULES,
+    RULESETS,
+    RuleSet,
+    rules_for_build,
+    rules_for_version,
+)
 from specreg.auditor.store import latest_audit_id, save_audit, stored_edges
-from specreg.auditor.verdict import Check, PairVerdict, Severity, Verdict
-from specreg.registry.queries import list_models
+from specreg.auditor.verdict import Check, DraftList, PairVerdict, Severity, Verdict
+from specreg.registry.queries import ModelRecord, list_models, resolve_model
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -44,7 +51,37 @@ def audit_and_save(
 
     models = list_models(con)
     result = audit_all(con, rules, models)
-    return result, save_audit(con, result, tokenizer_families(models))
+    audit_id = save_audit(con, result, tokenizer_families(models))
+    return dataclasses.replace(result, audit_id=audit_id), audit_id
+
+
+def current_graph(con: duckdb.DuckDBPyConnection, rules: RuleSet | None = None) -> nx.Graph:
+    """The graph of the latest saved audit, auditing and saving now if a scan came after it."""
+    graph = stored_graph(con)
+    if graph is None:
+        audit_and_save(con, rules)
+        graph = stored_graph(con)
+    assert graph is not None
+    return graph
+
+
+def drafts_for(
+    con: duckdb.DuckDBPyConnection,
+    target: str | ModelRecord,
+    rules: RuleSet | None = None,
+    *,
+    include_rejected: bool = False,
+) -> DraftList:
+    """`compatible_drafts` for `target` with the modes it can speculate in without a draft."""
+    rules = rules or PINNED_RULES
+    model = target if isinstance(target, ModelRecord) else resolve_model(con, target)
+    found = compatible_drafts(con, model, rules, include_rejected=include_rejected)
+    return DraftList(
+        target=ref(model),
+        draftless=draftless_modes(model, rules),
+        spec_type_flag=rules.spec_type_flag or "--spec-type",
+        drafts=tuple(found),
+    )
 
 
 def stored_graph(con: duckdb.DuckDBPyConnection, audit_id: int | None = None) -> nx.Graph | None:
@@ -64,6 +101,7 @@ __all__ = [
     "AuditResult",
     "Check",
     "ClassVerdict",
+    "DraftList",
     "PairSummary",
     "PairVerdict",
     "RuleSet",
@@ -74,6 +112,9 @@ __all__ = [
     "build_graph",
     "check_pair",
     "compatible_drafts",
+    "current_graph",
+    "drafts_for",
     "rules_for_build",
+    "rules_for_version",
     "stored_graph",
 ]

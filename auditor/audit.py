@@ -48,6 +48,9 @@ class PairSummary:
 
 @dataclass(frozen=True)
 class AuditResult:
+    JSON_KIND = "audit"
+    JSON_VERSION = "1"
+
     rules_label: str
     llama_build: int
     n_models: int
@@ -63,6 +66,8 @@ class AuditResult:
     seconds: float
     vocab_comparisons: int
     """Distinct token lists compared text by text (the expensive step)."""
+    audit_id: int | None = None
+    """The saved audit's id in the registry (None until saved)."""
 
     @property
     def n_pairs(self) -> int:
@@ -72,6 +77,32 @@ class AuditResult:
     def findings(self) -> tuple[PairSummary, ...]:
         """Pairs llama.cpp accepts that fail at run time: what `audit --fail-on-findings` counts."""
         return tuple(p for p in self.pairs if p.verdict is Verdict.RISKY)
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        pairs = [
+            {
+                "target": p.target_id,
+                "draft": p.draft_id,
+                "verdict": p.verdict.value,
+                "compatible": p.verdict in (Verdict.COMPATIBLE, Verdict.WARNINGS),
+                "findings": list(p.findings),
+            }
+            for p in self.pairs
+        ]
+        payload = {
+            "audit_id": self.audit_id,
+            "rules": self.rules_label,
+            "llama_build": self.llama_build,
+            "n_models": self.n_models,
+            "n_pairs": self.n_pairs,
+            "counts": self.counts,
+            "refusals": self.refusals,
+            "seconds": self.seconds,
+            "pairs": pairs,
+        }
+        return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
     def summary(self, target_id: str, draft_id: str) -> PairSummary | None:
         for p in self.pairs:

@@ -117,8 +117,21 @@ def to_json(g: nx.Graph) -> dict[str, Any]:
 
 
 def to_graphml(g: nx.Graph) -> str:
-    return "\n".join(nx.generate_graphml(g, prettyprint=True))
+    from specreg.text import xml_safe
+
+    return xml_safe("\n".join(nx.generate_graphml(g, prettyprint=True)))
+
+
+# `graph export --format json`: the node-link document in specreg's versioned envelope.
+JSON_KIND = "graph"
+JSON_VERSION = "1"
+
+
+def json_document(g: nx.Graph) -> dict[str, Any]:
+    from specreg.jsonout import document
+
+    return document(JSON_KIND, JSON_VERSION, to_json(g))
 
 
 def dumps_json(g: nx.Graph) -> str:
-    return json.dumps(to_json(g), indent=2, ensure_ascii=False)
+    return json.dumps(json_document(g), indent=2, ensure_ascii=False)

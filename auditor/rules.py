@@ -24,9 +24,16 @@ change but do not number it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from specreg.terms import DEFAULT_TYPE_OF, DRAFT_MODEL_TYPES, NGRAM_TYPES, Method
+from specreg.terms import (
+    DEFAULT_TYPE_OF,
+    DIALECT_DRAFT_MAX,
+    DRAFT_MODEL_TYPES,
+    NGRAM_TYPES,
+    Method,
+)
 
 PINNED_BUILD = 11434
 # The draft-model types whose GGUF is a head bound to one target (`draft-eagle3` -> eagle3).
@@ -156,3 +163,13 @@ def rules_for_build(build: int | None = None) -> RuleSet:
 
 PINNED_RULES = rules_for_build(PINNED_BUILD)
 REFERENCE_HOST_RULES = rules_for_build(7371)
+
+
+def rules_for_version(version: str, dialect: str | None = None) -> RuleSet:
+    """The rules of a llama.cpp build known by its version text (`7371 (abc1234)`). An
+    unnumbered build is dated by its flag dialect: the old `--draft-max` dialect is the
+    reference host's build, anything newer the pinned one."""
+    number = re.match(r"(\d+)", version)
+    if number and int(number.group(1)):
+        return rules_for_build(int(number.group(1)))
+    return REFERENCE_HOST_RULES if dialect == DIALECT_DRAFT_MAX else PINNED_RULES

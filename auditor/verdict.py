@@ -83,6 +83,9 @@ class ModelRef:
 
 @dataclass(frozen=True)
 class PairVerdict:
+    JSON_KIND = "compat"
+    JSON_VERSION = "1"
+
     target: ModelRef
     draft: ModelRef
     verdict: Verdict
@@ -99,6 +102,11 @@ class PairVerdict:
     @property
     def compatible(self) -> bool:
         return self.verdict in (Verdict.COMPATIBLE, Verdict.WARNINGS)
+
+    @property
+    def same_model(self) -> bool:
+        """Target and draft are one model (one file, or the same GGUF under two names)."""
+        return self.target.model_id == self.draft.model_id
 
     @property
     def failed(self) -> tuple[Check, ...]:
@@ -141,6 +149,38 @@ class PairVerdict:
             "remedies": list(self.remedies),
             "checks": [c.as_dict() for c in self.checks],
         }
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        payload = {**self.as_dict(), "same_model": self.same_model}
+        return document(self.JSON_KIND, self.JSON_VERSION, payload)
+
+
+@dataclass(frozen=True)
+class DraftList:
+    """`specreg drafts`: every draft for a target, best first, and its draftless modes."""
+
+    JSON_KIND = "drafts"
+    JSON_VERSION = "2"  # 2: "target" is the resolved model (id, name, path), not the argument
+
+    target: ModelRef
+    draftless: tuple[str, ...]
+    """Speculative types that need no draft file (MTP heads, n-gram modes)."""
+    spec_type_flag: str
+    """How these rules' llama.cpp selects a speculative type (`--spec-type`)."""
+    drafts: tuple[PairVerdict, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        target = {"id": self.target.model_id, "name": self.target.name, "path": self.target.path}
+        payload = {
+            "target": target,
+            "draftless": self.draftless,
+            "drafts": [pv.as_dict() for pv in self.drafts],
+        }
+        return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
 
 def verdict_of(checks: tuple[Check, ...] | list[Check]) -> Verdict:

@@ -86,3 +86,18 @@ def shell_quote(arg: str | os.PathLike[str]) -> str:
 def shell_join(argv: Iterable[str | os.PathLike[str]]) -> str:
     """A command line that runs exactly `argv` when pasted into bash, and prints safely."""
     return " ".join(shell_quote(a) for a in argv)
+
+
+# XML ------------------------------------------------------------------------------------
+
+# XML 1.0 cannot hold C0 controls other than tab, newline and carriage return, not even as
+# character references: they are written as visible escapes. DEL, C1 and bidi controls are
+# legal XML but act on a terminal: they become character references, which parse back to them.
+_XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")
+_XML_REF = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def xml_safe(text: str) -> str:
+    """Serialized XML made valid and terminal-safe (see the rules above)."""
+    text = _XML_ILLEGAL.sub(_escape, text)
+    return _XML_REF.sub(lambda m: f"&#x{ord(m.group()):x};", text)

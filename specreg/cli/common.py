@@ -27,7 +27,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console, ConsoleOptions, RenderableType
@@ -36,6 +36,9 @@ from rich.text import Span, Text
 
 from specreg.jsonout import JsonResult
 from specreg.text import TEXT_LIMIT, clip, terminal_safe
+
+if TYPE_CHECKING:
+    from specreg.auditor.rules import RuleSet
 
 # The version of payloads still built with `emit_json`; results with `to_json()` carry their own.
 JSON_SCHEMA_VERSION = "1"
@@ -217,3 +220,38 @@ class ParamCount(click.ParamType):
 MODEL = ModelRef()
 TEMPERATURE = FiniteFloat(0.0)
 PARAM_COUNT = ParamCount()
+
+
+# --- which llama.cpp's rules -------------------------------------------------------------
+
+
+def build_option(func: F) -> F:
+    func = click.option(
+        "--llama-bin",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Apply the rules of the llama.cpp build in this folder (also $SPECREG_LLAMA_BIN).",
+    )(func)
+    return click.option(
+        "--llama-build",
+        type=click.IntRange(min=0),
+        default=None,
+        help="Apply the rules of this llama.cpp build number (default: the pinned build).",
+    )(func)
+
+
+def llama_rules(llama_build: int | None, llama_bin: Path | None) -> RuleSet:
+    """The auditor's rules for the user's llama.cpp when specreg knows its build (a build
+    number, or a build found in --llama-bin / $SPECREG_LLAMA_BIN), else the pinned build's."""
+    import os
+
+    from specreg import auditor
+
+    if llama_build is not None:
+        return auditor.rules_for_build(llama_build)
+    if llama_bin is None and not os.environ.get("SPECREG_LLAMA_BIN"):
+        return auditor.PINNED_RULES
+    from specreg.runner.llama import find_llama
+
+    install = find_llama(llama_bin)
+    return auditor.rules_for_version(install.version, install.dialect)
