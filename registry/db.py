@@ -106,9 +106,17 @@ def connect(db_path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnect
 
 @contextmanager
 def opened(db_path: Path, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A connection for the block; damage DuckDB finds later (a block read only now, such
+    as a stored vocabulary) becomes the same one-line `corrupt_registry` error."""
+    import duckdb
+
     con = connect(db_path, read_only=read_only)
     try:
         yield con
+    except duckdb.Error as err:
+        if is_corruption(err):
+            raise corrupt_registry(db_path, _first_line(err)) from err
+        raise
     finally:
         con.close()
 

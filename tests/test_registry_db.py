@@ -193,3 +193,35 @@ def test_read_commands_work_in_a_read_only_home(tmp_path: Path, gguf_factory) ->
     assert lines[2].startswith(f"write: cannot open the registry {db}:")
     assert db.read_bytes() == before
     assert sorted(p.name for p in home.iterdir()) == ["registry.duckdb"]
+
+
+def test_damage_found_after_opening_is_the_same_one_line(tmp_path: Path, vocab_dir: Path) -> None:
+    """A damaged block that only a later read touches (here a stored vocabulary)."""
+    from specreg.registry.vocab_store import _decode, load_vocab
+
+    good = tmp_path / "good.duckdb"
+    with opened(good) as con:
+        scan_paths(con, [vocab_dir / "ggml-vocab-qwen2.gguf"])  # a vocabulary of ~1 MB
+        (sha,) = con.execute("SELECT vocab_sha FROM vocabs").fetchone()
+    data = good.read_bytes()
+    db = tmp_path / "registry.duckdb"
+    block = 256 * 1024  # DuckDB's block size: damage one block after another
+    for start in range(block, len(data) - 2048, block):
+        db.write_bytes(data[: start + 8] + b"\x55" * 1024 + data[start + 8 + 1024 :])
+        con = duckdb.connect(str(db), read_only=True)
+        try:
+            con.execute("SELECT tokens_z FROM vocabs").fetchall()
+        except duckdb.Error:
+            break
+        finally:
+            con.close()
+    else:
+        pytest.fail("no block of the stored vocabulary found to damage")
+    damaged = db.read_bytes()
+    _decode.cache_clear()
+    with pytest.raises(RegistryError) as err, opened(db, read_only=True) as con:
+        assert queries.list_models(con)  # the catalog and models are intact
+        load_vocab(con, sha)
+    assert str(err.value).startswith(f"the registry {db} is damaged (Corrupt database file")
+    assert "move it aside" in str(err.value) and "\n" not in str(err.value)
+    assert db.read_bytes() == damaged
