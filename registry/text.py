@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import re
 
+from specreg.text import clip
+
 # C0 and C1 control characters (and DEL): a terminal acts on them, a database row should not
 # carry them raw. Escaped as \xNN so a reader sees exactly which byte was there.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -46,13 +48,6 @@ def fs_path(text: str, raw: bytes | None) -> str:
 def escape_controls(text: str) -> str:
     """Control characters as visible `\\xNN` escapes; everything else unchanged."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-
-
-def clip(text: str, limit: int) -> str:
-    """`text` cut to `limit` characters for display, saying how many were left out."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 def clean_reason(text: str, limit: int = REASON_MAX_CHARS) -> str:

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from specreg.registry.queries import ModelRecord, human_bytes, human_count
-from specreg.registry.text import clip
+from specreg.text import clip
 
 # Display lengths of untrusted text in the report. Any string a page shows is cut to
 # TEXT_MAX_CHARS; a model's name (repeated on many pages, in the matrix and the graph) to

@@ -26,7 +26,6 @@ from jinja2 import Environment, FileSystemBytecodeCache, PackageLoader, StrictUn
 from markupsafe import Markup
 
 from specreg.registry.queries import human_bytes, human_count
-from specreg.registry.text import clip
 from specreg.reports import gather, plots
 from specreg.reports.data import (
     CHAT_TEMPLATE_MAX_CHARS,
@@ -42,6 +41,7 @@ from specreg.reports.data import (
     TargetView,
 )
 from specreg.terms import TASKS
+from specreg.text import clip
 
 log = logging.getLogger(__name__)
 

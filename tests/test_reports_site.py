@@ -316,14 +316,14 @@ def test_huge_gguf_strings_are_cut_for_display(tmp_path: Path) -> None:
     pages = list((tmp_path / "site").glob("*.html"))
     total = sum(p.stat().st_size for p in pages)
     assert total < 3 * CHAT_TEMPLATE_MAX_CHARS + 50 * len(pages) * 1024, total
-    cut = f"... ({len(name) - NAME_MAX_CHARS} more characters)"
+    cut = f"... ({len(name) - NAME_MAX_CHARS:,} more characters)"
     page = Page(read(tmp_path / "site", "target-" + stored.model_id + ".html"))
     assert page.texts["h1"] == [name[:NAME_MAX_CHARS] + cut]
     assert page.texts["pre"][0] == "T" * CHAT_TEMPLATE_MAX_CHARS + (
-        f"... ({huge - CHAT_TEMPLATE_MAX_CHARS} more characters)"
+        f"... ({huge - CHAT_TEMPLATE_MAX_CHARS:,} more characters)"
     )
     bos = [t for t in page.texts["code"] if t.startswith("BBB")]
-    assert bos == ["B" * TEXT_MAX_CHARS + f"... ({huge - TEXT_MAX_CHARS} more characters)"]
+    assert bos == ["B" * TEXT_MAX_CHARS + f"... ({huge - TEXT_MAX_CHARS:,} more characters)"]
     matrix = Page(read(tmp_path / "site", "matrix.html"))
     data = json.loads(next(s for s in matrix.scripts if s.lstrip().startswith("{")))
     assert name[:NAME_MAX_CHARS] + cut in [row[1] for row in data["t"] + data["d"]]
