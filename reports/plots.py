@@ -21,6 +21,8 @@ from typing import Any
 
 import networkx as nx
 
+from specreg.text import terminal_safe
+
 # Cached SVGs are keyed by this file's own text too: changing a drawing invalidates them.
 _CACHE_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 # Qualitative colours: tokenizer families, sweep series (matplotlib's tab10, then greys).
@@ -37,8 +39,9 @@ def tok_family_colour(index: int) -> str:
 
 
 def plain(text: str) -> str:
-    """Text for matplotlib that it shows as is: `$` would start mathtext (and can raise)."""
-    return text.replace("\\", "\\\\").replace("$", r"\$")
+    """Text for matplotlib that it shows as is: `$` would start mathtext (and can raise);
+    control characters (which no font has, and which XML forbids) appear as `\\x1b`."""
+    return terminal_safe(text).replace("\\", "\\\\").replace("$", r"\$")
 
 
 @dataclass
