@@ -170,6 +170,14 @@ class Spec:
         path = Path(p).expanduser()
         return path if path.is_absolute() else (self.base_dir / path)
 
+    def role(self, name: str) -> RoleDecl:
+        """The declared role `name`; a UsageError lists the roles there are."""
+        found = next((r for r in self.roles if r.name == name), None)
+        if found is None:
+            names = ", ".join(r.name for r in self.roles) or "none"
+            raise UsageError(f"no role {name!r} in {self.path} (roles: {names})")
+        return found
+
     def model(self, ref: str) -> ModelDecl | None:
         """A declared model by id, unique id prefix (8+ characters) or alias."""
         for m in self.models:

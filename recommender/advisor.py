@@ -45,6 +45,7 @@ class Advisor:
         task: str = "chat",
         policy: str = POLICY_QUALITY,
         temperature: float = 0.0,
+        max_kld: float | None = None,
     ) -> Recommendation:
         return recommend(
             con,
@@ -55,6 +56,7 @@ class Advisor:
             policy=policy,
             temperature=temperature,
             observations=self.observations,
+            max_kld=max_kld,
         )
 
 

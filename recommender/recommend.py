@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -166,6 +167,9 @@ class Roofline:
 
 @dataclass(frozen=True)
 class Recommendation:
+    JSON_KIND = "recommendation"
+    JSON_VERSION = "1"
+
     target_id: str
     target_name: str
     target_path: str
@@ -183,6 +187,27 @@ class Recommendation:
     @property
     def best(self) -> Option:
         return self.options[0]
+
+    def to_json(
+        self, commands: Sequence[str | None] = (), top: int | None = None
+    ) -> dict[str, Any]:
+        """The document `recommend --json` prints: the first `top` options (all by default),
+        each with the command line at the same index of `commands` (None where not given)."""
+        from specreg.jsonout import document, plain
+
+        shown = self.options if top is None else self.options[:top]
+        payload = plain(self)
+        payload["options"] = [
+            {
+                **plain(o),
+                "lossless": o.lossless,
+                "command": commands[i] if i < len(commands) else None,
+            }
+            for i, o in enumerate(shown)
+        ]
+        payload["n_options"] = len(self.options)
+        payload["roofline"]["fraction"] = self.roofline.fraction
+        return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
 
 def _evidence_space(configs: Sequence[ConfigFacts]) -> np.ndarray:

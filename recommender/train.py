@@ -15,7 +15,7 @@ import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specreg.home import specreg_home
 from specreg.recommender.predictor import SpeedPredictor, write_json
@@ -39,6 +39,9 @@ def model_dir() -> Path:
 
 @dataclass(frozen=True)
 class TrainSummary:
+    JSON_KIND = "train"
+    JSON_VERSION = "1"
+
     trained_at: str
     data_version: str
     model_format: str
@@ -51,6 +54,11 @@ class TrainSummary:
     cv_speedup_mape_all: float | None = None
     cv_band_coverage: float | None = None
     cv_series: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        return document(self.JSON_KIND, self.JSON_VERSION, {"summary": self})
 
 
 def default_estimator(random_state: int = 0) -> SpeculationRegressor:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from specreg.registry.queries import ModelRecord, human_bytes, human_count
 from specreg.text import clip
@@ -256,6 +257,9 @@ class SiteData:
 
 @dataclass(frozen=True)
 class SiteResult:
+    JSON_KIND = "report"
+    JSON_VERSION = "1"
+
     out_dir: Path
     pages: tuple[Path, ...]
     n_models: int
@@ -270,3 +274,10 @@ class SiteResult:
     @property
     def index(self) -> Path:
         return self.out_dir / "index.html"
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        keys = ("out_dir", "pages", "n_models", "n_pairs", "n_runs", "n_plots", "seconds", "parts")
+        payload = {"index": self.index, **{k: getattr(self, k) for k in keys}}
+        return document(self.JSON_KIND, self.JSON_VERSION, payload)

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -115,6 +116,9 @@ class TuneStep:
 
 @dataclass(frozen=True)
 class TuneResult:
+    JSON_KIND = "tune"
+    JSON_VERSION = "1"
+
     target_name: str
     steps: tuple[TuneStep, ...]
     final: Recommendation
@@ -125,6 +129,31 @@ class TuneResult:
     @property
     def n_runs(self) -> int:
         return len(self.steps)
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        best = self.best
+        runs = [
+            {
+                "label": s.label,
+                "predicted_tps": s.option.tps,
+                "measured_tps": s.measured_tps,
+                "run_id": s.run_id,
+                "reason": s.reason,
+            }
+            for s in self.steps
+        ]
+        payload = {
+            "target": self.target_name,
+            "runs": runs,
+            "best": None if best is None else {"label": best.label, "tps": best.measured_tps},
+            "baseline_tps": self.baseline_tps,
+            "confirmed": self.confirmed,
+            "stop_reason": self.stop_reason,
+            "n_candidates": self.n_candidates,
+        }
+        return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
     @property
     def best(self) -> TuneStep | None:

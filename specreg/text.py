@@ -23,7 +23,9 @@ from collections.abc import Iterable
 
 # C0, DEL and C1 controls; Unicode bidi controls (the "Trojan Source" characters); lone
 # surrogates, which is how Python spells the undecodable bytes of a file name (os.fsdecode).
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
 
 # How much of one untrusted string a human view shows (`show --full` shows everything).
 FIELD_LIMIT = 120

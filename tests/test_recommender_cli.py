@@ -65,7 +65,10 @@ def test_unknown_target_is_a_usage_error(scanned_db: Path) -> None:
 def test_unknown_policy_is_a_usage_error(scanned_db: Path) -> None:
     r = _specreg("recommend", TARGET, "--policy", "fast", "--db", str(scanned_db))
     assert r.returncode == 2
-    assert "Invalid value for '--policy': 'fast' is not one of 'quality', 'speed'." in r.stderr
+    assert r.stderr == (
+        "error: Invalid value for '--policy': 'fast' is not one of 'quality', 'speed'"
+        " (see `specreg recommend --help`)\n"
+    )
 
 
 def test_recommend_keeps_its_fit_and_refits_when_the_evidence_changes(

@@ -20,7 +20,6 @@ holds every module of this package to that):
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -84,7 +83,12 @@ def json_text(doc: dict[str, Any]) -> str:
 
 def emit(result: JsonResult) -> None:
     """Write a result's own versioned `--json` document to stdout."""
-    sys.stdout.write(json_text(result.to_json()) + "\n")
+    emit_document(result.to_json())
+
+
+def emit_document(doc: dict[str, Any]) -> None:
+    """Write a document a result built (`result.to_json(...)` with arguments) to stdout."""
+    sys.stdout.write(json_text(doc) + "\n")
 
 
 def emit_json(kind: str, payload: dict[str, Any]) -> None:
@@ -185,7 +189,9 @@ class FiniteFloat(click.ParamType):
     def __init__(self, min: float = 0.0) -> None:
         self.min = min
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
         try:
             number = float(value)
         except (TypeError, ValueError):
@@ -215,6 +221,26 @@ class ParamCount(click.ParamType):
         if not math.isfinite(number) or number < 0:
             self.fail(f"{value!r} is not a parameter count like 500M or 32B", param, ctx)
         return int(number)
+
+
+class TaskChoice(click.Choice):
+    """A task or one of its aliases (`general` is chat); the command gets the canonical task,
+    and stderr says what an alias maps to."""
+
+    def __init__(self, canonical: tuple[str, ...] | None = None) -> None:
+        from specreg.terms import TASK_ALIASES, TASK_CHOICES
+
+        names = TASK_CHOICES if canonical is None else (*canonical, *TASK_ALIASES)
+        super().__init__(names)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from specreg.terms import canonical_task
+
+        name = str(super().convert(value, param, ctx))
+        task = canonical_task(name)
+        if task != name:
+            err_console().print(f"note: task {name} is {task} (its prompts and predictions)")
+        return task
 
 
 MODEL = ModelRef()
@@ -255,3 +281,13 @@ def llama_rules(llama_build: int | None, llama_bin: Path | None) -> RuleSet:
 
     install = find_llama(llama_bin)
     return auditor.rules_for_version(install.version, install.dialect)
+
+
+def resolve_model_path(con: Any, ref: str) -> Path:
+    """The file of the model `ref` names (a path, an id prefix or a name), exactly as the OS
+    names it (its first part for a split model): what commands that launch llama.cpp open."""
+    from specreg.registry.queries import model_fs_paths, resolve_model
+
+    record = resolve_model(con, ref)
+    paths = model_fs_paths(con, record.model_id)
+    return Path(paths[0] if paths else record.path)

@@ -2,45 +2,53 @@
 
 from __future__ import annotations
 
-import dataclasses
-import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.table import Table
 
-from specreg.cli.common import console, db_option, emit_json, err_console, json_option, resolve_db
-from specreg.errors import LlamaError
-from specreg.recommender.host import HostFacts, detect_host_facts
-from specreg.recommender.local import local_observations
-from specreg.recommender.prior import load_prior
-from specreg.recommender.recommend import POLICIES, TASK_CHOICES, Recommendation, recommend
-from specreg.recommender.train import cached_fit, load_trained, train
-from specreg.registry.db import opened
-from specreg.registry.queries import resolve_model
-from specreg.runner.host import Host, detect_host
-from specreg.runner.llama import DIALECT_SPEC_TYPE, find_llama
-from specreg.runner.tune import TuneResult, TuneStep, llama_runner, option_command, tune
-from specreg.runner.workload import load_workload
+from specreg.cli.common import (
+    MODEL,
+    TEMPERATURE,
+    FiniteFloat,
+    TaskChoice,
+    console,
+    db_option,
+    emit,
+    emit_document,
+    err_console,
+    json_option,
+    resolve_db,
+    resolve_model_path,
+)
+from specreg.terms import POLICIES, POLICY_QUALITY
+from specreg.text import clip
+
+if TYPE_CHECKING:
+    from specreg.recommender.evaluate import CVReport
+    from specreg.recommender.recommend import Recommendation
+    from specreg.recommender.train import TrainSummary
+    from specreg.runner.tune import TuneResult, TuneStep
 
 F = Callable[..., Any]
+
+_BANDWIDTH = FiniteFloat(min=0.001)
 
 
 def _common(func: F) -> F:
     options: list[Callable[[F], F]] = [
-        click.option("--task", type=click.Choice(TASK_CHOICES), default="chat", show_default=True),
+        click.option("--task", type=TaskChoice(), default="chat", show_default=True),
         click.option(
             "--policy",
             type=click.Choice(POLICIES),
-            default="quality",
+            default=POLICY_QUALITY,
             show_default=True,
             help="quality: lossless knobs only; speed: may change outputs (fewer experts).",
         ),
         click.option(
             "--bandwidth",
-            type=float,
+            type=_BANDWIDTH,
             default=None,
             help="Memory bandwidth in GB/s (default: a cached copy benchmark, an estimate).",
         ),
@@ -58,52 +66,24 @@ def _common(func: F) -> F:
     return func
 
 
-def _host(bandwidth: float | None) -> tuple[Host, HostFacts]:
-    host = detect_host()
-    return host, detect_host_facts(bandwidth, fingerprint=host.fingerprint)
-
-
-def _install(llama_bin: Path | None) -> tuple[str, str]:
-    """(dialect, server path) of the user's build; the pinned build's dialect if none found."""
-    try:
-        install = find_llama(llama_bin)
-    except LlamaError:
-        return DIALECT_SPEC_TYPE, "llama-server"
-    return install.dialect, str(install.server)
-
-
-def _commands(rec: Recommendation, host: Host, dialect: str, server: str) -> list[str | None]:
-    out: list[str | None] = []
-    for o in rec.options:
-        try:
-            out.append(shlex.join(option_command(o, rec.target_path, dialect, host, server)))
-        except Exception as err:  # noqa: BLE001 - e.g. a method this build's dialect lacks
-            out.append(f"# not available with this llama.cpp: {err}")
-    return out
-
-
 def _kld_budget(max_kld: float | None, role: str | None, spec_path: Path) -> float | None:
     """--max-kld, else the role's `max_kld` in specreg.yaml."""
     if max_kld is not None or role is None:
         return max_kld
     from specreg.declare.spec import load_spec
-    from specreg.errors import UsageError
 
-    spec, _ = load_spec(spec_path)
-    found = next((r for r in spec.roles if r.name == role), None)
-    if found is None:
-        names = ", ".join(r.name for r in spec.roles) or "none"
-        raise UsageError(f"no role {role!r} in {spec_path} (roles: {names})")
-    return found.max_kld
+    return load_spec(spec_path)[0].role(role).max_kld
 
 
 @click.command("recommend")
-@click.argument("target")
+@click.argument("target", type=MODEL)
 @_common
-@click.option("--temp", type=float, default=0.0, show_default=True, help="Your temperature.")
-@click.option("--top", type=int, default=5, show_default=True, help="Options to show.")
+@click.option("--temp", type=TEMPERATURE, default=0.0, show_default=True, help="Your temperature.")
 @click.option(
-    "--max-kld", type=float, default=None,
+    "--top", type=click.IntRange(min=1), default=5, show_default=True, help="Options to show."
+)
+@click.option(
+    "--max-kld", type=FiniteFloat(), default=None,
     help="Quality budget: leave out lossy options whose mean KL divergence (measured by "
     "`specreg quality`, else predicted) is above it.",
 )  # fmt: skip
@@ -131,34 +111,30 @@ def recommend_cmd(
     Acceptance is measured agreement (`specreg agree`) for draft pairs without runs; under
     --policy speed each lossy option shows its quality cost (`specreg quality`, or predicted).
     """
-    host, facts = _host(bandwidth)
+    from specreg.cli.advice import command_lines, this_host, users_llama
+    from specreg.recommender.advisor import open_advisor
+    from specreg.registry.db import opened
+    from specreg.registry.queries import resolve_model
+
     budget = _kld_budget(max_kld, role, spec_path)
+    host, facts = this_host(bandwidth)
     with opened(resolve_db(db_path)) as con:
         resolve_model(con, target)  # an unknown target fails before the model is fitted
-        local = local_observations(con, facts)
-        trained = load_trained()
-        model = trained[0] if trained else cached_fit(local)
-        rec = recommend(
-            con, target, model=model, host=facts, task=task, policy=policy,
-            temperature=temp, observations=[*load_prior().observations, *local], max_kld=budget,
-        )  # fmt: skip
-    commands = _commands(rec, host, *_install(llama_bin))
+        rec = open_advisor(con, facts).recommend(
+            con, target, task=task, policy=policy, temperature=temp, max_kld=budget
+        )
+    commands = command_lines(rec, host, users_llama(llama_bin), top)
     if as_json:
-        doc = dataclasses.asdict(rec)
-        doc["options"] = [
-            {**dataclasses.asdict(o), "lossless": o.lossless, "command": cmd}
-            for o, cmd in zip(rec.options[:top], commands, strict=False)
-        ]
-        doc["n_options"] = len(rec.options)
-        doc["roofline"]["fraction"] = rec.roofline.fraction
-        emit_json("recommendation", doc)
-        return
-    _print_recommendation(rec, commands, top)
+        emit_document(rec.to_json(commands, top))
+    else:
+        _print_recommendation(rec, commands, top)
 
 
-def _print_recommendation(rec: Recommendation, commands: list[str | None], top: int) -> None:
+def _print_recommendation(rec: Recommendation, commands: Sequence[str], top: int) -> None:
+    from rich.table import Table
+
     c = console()
-    c.print(f"{rec.target_name}  task={rec.task}  policy={rec.policy}")
+    c.print(f"{clip(rec.target_name)}  task={rec.task}  policy={rec.policy}")
     c.print(rec.roofline.line)
     table = Table(show_edge=False)
     cols = ["#", "configuration", "t/s [80% band]", "speedup", "acceptance", "knobs", "measured"]
@@ -169,7 +145,7 @@ def _print_recommendation(rec: Recommendation, commands: list[str | None], top: 
     for i, o in enumerate(rec.options[:top], start=1):
         row = [
             str(i),
-            o.label,
+            clip(o.label),
             f"{o.tps:.1f} [{o.tps_lo:.1f}-{o.tps_hi:.1f}]",
             o.speedup_str,
             f"{o.acceptance:.0%} {o.acceptance_source}" if o.acceptance is not None else "-",
@@ -181,7 +157,7 @@ def _print_recommendation(rec: Recommendation, commands: list[str | None], top: 
         table.add_row(*row)
     c.print(table)
     best = rec.best
-    c.print("do not speculate" if not rec.speculate else f"run: {best.label}")
+    c.print("do not speculate" if not rec.speculate else f"run: {clip(best.label)}")
     c.print(f"  {commands[0]}")
     for line in best.why:
         c.print(f"  why: {line}")
@@ -194,18 +170,27 @@ def _print_recommendation(rec: Recommendation, commands: list[str | None], top: 
 
 @click.command("train")
 @click.option("--no-cv", is_flag=True, help="Skip the grouped cross-validation.")
-@click.option("--bandwidth", type=float, default=None, help="Memory bandwidth in GB/s.")
+@click.option("--bandwidth", type=_BANDWIDTH, default=None, help="Memory bandwidth in GB/s.")
 @db_option
 @json_option
 def train_cmd(no_cv: bool, bandwidth: float | None, db_path: Path | None, as_json: bool) -> None:
     """Refit the speed model on the shipped prior and this host's runs; print CV error."""
-    host, facts = _host(bandwidth)
-    with opened(resolve_db(db_path)) as con:
+    from specreg.cli.advice import this_host
+    from specreg.recommender.local import local_observations
+    from specreg.recommender.train import train
+    from specreg.registry.db import opened
+
+    host, facts = this_host(bandwidth)
+    with opened(resolve_db(db_path), read_only=True) as con:
         local = local_observations(con, facts)
     _, summary, report = train(local, host=host.fingerprint, with_cv=not no_cv)
     if as_json:
-        emit_json("train", {"summary": summary})
-        return
+        emit(summary)
+    else:
+        _print_train(summary, report)
+
+
+def _print_train(summary: TrainSummary, report: CVReport | None) -> None:
     c = console()
     c.print(f"trained on {summary.n_prior} prior rows and {summary.n_local} local runs")
     if report is not None:
@@ -219,13 +204,15 @@ def train_cmd(no_cv: bool, bandwidth: float | None, db_path: Path | None, as_jso
 
 
 @click.command("tune")
-@click.argument("target", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("target", type=MODEL)
 @_common
-@click.option("--budget", type=int, default=6, show_default=True, help="Most runs to spend.")
-@click.option("--n-predict", type=int, default=64, show_default=True)
-@click.option("--repeat", "repeats", type=int, default=2, show_default=True)
+@click.option(
+    "--budget", type=click.IntRange(min=1), default=6, show_default=True, help="Most runs to spend."
+)
+@click.option("--n-predict", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--repeat", "repeats", type=click.IntRange(min=1), default=2, show_default=True)
 def tune_cmd(
-    target: Path,
+    target: str,
     task: str,
     policy: str,
     bandwidth: float | None,
@@ -236,63 +223,51 @@ def tune_cmd(
     n_predict: int,
     repeats: int,
 ) -> None:
-    """Measure the most promising configurations of TARGET until the best is confirmed."""
-    host, facts = _host(bandwidth)
+    """Measure the most promising configurations of TARGET until the best is confirmed.
+
+    TARGET is a path, an id prefix or a name.
+    """
+    from specreg.cli.advice import this_host
+    from specreg.registry.db import opened
+    from specreg.runner.llama import find_llama
+    from specreg.runner.tune import llama_runner, tune
+    from specreg.runner.workload import load_workload
+
+    host, facts = this_host(bandwidth)
     install = find_llama(llama_bin)
-    progress = err_console()
-
-    def show(step: TuneStep) -> None:
-        got = f"{step.measured_tps:.1f} t/s" if step.measured_tps else "failed"
-        progress.print(
-            f"  {step.label}: predicted {step.option.tps:.1f}, measured {got} ({step.reason})",
-        )
-
     with opened(resolve_db(db_path)) as con:
+        path = resolve_model_path(con, target)
         run_option = llama_runner(
-            con, install, host, target, load_workload((task,)),
+            con, install, host, path, load_workload((task,)),
             task=task, n_predict=n_predict, repeats=repeats,
         )  # fmt: skip
         result = tune(
-            con, str(target), run_option, host=facts, task=task, policy=policy,
-            budget=budget, on_step=None if as_json else show,
+            con, str(path), run_option, host=facts, task=task, policy=policy,
+            budget=budget, on_step=None if as_json else _print_step,
         )  # fmt: skip
     if as_json:
-        emit_json("tune", _tune_doc(result))
-        return
-    _print_tune(result)
+        emit(result)
+    else:
+        _print_tune(result)
 
 
-def _tune_doc(r: TuneResult) -> dict[str, Any]:
-    best = r.best
-    return {
-        "target": r.target_name,
-        "runs": [
-            {
-                "label": s.label,
-                "predicted_tps": s.option.tps,
-                "measured_tps": s.measured_tps,
-                "run_id": s.run_id,
-                "reason": s.reason,
-            }
-            for s in r.steps
-        ],  # fmt: skip
-        "best": None if best is None else {"label": best.label, "tps": best.measured_tps},
-        "baseline_tps": r.baseline_tps,
-        "confirmed": r.confirmed,
-        "stop_reason": r.stop_reason,
-        "n_candidates": r.n_candidates,
-    }
+def _print_step(step: TuneStep) -> None:
+    got = f"{step.measured_tps:.1f} t/s" if step.measured_tps else "failed"
+    err_console().print(
+        f"  {clip(step.label)}: predicted {step.option.tps:.1f}, measured {got} ({step.reason})"
+    )
 
 
 def _print_tune(r: TuneResult) -> None:
     c = console()
     best = r.best
-    c.print(f"{r.target_name}: {r.n_runs} runs of {r.n_candidates} candidates ({r.stop_reason})")
+    name = clip(r.target_name)
+    c.print(f"{name}: {r.n_runs} runs of {r.n_candidates} candidates ({r.stop_reason})")
     if best is not None and best.measured_tps:
         base = r.baseline_tps
         sp = f" = {best.measured_tps / base:.2f}x plain" if base else ""
         state = "confirmed" if r.confirmed else "not confirmed (budget spent)"
-        c.print(f"best: {best.label}: {best.measured_tps:.1f} t/s{sp}, {state}")
+        c.print(f"best: {clip(best.label)}: {best.measured_tps:.1f} t/s{sp}, {state}")
 
 
 COMMANDS = [recommend_cmd, train_cmd, tune_cmd]

@@ -2,27 +2,28 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
-import duckdb
 
-from specreg.cli.audit_cmds import _rules, build_option
-from specreg.cli.common import console, db_option, emit_json, json_option, resolve_db
-from specreg.cli.recommend_cmds import _commands, _host, _install
-from specreg.errors import UsageError
-from specreg.home import cache_dir, specreg_home
-from specreg.recommender.local import local_observations
-from specreg.recommender.prior import load_prior
-from specreg.recommender.recommend import TASK_CHOICES
-from specreg.recommender.recommend import recommend as recommend_fn
-from specreg.recommender.train import cached_fit, load_trained
-from specreg.registry.db import opened
-from specreg.registry.queries import ModelRecord
-from specreg.reports import build_site
-from specreg.reports.gather import Advise
+from specreg.cli.common import (
+    FiniteFloat,
+    TaskChoice,
+    build_option,
+    console,
+    db_option,
+    emit,
+    json_option,
+    llama_rules,
+    resolve_db,
+)
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from specreg.reports.data import SiteResult
+    from specreg.reports.gather import Advise
 
 
 @click.command()
@@ -43,11 +44,13 @@ from specreg.reports.gather import Advise
 @click.option(
     "--task",
     "tasks",
-    type=click.Choice(TASK_CHOICES),
+    type=TaskChoice(),
     multiple=True,
     help="With --recommend: only these tasks (repeatable; default: all).",
 )
-@click.option("--bandwidth", type=float, default=None, help="Memory bandwidth in GB/s.")
+@click.option(
+    "--bandwidth", type=FiniteFloat(min=0.001), default=None, help="Memory bandwidth in GB/s."
+)
 @build_option
 @db_option
 @json_option
@@ -63,57 +66,51 @@ def report(
     as_json: bool,
 ) -> None:
     """Write a static HTML report of the registry that works offline (open index.html)."""
+    from specreg.errors import UsageError
+    from specreg.home import cache_dir, specreg_home
+    from specreg.registry.db import opened
+    from specreg.reports import build_site
+    from specreg.terms import TASKS
+
     db = resolve_db(db_path)
     if not db.exists():
         raise UsageError(f"no registry at {db}: run `specreg scan DIR` first")
-    out = out_dir or specreg_home() / "report"
+    rules = llama_rules(llama_build, llama_bin)  # the same rules as `specreg audit`
     with opened(db) as con:
         result = build_site(
             con,
-            out,
+            out_dir or specreg_home() / "report",
             cache=cache_dir() / "report",
             db_label=str(db),
-            rules=_rules(llama_build, llama_bin),  # the same rules as `specreg audit`
-            advise=_advisor(con, bandwidth, llama_bin) if recommend else None,
-            tasks=tasks or TASK_CHOICES,
+            rules=rules,
+            advise=_advise(con, bandwidth, llama_bin) if recommend else None,
+            tasks=tuple(dict.fromkeys(tasks)) or TASKS,
         )
     if as_json:
-        emit_json("report", {"index": result.index, **_summary(result)})
+        emit(result)
     else:
-        out_c = console()
-        out_c.print(f"wrote {len(result.pages)} pages in {result.seconds:.2f} s: {result.index}")
-        for part in result.parts:
-            if part.note:
-                out_c.print(f"  {part.part}: {part.note}")
+        _print_report(result)
     if open_browser:
         click.launch(str(result.index))
 
 
-def _advisor(
+def _advise(
     con: duckdb.DuckDBPyConnection, bandwidth: float | None, llama_bin: Path | None
 ) -> Advise:
-    """The recommender as `specreg recommend` sets it up: trained model, this host, your build."""
-    host, facts = _host(bandwidth)
-    local = local_observations(con, facts)
-    trained = load_trained()
-    model = trained[0] if trained else cached_fit(local)
-    observations = [*load_prior().observations, *local]
-    dialect, server = _install(llama_bin)
+    """The recommender as `specreg recommend` sets it up: this host, its evidence, your build."""
+    from specreg.cli.advice import report_advise, this_host, users_llama
+    from specreg.recommender.advisor import open_advisor
 
-    def advise(con: duckdb.DuckDBPyConnection, target: ModelRecord, task: str) -> tuple[Any, str]:
-        rec = recommend_fn(
-            con, target.model_id or "", model=model, host=facts, task=task,
-            observations=observations,
-        )  # fmt: skip
-        best_only = dataclasses.replace(rec, options=rec.options[:1])
-        return rec, _commands(best_only, host, dialect, server)[0] or ""
-
-    return advise
+    host, facts = this_host(bandwidth)
+    return report_advise(open_advisor(con, facts), host, users_llama(llama_bin))
 
 
-def _summary(result: object) -> dict[str, object]:
-    keys = ("out_dir", "pages", "n_models", "n_pairs", "n_runs", "n_plots", "seconds", "parts")
-    return {k: getattr(result, k) for k in keys}
+def _print_report(result: SiteResult) -> None:
+    out = console()
+    out.print(f"wrote {len(result.pages)} pages in {result.seconds:.2f} s: {result.index}")
+    for part in result.parts:
+        if part.note:
+            out.print(f"  {part.part}: {part.note}")
 
 
 COMMANDS = [report]

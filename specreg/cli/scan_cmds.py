@@ -57,8 +57,7 @@ def _scan(
     con: duckdb.DuckDBPyConnection, paths: tuple[Path, ...], all_files: bool, *, progress: bool
 ) -> ScanResult:
     """`scan_paths` with a progress bar on stderr once there are enough files to wait for."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-    from rich.progress import TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specreg.registry.scan import scan_paths
 
@@ -155,7 +154,8 @@ def _print_models(rows: tuple[ModelRecord, ...]) -> None:
             m.params_str,
             m.quant or "?",
             m.size_str,
-            clip(f"{m.tok_model or '-'}/{m.tok_pre or '-'}", 40) + f" {(m.tok_fingerprint or '')[:8]}",
+            clip(f"{m.tok_model or '-'}/{m.tok_pre or '-'}", 40)
+            + f" {(m.tok_fingerprint or '')[:8]}",
             str(m.n_tokens or "-"),
             m.status,
         )
