@@ -9,14 +9,13 @@ with each undecodable one written as `\\xNN`) and, only for such odd names, the 
 from __future__ import annotations
 
 import os
-import re
 
-from specreg.text import clip
+from specreg.text import clip, terminal_safe
 
-# C0 and C1 control characters (and DEL): a terminal acts on them, a database row should not
-# carry them raw. Escaped as \xNN so a reader sees exactly which byte was there.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 REASON_MAX_CHARS = 300
+
+# The older name, still imported by specreg/cli/doctor_cmds.py: new code uses terminal_safe.
+escape_controls = terminal_safe
 
 
 def is_odd(path: str) -> bool:
@@ -45,12 +44,9 @@ def fs_path(text: str, raw: bytes | None) -> str:
     return os.fsdecode(raw) if raw is not None else text
 
 
-def escape_controls(text: str) -> str:
-    """Control characters as visible `\\xNN` escapes; everything else unchanged."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-
-
 def clean_reason(text: str, limit: int = REASON_MAX_CHARS) -> str:
-    """A reason fit to store and print: one line, controls escaped, at most about `limit`
-    characters (a corrupt header can embed kilobytes of raw bytes in a key name)."""
-    return clip(escape_controls(path_text(text)), limit)
+    """A reason fit to store and print: one line, control characters (and the undecodable
+    bytes of a file name) as visible escapes, at most about `limit`
+    characters (a corrupt header can embed kilobytes of raw bytes in a key name). Escaped
+    before it is cut, so the stored reason never ends inside an escape."""
+    return clip(terminal_safe(text), limit)
