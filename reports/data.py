@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from specreg.registry.queries import ModelRecord, human_bytes, human_count
+from specreg.registry.queries import ModelRecord, ScanRecord, human_bytes, human_count
 from specreg.text import clip
 
 # Display lengths of untrusted text in the report. Any string a page shows is cut to
@@ -97,20 +97,6 @@ class ModelView:
     @property
     def size_str(self) -> str:
         return human_bytes(self.record.n_bytes)
-
-
-@dataclass(frozen=True)
-class ScanView:
-    scan_id: int
-    started_at: datetime | None
-    seconds: float | None
-    roots: tuple[str, ...]
-    host: str | None
-    n_files: int | None
-    n_new: int | None
-    n_changed: int | None
-    n_removed: int | None
-    n_errors: int | None
 
 
 @dataclass(frozen=True)
@@ -238,7 +224,7 @@ class SiteData:
     db_path: str
     models: tuple[ModelView, ...]
     families: tuple[TokFamily, ...]
-    scans: tuple[ScanView, ...]
+    scans: tuple[ScanRecord, ...]
     problems: tuple[ProblemView, ...]
     parts: tuple[PartStatus, ...]
     pairs: tuple[PairView, ...]

@@ -30,7 +30,6 @@ from specreg.reports.data import (
     RecView,
     Roofline,
     RunView,
-    ScanView,
     TokFamily,
 )
 from specreg.terms import TASKS
@@ -59,7 +58,7 @@ def page_name(model_id: str) -> str:
 class RegistryPart:
     models: tuple[ModelView, ...]
     families: tuple[TokFamily, ...]
-    scans: tuple[ScanView, ...]
+    scans: tuple[queries.ScanRecord, ...]
     problems: tuple[ProblemView, ...]
 
 
@@ -96,22 +95,8 @@ def tokenizer_families(records: Sequence[ModelRecord]) -> tuple[TokFamily, ...]:
     return tuple(families)
 
 
-def scan_history(con: duckdb.DuckDBPyConnection, limit: int = 20) -> tuple[ScanView, ...]:
-    return tuple(
-        ScanView(
-            scan_id=s.scan_id,
-            started_at=s.started_at,
-            seconds=s.seconds,
-            roots=s.roots,
-            host=s.host,
-            n_files=s.n_files,
-            n_new=s.n_new,
-            n_changed=s.n_changed,
-            n_removed=s.n_removed,
-            n_errors=s.n_errors,
-        )
-        for s in queries.scan_history(con, limit)
-    )
+def scan_history(con: duckdb.DuckDBPyConnection, limit: int = 20) -> tuple[queries.ScanRecord, ...]:
+    return tuple(queries.scan_history(con, limit))
 
 
 def chat_templates(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
