@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 from rich.table import Table
 
-from specreg.cli.common import console, db_option, emit_json, json_option, resolve_db
+from specreg.cli.common import F, console, db_option, emit_json, json_option, resolve_db
 from specreg.declare import export as export_mod
 from specreg.declare.importer import import_registry
 from specreg.declare.launch import DIALECT_CURRENT, DIALECT_LEGACY, build
@@ -21,7 +22,7 @@ from specreg.errors import UsageError
 from specreg.registry.db import opened
 
 
-def spec_option(func):  # type: ignore[no-untyped-def]
+def spec_option(func: F) -> F:
     return click.option(
         "--spec",
         "spec_path",
@@ -32,7 +33,7 @@ def spec_option(func):  # type: ignore[no-untyped-def]
     )(func)
 
 
-def out_option(help_text: str):  # type: ignore[no-untyped-def]
+def out_option(help_text: str) -> Callable[[F], F]:
     return click.option(
         "-o",
         "--out",
