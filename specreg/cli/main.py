@@ -51,6 +51,8 @@ COMMAND_MODULES = {
     "quality": "quality_cmds",
     "agree": "quality_cmds",
     "serve": "serve_cmds",
+    "doctor": "doctor_cmds",
+    "calibrate": "doctor_cmds",
 }
 
 

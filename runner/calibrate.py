@@ -1,0 +1,398 @@
+"""`specreg calibrate`: this host's cost curve for a model, measured with llama.cpp's llama-bench.
+
+Verifying K drafted tokens is one forward pass over K + 1 tokens. On a many-core host that pass
+costs about as much as a single-token step up to K of 16-32 (memory-bound); on a small host it
+grows almost linearly with K (compute-bound), which is why a draft that wins on the reference
+EPYC loses here. `llama-bench -p 1,2,4,...,32 -n N` times exactly that curve plus plain
+generation in one process (one model load); each test's repetitions are kept as samples.
+
+Other processes' CPU use is measured per test (between llama-bench's output lines); a disturbed
+test is measured again in a new invocation of just the disturbed tests, and the least disturbed
+measurement is kept. The curves are stored per host fingerprint, model and thread count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from specreg.errors import LlamaError, UsageError
+from specreg.registry.calibration import (
+    KIND_BATCH,
+    KIND_GEN,
+    CalibrationPoint,
+    CalibrationRecord,
+    point,
+    record_calibration,
+)
+from specreg.registry.queries import ModelRecord, resolve_model
+from specreg.runner.host import Host, detect_host
+from specreg.runner.llama import LlamaInstall, find_llama
+from specreg.runner.measure import logs_dir
+from specreg.runner.server import CpuWatch, ServerFailed, classify_exit, llama_message, spawn
+
+log = logging.getLogger(__name__)
+
+BENCH = "llama-bench"
+BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+GEN_TOKENS = 128
+REPETITIONS = 5
+# A test is disturbed when other processes used more than this share of all CPUs during it
+# (and at least MIN_FOREIGN_S: /proc/stat counts in 10 ms ticks).
+CONTENDED_SHARE = 0.05
+MIN_FOREIGN_S = 0.03
+TIMEOUT_S = 1800.0
+ROLE_TARGET = "target"
+ROLE_DRAFT = "draft"
+
+
+@dataclass(frozen=True)
+class BenchTest:
+    """One llama-bench test as measured: seconds of each repetition, and the load meanwhile."""
+
+    kind: str  # batch | gen
+    n_tokens: int
+    samples: tuple[float, ...]
+    wall_s: float
+    foreign_cpu_s: float | None
+
+    def contended(self, logical_cpus: int) -> bool:
+        if self.foreign_cpu_s is None:
+            return False
+        allowed = max(MIN_FOREIGN_S, CONTENDED_SHARE * self.wall_s * max(1, logical_cpus))
+        return self.foreign_cpu_s > allowed
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    JSON_KIND = "calibration"
+    JSON_VERSION = "1"
+
+    host_fingerprint: str
+    records: tuple[CalibrationRecord, ...]  # target first, then its drafts; ids set
+    seconds: float
+    reruns: int
+
+    @property
+    def contended(self) -> bool:
+        return any(r.contended for r in self.records)
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document, plain
+
+        models = []
+        for r in self.records:
+            models.append(
+                {
+                    **plain(r),
+                    "gen_seconds": r.gen_seconds,
+                    "verify_ratio": {str(k): r.verify_ratio(k) for k in (1, 2, 4, 8, 16)},
+                }
+            )
+        return document(
+            self.JSON_KIND,
+            self.JSON_VERSION,
+            {
+                "host_fingerprint": self.host_fingerprint,
+                "contended": self.contended,
+                "reruns": self.reruns,
+                "seconds": self.seconds,
+                "models": models,
+            },
+        )
+
+
+def bench_argv(
+    install: LlamaInstall,
+    host: Host,
+    model: Path,
+    *,
+    threads: int,
+    batch_sizes: Sequence[int],
+    gen_tokens: int,
+    repetitions: int,
+) -> list[str]:
+    """The llama-bench command for these tests (`-p 0` / `-n 0` switch a kind off)."""
+    return [
+        *host.launch_prefix(),
+        str(install.binary(BENCH)),
+        "-m",
+        str(model),
+        "-t",
+        str(threads),
+        "-r",
+        str(repetitions),
+        "-p",
+        ",".join(str(n) for n in batch_sizes) or "0",
+        "-n",
+        str(gen_tokens),
+        "-o",
+        "jsonl",
+    ]
+
+
+def parse_test(row: dict[str, Any]) -> tuple[str, int, tuple[float, ...]]:
+    """(kind, tokens, seconds of each repetition) of one llama-bench JSON row."""
+    n_prompt, n_gen = int(row.get("n_prompt") or 0), int(row.get("n_gen") or 0)
+    samples = tuple(float(ns) / 1e9 for ns in row.get("samples_ns") or ())
+    if not samples and row.get("avg_ns"):
+        samples = (float(row["avg_ns"]) / 1e9,)
+    if n_gen and not n_prompt:
+        return KIND_GEN, n_gen, samples
+    if n_prompt and not n_gen:
+        return KIND_BATCH, n_prompt, samples
+    raise ValueError(f"unexpected llama-bench test (n_prompt={n_prompt}, n_gen={n_gen})")
+
+
+def run_bench(
+    argv: list[str], *, env: dict[str, str], log_path: Path, timeout: float
+) -> list[BenchTest]:
+    """Run llama-bench, timing the other processes' CPU use between its output lines (one line
+    per finished test); `ServerFailed` when it fails or outlives `timeout`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    tests: list[BenchTest] = []
+    timed_out = threading.Event()
+
+    def expire(proc: subprocess.Popen[bytes]) -> None:
+        timed_out.set()
+        _kill(proc)
+
+    with log_path.open("ab") as err_log:
+        err_log.write(f"$ {shlex.join(argv)}\n".encode())
+        err_log.flush()
+        offset = err_log.tell()
+        proc = spawn(argv, env=env, stdout=subprocess.PIPE, stderr=err_log, log_path=log_path)
+        timer = threading.Timer(timeout, expire, (proc,))
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            while True:
+                start = time.monotonic()
+                with CpuWatch(proc.pid) as watch:
+                    raw = proc.stdout.readline()
+                if not raw:
+                    break
+                wall = time.monotonic() - start
+                try:
+                    kind, n, samples = parse_test(json.loads(raw))
+                except (ValueError, KeyError) as err:
+                    log.warning("llama-bench line not understood (%s): %r", err, raw[:200])
+                    continue
+                tests.append(BenchTest(kind, n, samples, wall, watch.foreign_s))
+            rc = proc.wait()
+        finally:
+            timer.cancel()
+            _kill(proc)
+    if timed_out.is_set() or rc != 0:
+        text = log_path.read_bytes()[offset:].decode(errors="replace")
+        if timed_out.is_set():
+            raise ServerFailed(
+                "timeout", f"{BENCH} did not finish within {timeout:.0f} s", "", log_path
+            )
+        raise ServerFailed(
+            classify_exit(text, rc),
+            f"{BENCH} failed (exit code {rc})",
+            llama_message(text),
+            log_path,
+        )
+    return tests
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def _best(tests: Sequence[BenchTest]) -> BenchTest:
+    return min(tests, key=lambda t: t.foreign_cpu_s or 0.0)
+
+
+def calibrate_model(
+    install: LlamaInstall,
+    host: Host,
+    model: ModelRecord,
+    *,
+    role: str = ROLE_TARGET,
+    threads: int | None = None,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+    gen_tokens: int = GEN_TOKENS,
+    repetitions: int = REPETITIONS,
+    retries: int = 2,
+    timeout: float = TIMEOUT_S,
+) -> tuple[CalibrationRecord, int]:
+    """One model's curve on this host, and how many tests were measured again under load."""
+    if not batch_sizes and gen_tokens <= 0:
+        raise UsageError("nothing to calibrate: give batch sizes or generation tokens")
+    threads = threads or host.threads
+    started = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    log_path = logs_dir() / f"{BENCH}-{started.strftime('%Y%m%dT%H%M%S%f')}.log"
+    path = Path(model.path)
+    env = host.env()
+
+    def bench(sizes: Sequence[int], gen: int) -> list[BenchTest]:
+        argv = bench_argv(
+            install,
+            host,
+            path,
+            threads=threads,
+            batch_sizes=sizes,
+            gen_tokens=gen,
+            repetitions=repetitions,
+        )
+        return run_bench(argv, env=env, log_path=log_path, timeout=timeout)
+
+    first_argv = bench_argv(
+        install,
+        host,
+        path,
+        threads=threads,
+        batch_sizes=batch_sizes,
+        gen_tokens=gen_tokens,
+        repetitions=repetitions,
+    )
+    found: dict[tuple[str, int], list[BenchTest]] = {}
+    for t in bench(batch_sizes, gen_tokens):
+        found.setdefault((t.kind, t.n_tokens), []).append(t)
+    wanted = [(KIND_BATCH, n) for n in batch_sizes] + (
+        [(KIND_GEN, gen_tokens)] if gen_tokens else []
+    )
+    missing = [key for key in wanted if key not in found]
+    if missing:
+        raise LlamaError(
+            f"{BENCH} did not report {', '.join(f'{k}{n}' for k, n in missing)} for {path.name}; "
+            f"see {log_path}"
+        )
+    reruns = 0
+    for _ in range(retries):
+        disturbed = [k for k in wanted if _best(found[k]).contended(host.logical_cpus)]
+        if not disturbed:
+            break
+        reruns += len(disturbed)
+        sizes = [n for kind, n in disturbed if kind == KIND_BATCH]
+        gen = gen_tokens if (KIND_GEN, gen_tokens) in disturbed else 0
+        for t in bench(sizes, gen):
+            found.setdefault((t.kind, t.n_tokens), []).append(t)
+    points: list[CalibrationPoint] = []
+    for key in wanted:
+        best = _best(found[key])
+        points.append(
+            point(
+                best.kind,
+                best.n_tokens,
+                best.samples,
+                wall_s=best.wall_s,
+                foreign_cpu_s=best.foreign_cpu_s,
+                reruns=len(found[key]) - 1,
+                contended=best.contended(host.logical_cpus),
+            )
+        )
+    record = CalibrationRecord(
+        host_fingerprint=host.fingerprint,
+        model_id=model.model_id,
+        model_path=str(path),
+        role=role,
+        threads=threads,
+        measured_at=started,
+        repetitions=repetitions,
+        points=tuple(points),
+        model_bytes=model.n_bytes,
+        seconds=time.monotonic() - t0,
+        llama_version=install.version,
+        llama_bin_dir=str(install.bin_dir),
+        argv=tuple(first_argv),
+        load_foreign_cpu=sum(p.foreign_cpu_s or 0.0 for p in points),
+    )
+    return record, reruns
+
+
+def _drafts_of(
+    con: duckdb.DuckDBPyConnection, target: ModelRecord, refs: Sequence[str], auto: bool, limit: int
+) -> list[ModelRecord]:
+    """The given drafts, else the compatible ones the recommender would weigh: separate files
+    no larger than the target, the target's architecture family first, then the smallest."""
+    if refs:
+        return [resolve_model(con, ref) for ref in refs]
+    if not auto or limit <= 0:
+        return []
+    from specreg.auditor import compatible_drafts
+    from specreg.registry.queries import get_model
+    from specreg.terms import arch_family
+
+    family = arch_family(target.architecture)
+    found = []
+    for rank, pv in enumerate(compatible_drafts(con, target)):
+        m = get_model(con, pv.draft.model_id)
+        # Draft heads (MTP, EAGLE) do not run on their own: llama-bench cannot time them.
+        if m is None or m.draft_kind is not None or m.status != "present":
+            continue
+        if (m.n_bytes or 0) > (target.n_bytes or 0):
+            continue
+        found.append((arch_family(m.architecture) != family, rank, m))
+    return [m for _, _, m in sorted(found, key=lambda f: f[:2])[:limit]]
+
+
+def calibrate_target(
+    db_path: Path,
+    target: str,
+    *,
+    drafts: Sequence[str] = (),
+    auto_drafts: bool = True,
+    max_drafts: int = 3,
+    threads: int | None = None,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+    gen_tokens: int = GEN_TOKENS,
+    repetitions: int = REPETITIONS,
+    retries: int = 2,
+    llama_bin: Path | None = None,
+    install: LlamaInstall | None = None,
+    host: Host | None = None,
+) -> CalibrationResult:
+    """Calibrate TARGET and its drafts on this host and store the curves in the registry."""
+    if repetitions < 1 or retries < 0 or (threads is not None and threads < 1):
+        raise UsageError("--repetitions and --threads must be at least 1, --retries at least 0")
+    from specreg.registry.db import opened
+
+    t0 = time.monotonic()
+    install = install or find_llama(llama_bin)
+    install.binary(BENCH)  # a clear error before anything runs
+    host = host or detect_host()
+    with opened(db_path) as con:
+        t = resolve_model(con, target)
+        models = [(t, ROLE_TARGET)] + [
+            (d, ROLE_DRAFT) for d in _drafts_of(con, t, drafts, auto_drafts, max_drafts)
+        ]
+    records: list[CalibrationRecord] = []
+    reruns = 0
+    for model, role in models:
+        rec, again = calibrate_model(
+            install,
+            host,
+            model,
+            role=role,
+            threads=threads,
+            batch_sizes=batch_sizes,
+            gen_tokens=gen_tokens,
+            repetitions=repetitions,
+            retries=retries,
+        )
+        reruns += again
+        with opened(db_path) as con:
+            records.append(replace(rec, calibration_id=record_calibration(con, rec)))
+    return CalibrationResult(host.fingerprint, tuple(records), time.monotonic() - t0, reruns)

@@ -1,0 +1,191 @@
+"""`specreg doctor` and `specreg calibrate`: this host's settings and its measured costs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from specreg.cli.common import console, db_option, json_option, resolve_db
+from specreg.errors import EXIT_FINDINGS
+
+if TYPE_CHECKING:
+    from specreg.runner.calibrate import CalibrationResult
+    from specreg.runner.doctor import DoctorReport
+
+_MARK = {"ok": "ok", "finding": "FINDING", "info": "info", "unknown": "?"}
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _llama_bin_option(func: F) -> F:
+    return click.option(
+        "--llama-bin",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Folder with llama.cpp's binaries (default: $SPECREG_LLAMA_BIN, PATH, the cache).",
+    )(func)
+
+
+@click.command()
+@click.option(
+    "--memory",
+    "memory_spec",
+    default=None,
+    help="Your DIMMs as COUNTxTYPE-SPEED, e.g. 12xDDR5-5600 (the peak to compare the measured "
+    "bandwidth with, when dmidecode cannot tell).",
+)
+@click.option("--no-bandwidth", is_flag=True, help="Skip the bandwidth measurement (about 1 s).")
+@_llama_bin_option
+@db_option
+@json_option
+def doctor(
+    memory_spec: str | None,
+    no_bandwidth: bool,
+    llama_bin: Path | None,
+    db_path: Path | None,
+    as_json: bool,
+) -> None:
+    """Check this host for llama.cpp: NUMA, SMT, threads, huge pages, governor, OpenMP, the
+    build's CPU features, memory against the registry's targets, memory bandwidth.
+
+    Each finding says what it costs and the command that fixes it. Exit 1 on findings.
+    """
+    from specreg.jsonout import dumps
+    from specreg.runner.doctor import run_doctor
+    from specreg.runner.membw import parse_memory_spec
+
+    memory = parse_memory_spec(memory_spec) if memory_spec else None
+    report = run_doctor(
+        resolve_db(db_path), llama_bin=llama_bin, memory=memory, measure_bandwidth=not no_bandwidth
+    )
+    if as_json:
+        click.echo(dumps(report.to_json()))
+    else:
+        _print_doctor(report)
+    if report.findings:
+        raise click.exceptions.Exit(EXIT_FINDINGS)
+
+
+def _print_doctor(report: DoctorReport) -> None:
+    out = console()
+    host = report.host
+    out.print(
+        f"host {host.cpu_model}: {host.physical_cores} cores, {host.logical_cpus} CPUs, "
+        f"{host.mem_str}, {host.numa_nodes} NUMA node(s); fingerprint {host.fingerprint}"
+    )
+    for c in report.checks:
+        out.print(f"{_MARK.get(c.status, c.status):8} {c.name:17} {c.summary}")
+        if c.cost and c.status != "ok":
+            out.print(f"{'':26}costs: {c.cost} ({c.cost_source})")
+        if c.status != "ok":
+            for cmd in c.fix:
+                out.print(f"{'':26}fix:   {cmd}")
+    if report.bandwidth is not None:
+        out.print(f"bandwidth method: {report.bandwidth.method_str}")
+    n = len(report.findings)
+    out.print(f"{n} finding{'s' if n != 1 else ''}; doctor took {report.seconds:.1f} s")
+
+
+@click.command()
+@click.argument("target")
+@click.option(
+    "--draft",
+    "drafts",
+    multiple=True,
+    help="Calibrate this draft too (default: the compatible drafts in the registry).",
+)
+@click.option("--no-drafts", is_flag=True, help="Calibrate the target only.")
+@click.option(
+    "--max-drafts", type=int, default=3, show_default=True, help="At most this many drafts."
+)
+@click.option(
+    "--threads", type=int, default=None, help="llama.cpp threads (default: physical cores)."
+)
+@click.option(
+    "--repetitions", type=int, default=5, show_default=True, help="llama-bench -r per test."
+)
+@click.option(
+    "--gen-tokens", type=int, default=128, show_default=True, help="Tokens of plain generation."
+)
+@click.option(
+    "--retries",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Measure a test again up to N times when other processes took CPU during it.",
+)
+@_llama_bin_option
+@db_option
+@json_option
+def calibrate(
+    target: str,
+    drafts: tuple[str, ...],
+    no_drafts: bool,
+    max_drafts: int,
+    threads: int | None,
+    repetitions: int,
+    gen_tokens: int,
+    retries: int,
+    llama_bin: Path | None,
+    db_path: Path | None,
+    as_json: bool,
+) -> None:
+    """Time TARGET (and its drafts) with llama-bench on this host: one pass over 1, 2, 4, ...
+    32 tokens (what verifying K drafted tokens costs) and plain generation; stored per host and
+    model for the recommender.
+
+    Exit 1 when a measurement stayed disturbed by other processes after every retry.
+    """
+    from specreg.jsonout import dumps
+    from specreg.runner.calibrate import calibrate_target
+
+    result = calibrate_target(
+        resolve_db(db_path),
+        target,
+        drafts=() if no_drafts else drafts,
+        auto_drafts=not no_drafts and not drafts,
+        max_drafts=max_drafts,
+        threads=threads,
+        repetitions=repetitions,
+        gen_tokens=gen_tokens,
+        retries=retries,
+        llama_bin=llama_bin,
+    )
+    if as_json:
+        click.echo(dumps(result.to_json()))
+    else:
+        _print_calibration(result)
+    if result.contended:
+        raise click.exceptions.Exit(EXIT_FINDINGS)
+
+
+def _print_calibration(result: CalibrationResult) -> None:
+    from specreg.registry.text import escape_controls
+
+    out = console()
+    for rec in result.records:
+        name = escape_controls(Path(rec.model_path).name)
+        gen = rec.gen
+        out.print(
+            f"{rec.role} {name} ({rec.threads} threads): plain generation "
+            + (f"{gen.tokens_per_s:.1f} t/s" if gen else "not measured")
+        )
+        for p in rec.batch:
+            ratio = p.seconds / rec.batch_seconds(1)
+            flag = "  (disturbed)" if p.contended else ""
+            out.print(
+                f"  batch {p.n_tokens:3}: {p.seconds * 1e3:8.2f} ms  "
+                f"[{p.seconds_lo * 1e3:.2f}-{p.seconds_hi * 1e3:.2f}]  {ratio:5.2f}x one token"
+                f"{flag}"
+            )
+    out.print(
+        f"host {result.host_fingerprint}; {result.reruns} test(s) measured again under load; "
+        f"took {result.seconds:.1f} s"
+    )
+
+
+COMMANDS = [doctor, calibrate]
