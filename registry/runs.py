@@ -44,6 +44,9 @@ class PromptRecord:
 class RunRecord:
     """One row of `runs` plus its prompts. `run_id` is None until recorded."""
 
+    JSON_KIND = "run"
+    JSON_VERSION = "1"
+
     kind: str
     status: str
     started_at: datetime
@@ -110,6 +113,43 @@ class RunRecord:
     @property
     def acceptance_str(self) -> str:
         return "-" if self.acceptance is None else f"{self.acceptance:.0%}"
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        return document(self.JSON_KIND, self.JSON_VERSION, {"run": self})
+
+
+@dataclass(frozen=True)
+class RunList:
+    """`specreg runs`: recorded runs, newest first."""
+
+    JSON_KIND = "runs"
+    JSON_VERSION = "1"
+
+    runs: tuple[RunRecord, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        return document(self.JSON_KIND, self.JSON_VERSION, {"runs": self.runs})
+
+
+@dataclass(frozen=True)
+class VerifiedRun:
+    """`specreg verify`: the plain baseline and the judged configuration's run."""
+
+    JSON_KIND = "verify"
+    JSON_VERSION = "1"
+
+    baseline: RunRecord
+    run: RunRecord
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        payload = {"baseline": self.baseline, "run": self.run}
+        return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
 
 _JSON_RUN = {"config", "host"}

@@ -285,9 +285,14 @@ def llama_rules(llama_build: int | None, llama_bin: Path | None) -> RuleSet:
 
 def resolve_model_path(con: Any, ref: str) -> Path:
     """The file of the model `ref` names (a path, an id prefix or a name), exactly as the OS
-    names it (its first part for a split model): what commands that launch llama.cpp open."""
+    names it (its first part for a split model): what commands that launch llama.cpp open.
+    A file on disk is that file, registered or not (the runner scans a new one)."""
+    import os
+
     from specreg.registry.queries import model_fs_paths, resolve_model
 
+    if os.path.isfile(ref):
+        return Path(ref)
     record = resolve_model(con, ref)
     paths = model_fs_paths(con, record.model_id)
     return Path(paths[0] if paths else record.path)

