@@ -13,14 +13,13 @@ from typing import Any
 
 from specreg.errors import UsageError
 from specreg.runner.host import Host
-from specreg.runner.llama import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE
 
-SPEC_NONE = "none"
-# Methods that need a separate draft model (`-md`). draft-mtp uses the target's own NextN
-# layers; the n-gram methods need no model at all.
-DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
-NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-SPEC_TYPES = (SPEC_NONE, *DRAFT_MODEL_TYPES, "draft-mtp", *NGRAM_TYPES)
+# The vocabulary is specreg.terms'; these names are importable from here too.
+from specreg.terms import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, SPEC_MTP
+from specreg.terms import DRAFT_MODEL_TYPES as DRAFT_MODEL_TYPES
+from specreg.terms import NGRAM_TYPES as NGRAM_TYPES
+from specreg.terms import SPEC_NONE as SPEC_NONE
+from specreg.terms import SPEC_TYPES as SPEC_TYPES
 
 DEFAULT_CTX = 4096
 DEFAULT_SEED = 42
@@ -107,7 +106,7 @@ def _spec_type_flags(config: Config, draft_path: Path | None) -> list[str]:
     if not config.speculative:
         return []
     flags = ["--spec-type", config.spec_type]
-    if config.needs_draft or config.spec_type == "draft-mtp" and draft_path is not None:
+    if config.needs_draft or config.spec_type == SPEC_MTP and draft_path is not None:
         flags += ["--spec-draft-model", str(draft_path)]
     if config.spec_type == "ngram-mod":
         if config.k is not None:

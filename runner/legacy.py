@@ -13,7 +13,6 @@ verification compares text (see `verify`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import re
@@ -23,22 +22,16 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from specreg.errors import LlamaError, UsageError
-from specreg.runner.config import NGRAM_TYPES, Config
+from specreg.runner.config import Config
 from specreg.runner.host import Host
 from specreg.runner.llama import LlamaInstall, last_line, run_text
-from specreg.runner.measure import (
-    ENGINE_SERVER,
-    WARMUP_TOKENS,
-    Measurement,
-    PromptResult,
-    RunStart,
-    least_contended,
-)
+from specreg.runner.measure import Measurement, RunStart, prompt_result
+from specreg.runner.protocol import Engine, Sampler, collect, plan_protocol, warmup_text
 from specreg.runner.server import (
     Completion,
     ServerFailed,
@@ -50,11 +43,15 @@ from specreg.runner.server import (
 )
 from specreg.runner.workload import Workload
 
+# The engine names are specreg.terms' vocabulary, importable from here too.
+from specreg.terms import ENGINE_AUTO as ENGINE_AUTO
+from specreg.terms import ENGINE_LEGACY as ENGINE_LEGACY
+from specreg.terms import ENGINE_SERVER as ENGINE_SERVER
+from specreg.terms import ENGINES as ENGINES
+from specreg.terms import NGRAM_TYPES
+
 log = logging.getLogger(__name__)
 
-ENGINE_AUTO = "auto"
-ENGINE_LEGACY = "legacy"
-ENGINES = (ENGINE_AUTO, ENGINE_SERVER, ENGINE_LEGACY)
 SPECULATIVE = "llama-speculative"
 LOOKUP = "llama-lookup"
 LEGACY_TOOLS = (SPECULATIVE, LOOKUP)
@@ -385,7 +382,7 @@ def to_completion(
     )
 
 
-class LegacyEngine:
+class LegacyEngine(Sampler):
     """One legacy binary set up for one configuration; `generate` runs one prompt."""
 
     def __init__(
@@ -443,6 +440,20 @@ class LegacyEngine:
         return to_completion(result, prompt, n_predict, self.tool, self.eog_texts)
 
 
+class LegacyTool(Engine):
+    """A legacy binary as an engine: every generation is its own process, so there is no
+    state to share between samples; a session is the binary, checked once."""
+
+    process_per_sample = True
+
+    def __init__(self, engine: LegacyEngine):
+        self.engine = engine
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[LegacyEngine]:
+        yield self.engine
+
+
 def measure_legacy(
     install: LlamaInstall,
     host: Host,
@@ -458,16 +469,25 @@ def measure_legacy(
     contention_retries: int = 2,
     timeout: float = 780.0,
     eog_texts: Sequence[str] = (),
+    warm_first: int | None = None,
 ) -> Measurement:
-    """Like `measure`, with one `tool` process per prompt and repeat. Never raises for
-    llama.cpp failures: they are returned."""
+    """Like `measure`, with one `tool` process per prompt and repeat, under the same protocol.
+    Never raises for llama.cpp failures: they are returned."""
+    warm_text = warmup_text(workload) if warmup else None
+    protocol = plan_protocol(
+        config.spec_type,
+        repeats=repeats,
+        contention_retries=contention_retries,
+        warmup=warm_text,
+        process_per_sample=True,
+        warm_first=warm_first,
+    )
     start = RunStart.now(
         tool, config=config, target=target, draft=draft, install=install, host=host,
         workload=workload, n_predict=n_predict, repeats=repeats, engine=tool,
     )  # fmt: skip
     log_path = start.log_path
     argv: tuple[str, ...] = (str(install.bin_dir / tool),)
-    results: list[PromptResult] = []
     try:
         try:
             engine = LegacyEngine(
@@ -479,25 +499,10 @@ def measure_legacy(
         except LlamaError as err:  # the binary is missing or does not answer --help
             raise ServerFailed("crash", f"cannot run {tool}", str(err), None) from err
         argv = tuple(engine.command(PROMPT_FILE, n_predict))
-        if warmup:
-            engine.generate(workload.prompts[0].text, WARMUP_TOKENS)
-        samples: dict[str, list[Completion]] = {p.prompt_id: [] for p in workload.prompts}
-        contended: dict[str, int] = {p.prompt_id: 0 for p in workload.prompts}
-        for _ in range(repeats):
-            for prompt in workload.prompts:
-                take = functools.partial(engine.generate, prompt.text, n_predict)
-                best, again = least_contended(take, host, contention_retries)
-                contended[prompt.prompt_id] += again
-                samples[prompt.prompt_id].append(best)
-        results = [
-            PromptResult(p, tuple(samples[p.prompt_id]), contended=contended[p.prompt_id])
-            for p in workload.prompts
-        ]
+        got = collect(
+            LegacyTool(engine), workload, protocol, host, n_predict=n_predict, warmup=warm_text
+        )
     except ServerFailed as err:
-        return start.finish(argv, tuple(results), None, failure=err)
+        return start.finish(argv, (), None, failure=err, protocol=protocol)
     # The legacy tools have no plain mode: a finished run speculated (draft_n says how much).
-    return start.finish(
-        argv,
-        tuple(results),
-        True,
-    )
+    return start.finish(argv, tuple(prompt_result(g) for g in got), True, protocol=protocol)

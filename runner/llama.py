@@ -17,17 +17,14 @@ from pathlib import Path
 from specreg.errors import LlamaError
 from specreg.runner.llama_build import cached_build
 
+# The dialects are specreg.terms' vocabulary, importable from here too.
+from specreg.terms import DIALECT_DRAFT_MAX as DIALECT_DRAFT_MAX
+from specreg.terms import DIALECT_SPEC_TYPE as DIALECT_SPEC_TYPE
+from specreg.terms import DIALECTS as DIALECTS
+
 ENV_LLAMA_BIN = "SPECREG_LLAMA_BIN"
 SERVER = "llama-server"
 HELP_TIMEOUT_S = 30.0
-
-# 2026 builds: `--spec-type T` selects the method, `--spec-draft-n-max K` its draft length;
-# `-md` alone does nothing and the old `--draft*` flags are hard errors.
-DIALECT_SPEC_TYPE = "spec-type"
-# 2024-2025 builds: `-md` enables draft-model speculation, `--draft-max/--draft-min/
-# --draft-p-min` tune it; n-gram speculation lives only in `llama-lookup`.
-DIALECT_DRAFT_MAX = "draft-max"
-DIALECTS = (DIALECT_SPEC_TYPE, DIALECT_DRAFT_MAX)
 
 NOT_FOUND_HINT = (
     "pass --llama-bin DIR, set SPECREG_LLAMA_BIN, put llama-server on PATH, or run "

@@ -1,17 +1,20 @@
-"""Measure one configuration: start llama-server, send the workload, collect timings, stop.
+"""Measure one configuration: llama-server(s) under the measurement protocol, the workload,
+timings collected, servers stopped.
 
-Speculation is configured per server process, so every configuration gets its own server.
-A warm-up request is sent first and not counted. Samples disturbed by other processes'
-CPU use are measured again (up to `contention_retries` times) instead of being trusted.
+Speculation is configured per server process, so every configuration gets its own server; a
+method that keeps state across requests gets a new one for every timed sample (see
+`runner/protocol.py`, which every engine's samples go through). Each server answers a warm-up
+text outside the workload first. Samples disturbed by other processes' CPU use are measured
+again (up to `contention_retries` times, each on fresh state) instead of being trusted.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,6 +24,21 @@ from specreg.home import specreg_home
 from specreg.runner.config import Config, server_command
 from specreg.runner.host import Host
 from specreg.runner.llama import LlamaInstall
+from specreg.runner.protocol import (
+    REGIME_WARM,
+    Engine,
+    Figures,
+    PromptSamples,
+    Protocol,
+    Sampler,
+    phase_figures,
+    plan_protocol,
+    repeat_figures,
+    replay_flags,
+    warmup_text,
+)
+from specreg.runner.protocol import WARMUP_TOKENS as WARMUP_TOKENS
+from specreg.runner.protocol import collect as collect_samples
 from specreg.runner.server import (
     REQUEST_TIMEOUT_S,
     STARTUP_TIMEOUT_S,
@@ -30,13 +48,11 @@ from specreg.runner.server import (
     TokenProbs,
 )
 from specreg.runner.workload import Prompt, Workload
+from specreg.terms import ENGINE_SERVER as ENGINE_SERVER
 
 log = logging.getLogger(__name__)
 
 N_PROBS = 5
-WARMUP_TOKENS = 8
-# The engine every plain run and every server-supported method uses; `legacy` adds the others.
-ENGINE_SERVER = "server"
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,8 @@ class PromptResult:
     reference: Completion | None = None  # untimed, with top probabilities (n_probs)
     probe: Probe | None = None
     contended: int = 0  # samples that were measured again because of foreign CPU load
+    sessions: tuple[int, ...] = ()  # per sample: which engine state (server) answered
+    positions: tuple[int, ...] = ()  # per sample: timed requests that state had answered before
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -104,23 +122,51 @@ class Measurement:
     failure: ServerFailed | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     engine: str = ENGINE_SERVER  # or the legacy binary that ran it (runner/legacy.py)
+    protocol: Protocol | None = None  # how the samples were taken (None: built by hand)
 
     @property
     def ok(self) -> bool:
         return self.failure is None
 
+    @property
+    def warm(self) -> bool:
+        return self.protocol is not None and self.protocol.regime == REGIME_WARM
+
+    @property
+    def repeat_figures(self) -> list[Figures]:
+        """Drafted, accepted and speed of each repeat over all prompts."""
+        return repeat_figures([p.samples for p in self.prompts], self.repeats)
+
+    @property
+    def phase_figures(self) -> dict[str, Figures] | None:
+        """Warm regime: the first prompts' figures and the later ones' (None otherwise)."""
+        if not self.warm or self.protocol is None or self.protocol.warm_first is None:
+            return None
+        ordered = [p.samples[0] for p in self.prompts if p.samples]
+        return phase_figures(ordered, self.protocol.warm_first)
+
+    @property
+    def replay_flags(self) -> tuple[str, ...]:
+        """Prompts whose later repeats accepted far more than their first (not trusted)."""
+        return replay_flags([(p.prompt.prompt_id, p.samples) for p in self.prompts])
+
+    def _headline(self) -> list[Completion]:
+        """The samples the run's figures stand for: all, or a warm run's later prompts."""
+        phases = self.phase_figures
+        samples = [s for p in self.prompts for s in p.samples]
+        if phases is not None and self.protocol is not None and self.protocol.warm_first:
+            return samples[self.protocol.warm_first :]
+        return samples
+
     def _repeat_tps(self) -> list[float]:
-        """Aggregate throughput of each repeat: all prompts' tokens over their decode time."""
-        out = []
-        for r in range(self.repeats):
-            n = sum(p.samples[r].predicted_n for p in self.prompts if len(p.samples) > r)
-            ms = sum(p.samples[r].predicted_ms for p in self.prompts if len(p.samples) > r)
-            if ms > 0:
-                out.append(n / (ms / 1000))
-        return out
+        if self.warm:
+            return [s.tokens_per_s for s in self._headline() if s.predicted_ms > 0]
+        return [f.tokens_per_s for f in self.repeat_figures if f.tokens_per_s is not None]
 
     @property
     def tokens_per_s(self) -> float | None:
+        if self.warm:
+            return Figures.of(self._headline()).tokens_per_s
         values = self._repeat_tps()
         return statistics.median(values) if values else None
 
@@ -131,11 +177,11 @@ class Measurement:
 
     @property
     def draft_n(self) -> int:
-        return sum(p.draft_n for p in self.prompts)
+        return sum(s.draft_n for s in self._headline())
 
     @property
     def draft_n_accepted(self) -> int:
-        return sum(p.draft_n_accepted for p in self.prompts)
+        return sum(s.draft_n_accepted for s in self._headline())
 
     @property
     def acceptance(self) -> float | None:
@@ -180,6 +226,7 @@ class RunStart:
         prompts: tuple[PromptResult, ...],
         speculative_active: bool | None,
         failure: ServerFailed | None = None,
+        protocol: Protocol | None = None,
     ) -> Measurement:
         return Measurement(
             config=self.config,
@@ -198,33 +245,23 @@ class RunStart:
             speculative_active=speculative_active,
             failure=failure,
             engine=self.engine,
+            protocol=protocol,
         )
 
 
-def _contended(c: Completion, host: Host) -> bool:
-    if c.foreign_cpu_s is None:
-        return False
-    # More than a tenth of a core-second per second of wall time went to someone else.
-    return c.foreign_cpu_s > 0.05 + 0.1 * c.wall_s * max(1, host.logical_cpus - 1)
-
-
-def least_contended(
-    take: Callable[[], Completion], host: Host, retries: int
-) -> tuple[Completion, int]:
-    """One sample, taken again (up to `retries` times) while other processes took the CPU:
-    the least disturbed sample, and how many times it was taken again."""
-    best: Completion | None = None
-    again = 0
-    for attempt in range(retries + 1):
-        got = take()
-        if best is None or (got.foreign_cpu_s or 0) < (best.foreign_cpu_s or 0):
-            best = got
-        if not _contended(got, host):
-            break
-        if attempt < retries:
-            again += 1
-    assert best is not None
-    return best, again
+def prompt_result(
+    got: PromptSamples, reference: Completion | None = None, probe: Probe | None = None
+) -> PromptResult:
+    """The protocol's samples of one prompt as a `PromptResult`."""
+    return PromptResult(
+        prompt=got.prompt,
+        samples=tuple(s.completion for s in got.samples),
+        reference=reference,
+        probe=probe,
+        contended=got.contended,
+        sessions=tuple(s.session for s in got.samples),
+        positions=tuple(s.position for s in got.samples),
+    )
 
 
 def _body(prompt: Any, config: Config, n_predict: int, n_probs: int = 0) -> dict[str, Any]:
@@ -272,6 +309,71 @@ def _probe(
     )
 
 
+class ServerSampler(Sampler):
+    """One started llama-server answering /completion for one configuration."""
+
+    def __init__(self, server: LlamaServer, config: Config):
+        self.server = server
+        self.config = config
+
+    def generate(self, text: str, n_predict: int) -> Completion:
+        return self.server.complete(_body(text, self.config, n_predict))
+
+
+class ServerEngine(Engine):
+    """llama-server for one configuration: every `session()` starts a process, checks that it
+    speculates when it should, and stops it afterwards."""
+
+    def __init__(
+        self,
+        command: list[str],
+        config: Config,
+        host: Host,
+        *,
+        log_path: Path,
+        startup_timeout: float,
+        request_timeout: float,
+    ):
+        self.command = command
+        self.config = config
+        self.host = host
+        self.log_path = log_path
+        self.startup_timeout = startup_timeout
+        self.request_timeout = request_timeout
+        self.argv: tuple[str, ...] = ()  # the first server's, with its --host/--port
+        self.speculative_active: bool | None = None
+        self.starts = 0
+
+    @contextmanager
+    def session(self) -> Iterator[ServerSampler]:
+        server = LlamaServer(
+            self.command,
+            env=self.host.env(),
+            log_path=self.log_path,
+            startup_timeout=self.startup_timeout,
+            request_timeout=self.request_timeout,
+            append_log=self.starts > 0,
+        )
+        self.starts += 1
+        try:
+            with server:
+                self.argv = self.argv or tuple(server.argv)
+                if self.config.speculative:
+                    active = server.speculative_slots()
+                    self.speculative_active = active
+                    message = server.spec_init_error()
+                    if message or active is False:
+                        raise ServerFailed(
+                            "spec-init",
+                            f"llama-server started without speculation ({self.config.spec_type})",
+                            message or "no slot has a speculative context (/slots)",
+                            self.log_path,
+                        )
+                yield ServerSampler(server, self.config)
+        finally:
+            self.argv = self.argv or tuple(server.argv)
+
+
 def measure(
     install: LlamaInstall,
     host: Host,
@@ -290,14 +392,18 @@ def measure(
     request_timeout: float = REQUEST_TIMEOUT_S,
     engine: str = ENGINE_SERVER,
     eog_texts: tuple[str, ...] = (),
+    warm_first: int | None = None,
 ) -> Measurement:
-    """Run `config` on `workload`. Never raises for llama.cpp failures: they are returned.
+    """Run `config` on `workload` under the measurement protocol (`runner/protocol.py`). Never
+    raises for llama.cpp failures: they are returned.
 
     `with_probs` adds one untimed request per prompt asking for the top probabilities at
     every position; `reference_tokens` makes the server probe the first position where its
     output departs from the reference. `engine` names a legacy binary (`llama-speculative`,
     `llama-lookup`) to run instead of llama-server; those print text only, so they take
     neither, and `eog_texts` (the target's end-of-generation pieces) is cut from their text.
+    `warm_first=N` measures the warm regime: the workload's distinct prompts once each, in
+    order, on one server, the prompts after the first N reported apart.
     """
     if engine != ENGINE_SERVER:
         from specreg.runner import legacy  # legacy imports this module
@@ -323,66 +429,61 @@ def measure(
                 contention_retries=contention_retries,
                 timeout=startup_timeout + request_timeout,
                 eog_texts=eog_texts,
+                warm_first=warm_first,
             )
+    warm_text = warmup_text(workload) if warmup else None
+    protocol = plan_protocol(
+        config.spec_type,
+        repeats=repeats,
+        contention_retries=contention_retries,
+        warmup=warm_text,
+        warm_first=warm_first,
+    )
     start = RunStart.now(
         "llama-server", config=config, target=target, draft=draft, install=install, host=host,
-        workload=workload, n_predict=n_predict, repeats=repeats, engine=ENGINE_SERVER,
+        workload=workload, n_predict=n_predict, repeats=protocol.repeats, engine=ENGINE_SERVER,
     )  # fmt: skip
-    log_path = start.log_path
     command = server_command(config, target, draft, install.dialect, host, server=install.server)
     # --host/--port are chosen by LlamaServer; drop the placeholders from the rendered command.
     i = command.index("--host")
     command = command[:i] + command[i + 4 :]
-    server = LlamaServer(
+    server_engine = ServerEngine(
         command,
-        env=host.env(),
-        log_path=log_path,
+        config,
+        host,
+        log_path=start.log_path,
         startup_timeout=startup_timeout,
         request_timeout=request_timeout,
     )
-    speculative_active: bool | None = None
-    results: list[PromptResult] = []
+    extras: dict[str, tuple[Completion | None, Probe | None]] = {}
+
+    def finish(sampler: Sampler, got: tuple[PromptSamples, ...]) -> None:
+        """Untimed: reference probabilities and the probe of the first divergence."""
+        assert isinstance(sampler, ServerSampler)
+        for item in got:
+            prompt = item.prompt
+            reference = None
+            if with_probs:
+                reference = sampler.server.complete(_body(prompt.text, config, n_predict, N_PROBS))
+            probe = None
+            own = item.samples[0].completion.tokens if item.samples else ()
+            if reference_tokens is not None and prompt.prompt_id in reference_tokens:
+                ref = reference_tokens[prompt.prompt_id]
+                probe = _probe(sampler.server, config, prompt, ref, own)
+            extras[prompt.prompt_id] = (reference, probe)
+
+    needs_finish = with_probs or reference_tokens is not None
     try:
-        with server:
-            if config.speculative:
-                speculative_active = server.speculative_slots()
-                message = server.spec_init_error()
-                if message or speculative_active is False:
-                    raise ServerFailed(
-                        "spec-init",
-                        f"llama-server started without speculation ({config.spec_type})",
-                        message or "no slot has a speculative context (/slots)",
-                        log_path,
-                    )
-            if warmup:
-                server.complete(_body(workload.prompts[0].text, config, WARMUP_TOKENS))
-            samples: dict[str, list[Completion]] = {p.prompt_id: [] for p in workload.prompts}
-            contended: dict[str, int] = {p.prompt_id: 0 for p in workload.prompts}
-            for _ in range(repeats):
-                for prompt in workload.prompts:
-                    take = functools.partial(server.complete, _body(prompt.text, config, n_predict))
-                    best, again = least_contended(take, host, contention_retries)
-                    contended[prompt.prompt_id] += again
-                    samples[prompt.prompt_id].append(best)
-            for prompt in workload.prompts:
-                reference = None
-                if with_probs:
-                    reference = server.complete(_body(prompt.text, config, n_predict, N_PROBS))
-                probe = None
-                own = samples[prompt.prompt_id][0].tokens
-                if reference_tokens is not None and prompt.prompt_id in reference_tokens:
-                    probe = _probe(server, config, prompt, reference_tokens[prompt.prompt_id], own)
-                results.append(
-                    PromptResult(
-                        prompt=prompt,
-                        samples=tuple(samples[prompt.prompt_id]),
-                        reference=reference,
-                        probe=probe,
-                        contended=contended[prompt.prompt_id],
-                    )
-                )
+        got = collect_samples(
+            server_engine, workload, protocol, host,
+            n_predict=n_predict, warmup=warm_text, finish=finish if needs_finish else None,
+        )  # fmt: skip
     except ServerFailed as err:
+        argv = server_engine.argv or tuple(command)
         return start.finish(
-            tuple(server.argv or command), tuple(results), speculative_active, failure=err
+            argv, (), server_engine.speculative_active, failure=err, protocol=protocol
         )
-    return start.finish(tuple(server.argv), tuple(results), speculative_active)
+    results = tuple(prompt_result(g, *extras.get(g.prompt.prompt_id, (None, None))) for g in got)
+    return start.finish(
+        server_engine.argv, results, server_engine.speculative_active, protocol=protocol
+    )

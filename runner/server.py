@@ -282,9 +282,11 @@ class LlamaServer:
         log_path: Path,
         startup_timeout: float = STARTUP_TIMEOUT_S,
         request_timeout: float = REQUEST_TIMEOUT_S,
+        append_log: bool = False,
     ):
         # `command` is the full argv without --host/--port, which are chosen here.
         self.command = command
+        self.append_log = append_log
         self.env = env
         self.log_path = log_path
         self.startup_timeout = startup_timeout
@@ -292,6 +294,7 @@ class LlamaServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.argv: list[str] = []
+        self._log_offset = 0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -313,7 +316,10 @@ class LlamaServer:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_path.write_text("")
+        # Several servers of one measurement (fresh state per sample) share its log: each
+        # appends, and reads (messages, errors) only what it wrote itself.
+        with self.log_path.open("ab" if self.append_log else "wb") as log_file:
+            self._log_offset = log_file.tell()
         last: ServerFailed | None = None
         for _ in range(PORT_ATTEMPTS):
             self.port = free_port()
@@ -388,8 +394,11 @@ class LlamaServer:
         self.proc = None
 
     def log_text(self) -> str:
+        """This server's part of the log."""
         try:
-            return self.log_path.read_text(errors="replace")
+            with self.log_path.open("rb") as fh:
+                fh.seek(self._log_offset)
+                return fh.read().decode(errors="replace")
         except OSError:
             return ""
 

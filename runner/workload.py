@@ -9,8 +9,8 @@ from importlib.resources import files
 from pathlib import Path
 
 from specreg.errors import UsageError
-
-TASKS: tuple[str, ...] = ("code", "prose", "summarize", "json", "math", "chat")
+from specreg.terms import TASKS as TASKS
+from specreg.terms import canonical_task
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,37 @@ class Workload:
 
     def head(self, n: int | None) -> Workload:
         return self if n is None else Workload(self.name, self.prompts[:n])
+
+    def repeated(self) -> tuple[str, ...]:
+        """Ids of prompts whose text an earlier prompt already has (a replay, if sent)."""
+        seen: set[str] = set()
+        out = []
+        for p in self.prompts:
+            if p.sha256 in seen:
+                out.append(p.prompt_id)
+            seen.add(p.sha256)
+        return tuple(out)
+
+    def held_out(self, n_build: int) -> tuple[Workload, Workload]:
+        """The first `n_build` prompts (what state is built from: a warm server's earlier
+        requests, a lookup cache's text) and the rest, evaluated on. A held-out prompt whose
+        text is among the building ones would be a replay: refused."""
+        if not 0 < n_build < len(self.prompts):
+            raise UsageError(
+                f"cannot hold out prompts after the first {n_build} of {len(self.prompts)}: "
+                f"give between 1 and {len(self.prompts) - 1}"
+            )
+        build, rest = self.prompts[:n_build], self.prompts[n_build:]
+        built = {p.sha256 for p in build}
+        again = [p.prompt_id for p in rest if p.sha256 in built]
+        if again:
+            raise UsageError(
+                f"{', '.join(again)} repeat(s) a prompt of the first {n_build}: held-out "
+                "prompts must be new to what was built"
+            )
+        return Workload(f"{self.name}[:{n_build}]", build), Workload(
+            f"{self.name}[{n_build}:]", rest
+        )
 
 
 def _parse(lines: list[str], source: str, default_task: str) -> tuple[Prompt, ...]:
@@ -63,6 +94,7 @@ def _parse(lines: list[str], source: str, default_task: str) -> tuple[Prompt, ..
 
 
 def task_prompts(task: str) -> tuple[Prompt, ...]:
+    task = canonical_task(task)
     if task not in TASKS:
         raise UsageError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     text = files("specreg.runner").joinpath("prompts").joinpath(f"{task}.jsonl").read_text()

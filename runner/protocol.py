@@ -1,0 +1,402 @@
+"""The measurement protocol, written once for every engine: what a timed sample may have seen.
+
+llama-server keeps some speculative state from one request to the next
+(`specreg.terms.CROSS_REQUEST_STATE`: ngram-mod's n-gram pool, ngram-cache's per-slot cache).
+A sample timed on a server that has already answered its own prompt measures that memory, not
+the method: on SmolLM2, ngram-mod drafts nothing for a code prompt on first encounter and
+accepts 53 of 53 drafted tokens when the prompt comes again. So every engine (llama-server in
+`measure`, the legacy tools in `legacy`) takes its samples through `collect`, which decides:
+
+- First encounter (the default regime of `specreg run` and `verify`): a method that keeps state
+  gets a fresh engine state, i.e. a new llama-server, for every timed sample and for every
+  contention retry; a method that keeps none shares one server for the whole measurement.
+  Why a fresh server rather than distinct prompts per repeat: a repeat must time the same prompt
+  or its spread is not noise, and distinct prompts of one task would carry the earlier prompts'
+  n-grams into the later ones (that is the warm regime, measured on purpose below). The price
+  is one model load per sample (about 0.3 s for the 100 MB test models). It stays affordable for
+  large models only because llama-server mmaps the GGUF and a restart finds its pages in the
+  page cache: on the reference host a 400 GB model restarts in seconds for that reason alone,
+  so when memory is too tight to keep the pages cached, measure fewer repeats, not replays.
+- Warm (`warm_first=N`): distinct prompts of one task, each sent once, in order, to one server;
+  the prompts after the first N are reported apart from the first ones. Never a replay: a
+  workload that repeats a prompt is refused, and a sample disturbed by other processes is kept
+  and counted (taking it again would replay it).
+- Warm-up: every engine state answers a few tokens of a text outside the workload before its
+  first timed sample (loads pages, spins up threads; never the workload's own n-grams).
+- The legacy tools start one process per generation, so every sample is fresh by construction.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from specreg.errors import UsageError
+from specreg.runner.host import Host
+from specreg.runner.server import Completion
+from specreg.runner.workload import Prompt, Workload
+from specreg.terms import CROSS_REQUEST_STATE, REQUEST_STATE, keeps_state
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 2  # 1: the replaying protocol before issue 18 (never written by this code)
+REGIME_FIRST = "first-encounter"
+REGIME_WARM = "warm"
+REGIMES = (REGIME_FIRST, REGIME_WARM)
+# How engine state is shared between timed samples.
+ISOLATION_FRESH = "fresh-server-per-sample"  # the method keeps state across requests
+ISOLATION_SHARED = "one-server"  # the method keeps none: one server serves every sample
+ISOLATION_PROCESS = "process-per-sample"  # legacy tools: each generation is its own process
+ISOLATION_SEQUENCE = "one-server-in-order"  # warm regime: distinct prompts, each once
+
+WARMUP_TOKENS = 8
+# Warm-up texts: none is a prompt of specreg's prompt sets; the first one that no workload
+# prompt contains (and that contains none) is used.
+WARMUP_TEXTS = (
+    "Warm-up request. List the colours of a rainbow, one word each:",
+    "Warm-up request. Name the planets of the solar system in order:",
+)
+
+# A later repeat that accepts this many more tokens than the first, for the same prompt, is
+# measuring memory of the earlier answer (deterministic methods repeat their figures exactly).
+REPLAY_MIN_TOKENS = 4
+REPLAY_SHARE = 0.2  # ... and at least this share of the tokens it generated
+
+
+def warmup_text(workload: Workload) -> str:
+    """A warm-up text outside `workload`: no prompt contains it, it contains no prompt."""
+    for text in WARMUP_TEXTS:
+        if not any(text in p.text or p.text in text for p in workload.prompts):
+            return text
+    raise UsageError(
+        "every warm-up text of specreg is part of the workload's prompts: remove the prompt "
+        "that contains 'Warm-up request.'"
+    )
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a measurement took its samples; recorded with every run."""
+
+    regime: str  # first-encounter | warm
+    isolation: str  # ISOLATION_*
+    repeats: int
+    contention_retries: int  # 0 in the warm regime: a retry would be a replay
+    warmup_tokens: int  # 0: no warm-up
+    warmup_sha256: str | None  # of the warm-up text (outside the workload)
+    keeps_state: bool  # the method keeps state across requests in this build
+    state_source: str  # where the build says so (common/speculative.cpp)
+    warm_first: int | None = None  # warm regime: prompts reported as the first ones
+    version: int = PROTOCOL_VERSION
+
+    @property
+    def name(self) -> str:
+        return f"{self.regime}/{self.isolation}/v{self.version}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "name": self.name,
+            "regime": self.regime,
+            "isolation": self.isolation,
+            "repeats": self.repeats,
+            "contention_retries": self.contention_retries,
+            "warmup_tokens": self.warmup_tokens,
+            "warmup_sha256": self.warmup_sha256,
+            "keeps_state": self.keeps_state,
+            "state_source": self.state_source,
+            "warm_first": self.warm_first,
+        }
+
+
+def state_source(spec_type: str) -> str:
+    """The build's word on `spec_type`'s state, for the record."""
+    unknown = "not described for this build: treated as keeping state"
+    types = [t for t in spec_type.split(",") if t] or ["none"]
+    return "; ".join(
+        f"{t}: {CROSS_REQUEST_STATE.get(t) or REQUEST_STATE.get(t) or unknown}" for t in types
+    )
+
+
+def plan_protocol(
+    spec_type: str,
+    *,
+    repeats: int,
+    contention_retries: int,
+    warmup: str | None,
+    process_per_sample: bool = False,
+    warm_first: int | None = None,
+) -> Protocol:
+    """The protocol for `spec_type` on an engine; `warmup` is the warm-up text or None."""
+    stateful = keeps_state(spec_type)
+    if warm_first is not None:
+        if process_per_sample:
+            raise UsageError(
+                "the warm regime needs one long-lived llama-server; the legacy tools start a "
+                "process per prompt: use --engine server"
+            )
+        regime, isolation, repeats, contention_retries = REGIME_WARM, ISOLATION_SEQUENCE, 1, 0
+    elif process_per_sample:
+        regime, isolation = REGIME_FIRST, ISOLATION_PROCESS
+    else:
+        regime, isolation = REGIME_FIRST, ISOLATION_FRESH if stateful else ISOLATION_SHARED
+    return Protocol(
+        regime=regime,
+        isolation=isolation,
+        repeats=repeats,
+        contention_retries=contention_retries,
+        warmup_tokens=WARMUP_TOKENS if warmup else 0,
+        warmup_sha256=hashlib.sha256(warmup.encode()).hexdigest() if warmup else None,
+        keeps_state=stateful,
+        state_source=state_source(spec_type),
+        warm_first=warm_first,
+    )
+
+
+class Sampler(ABC):
+    """One engine state that generates: a llama-server process, or a legacy tool."""
+
+    @abstractmethod
+    def generate(self, text: str, n_predict: int) -> Completion: ...
+
+
+class Engine(ABC):
+    """Where samples come from: `session()` opens one engine state (a llama-server process,
+    started, checked and ready; for the legacy tools, a handle whose every call is a process)."""
+
+    process_per_sample = False
+
+    @abstractmethod
+    def session(self) -> AbstractContextManager[Sampler]: ...
+
+
+@dataclass(frozen=True)
+class Sample:
+    completion: Completion
+    session: int  # which engine state answered (0, 1, ... in order of start)
+    position: int  # timed requests that state had answered before this one
+
+
+@dataclass(frozen=True)
+class PromptSamples:
+    prompt: Prompt
+    samples: tuple[Sample, ...]
+    contended: int  # samples taken again (first encounter) or kept though disturbed (warm)
+
+
+def contended(c: Completion, host: Host) -> bool:
+    if c.foreign_cpu_s is None:
+        return False
+    # More than a tenth of a core-second per second of wall time went to someone else.
+    return c.foreign_cpu_s > 0.05 + 0.1 * c.wall_s * max(1, host.logical_cpus - 1)
+
+
+def least_contended(take: Callable[[], Sample], host: Host, retries: int) -> tuple[Sample, int]:
+    """One sample, taken again (up to `retries` times) while other processes took the CPU:
+    the least disturbed sample, and how many times it was taken again."""
+    best: Sample | None = None
+    again = 0
+    for attempt in range(retries + 1):
+        got = take()
+        if best is None or (got.completion.foreign_cpu_s or 0) < (
+            best.completion.foreign_cpu_s or 0
+        ):
+            best = got
+        if not contended(got.completion, host):
+            break
+        if attempt < retries:
+            again += 1
+    assert best is not None
+    return best, again
+
+
+class _State:
+    """An open engine state and how many timed requests it has answered."""
+
+    def __init__(self, sampler: Sampler, session: int):
+        self.sampler = sampler
+        self.session = session
+        self.served = 0
+
+    def take(self, text: str, n_predict: int) -> Sample:
+        got = self.sampler.generate(text, n_predict)
+        sample = Sample(got, self.session, self.served)
+        self.served += 1
+        return sample
+
+
+@contextmanager
+def _state(
+    engine: Engine, sessions: Iterator[int], warmup: str | None, warmup_tokens: int
+) -> Iterator[_State]:
+    """A new engine state, warmed up on the text outside the workload."""
+    with engine.session() as sampler:
+        if warmup is not None and warmup_tokens:
+            sampler.generate(warmup, warmup_tokens)
+        yield _State(sampler, next(sessions))
+
+
+def collect(
+    engine: Engine,
+    workload: Workload,
+    protocol: Protocol,
+    host: Host,
+    *,
+    n_predict: int,
+    warmup: str | None,
+    finish: Callable[[Sampler, tuple[PromptSamples, ...]], None] | None = None,
+) -> tuple[PromptSamples, ...]:
+    """Every timed sample of `workload` under `protocol`. `finish` runs once after them, on a
+    state that may have seen the workload, for untimed extras (reference probabilities, the
+    probe of a divergence). Raises the engine's failure (`ServerFailed`) as it comes."""
+    sessions = itertools.count()
+    samples: dict[str, list[Sample]] = {p.prompt_id: [] for p in workload.prompts}
+    again: dict[str, int] = {p.prompt_id: 0 for p in workload.prompts}
+
+    def one_state() -> AbstractContextManager[_State]:
+        return _state(engine, sessions, warmup, protocol.warmup_tokens)
+
+    def done() -> tuple[PromptSamples, ...]:
+        return tuple(
+            PromptSamples(p, tuple(samples[p.prompt_id]), again[p.prompt_id])
+            for p in workload.prompts
+        )
+
+    if protocol.regime == REGIME_WARM:
+        repeated = workload.repeated()
+        if repeated:
+            raise UsageError(
+                f"{', '.join(repeated)} repeat(s) an earlier prompt: the warm regime sends "
+                "distinct prompts, never replays"
+            )
+        with one_state() as state:
+            for prompt in workload.prompts:
+                got = state.take(prompt.text, n_predict)
+                again[prompt.prompt_id] += contended(got.completion, host)
+                samples[prompt.prompt_id].append(got)
+            result = done()
+            if finish is not None:
+                finish(state.sampler, result)
+        return result
+
+    if protocol.isolation == ISOLATION_FRESH:
+        for _ in range(protocol.repeats):
+            for prompt in workload.prompts:
+
+                def fresh(text: str = prompt.text) -> Sample:
+                    with one_state() as state:
+                        return state.take(text, n_predict)
+
+                best, n = least_contended(fresh, host, protocol.contention_retries)
+                again[prompt.prompt_id] += n
+                samples[prompt.prompt_id].append(best)
+        result = done()
+        if finish is not None:
+            with one_state() as state:
+                finish(state.sampler, result)
+        return result
+
+    # One server for every sample, or a legacy tool: a process per generation.
+    per_call = protocol.isolation == ISOLATION_PROCESS
+    with one_state() as state:
+
+        def take(text: str) -> Sample:
+            got = state.take(text, n_predict)
+            # each generation of a legacy tool is its own process: a state of its own
+            return Sample(got.completion, next(sessions), 0) if per_call else got
+
+        for _ in range(protocol.repeats):
+            for prompt in workload.prompts:
+                best, n = least_contended(
+                    functools.partial(take, prompt.text), host, protocol.contention_retries
+                )
+                again[prompt.prompt_id] += n
+                samples[prompt.prompt_id].append(best)
+        result = done()
+        if finish is not None:
+            finish(state.sampler, result)
+    return result
+
+
+# -- what the samples say ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Drafted, accepted and speed over a set of samples (a repeat, a phase of a warm run)."""
+
+    n_samples: int
+    predicted_n: int
+    predicted_ms: float
+    draft_n: int
+    draft_n_accepted: int
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.predicted_n / (self.predicted_ms / 1000) if self.predicted_ms > 0 else None
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.draft_n_accepted / self.draft_n if self.draft_n else None
+
+    @classmethod
+    def of(cls, completions: Sequence[Completion]) -> Figures:
+        return cls(
+            n_samples=len(completions),
+            predicted_n=sum(c.predicted_n for c in completions),
+            predicted_ms=sum(c.predicted_ms for c in completions),
+            draft_n=sum(c.draft_n for c in completions),
+            draft_n_accepted=sum(c.draft_n_accepted for c in completions),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        tps, acc = self.tokens_per_s, self.acceptance
+        return {
+            "n_samples": self.n_samples,
+            "predicted_n": self.predicted_n,
+            "draft_n": self.draft_n,
+            "draft_n_accepted": self.draft_n_accepted,
+            "tokens_per_s": None if tps is None else round(tps, 3),
+            "acceptance": None if acc is None else round(acc, 4),
+        }
+
+
+def repeat_figures(per_prompt: Sequence[Sequence[Completion]], repeats: int) -> list[Figures]:
+    """One `Figures` per repeat, over all prompts' samples of that repeat."""
+    out = []
+    for r in range(repeats):
+        got = [samples[r] for samples in per_prompt if len(samples) > r]
+        if got:
+            out.append(Figures.of(got))
+    return out
+
+
+def phase_figures(ordered: Sequence[Completion], first: int) -> dict[str, Figures]:
+    """A warm run's figures: its first `first` prompts, and the later ones."""
+    return {"first": Figures.of(ordered[:first]), "later": Figures.of(ordered[first:])}
+
+
+def replay_flags(per_prompt: Sequence[tuple[str, Sequence[Completion]]]) -> tuple[str, ...]:
+    """Prompts whose later repeats accepted far more than their first: such figures measure a
+    memory of the earlier answer, not the method."""
+    flags = []
+    for prompt_id, samples in per_prompt:
+        if len(samples) < 2:
+            continue
+        first = samples[0].draft_n_accepted
+        for r, s in enumerate(samples[1:], 2):
+            jump = s.draft_n_accepted - first
+            if jump >= max(REPLAY_MIN_TOKENS, REPLAY_SHARE * max(s.predicted_n, 1)):
+                flags.append(
+                    f"{prompt_id}: repeat {r} accepted {s.draft_n_accepted} tokens, repeat 1 "
+                    f"{first}"
+                )
+                break
+    return tuple(flags)
