@@ -238,6 +238,15 @@ def _fill(job: Future[store.PackedVocab], blob: P.VocabBlob) -> None:
 # --- classify and read ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A whole-file model's row data, built on the worker that read it."""
+
+    facts: dict[str, Any]
+    kv: list[tuple[str, str, str]]
+    vocab_sha: str | None
+
+
 @dataclass
 class _File:
     """One real file's progress through this scan."""
@@ -253,10 +262,10 @@ class _File:
     part: P.PartInfo | None = None
     error: ScanIssue | None = None
     model_id: str | None = None
-    # A file that is a whole model has its facts built right after its header is read, on
-    # the same worker thread (most files are whole models).
-    facts: dict[str, Any] | None = None
-    blob: P.VocabBlob | None = None
+    # A file that is a whole model is finished where its header was read (most files are):
+    # facts, key/values and vocabulary are taken and the parsed header dropped at once, so
+    # the next file reuses its memory instead of faulting in fresh pages.
+    prepared: _Prepared | None = None
 
     @property
     def text(self) -> str:
@@ -368,10 +377,15 @@ def _read_it(f: _File, vocabs: VocabJobs) -> _File:
 
     _read(f)
     if f.header is not None and f.part is not None and f.part.split_count == 1:
-        f.facts = F.model_facts([(Path(f.path), f.header)], expected_parts=1, missing=[])
-        f.blob = F.vocab_blob(f.header)
-        if f.blob is not None:
-            vocabs.pack_here(f.blob)
+        blob = F.vocab_blob(f.header)
+        if blob is not None:
+            vocabs.pack_here(blob)
+        f.prepared = _Prepared(
+            F.model_facts([(Path(f.path), f.header)], expected_parts=1, missing=[]),
+            F.kv_rows(f.header),
+            blob.vocab_sha if blob is not None else None,
+        )
+        f.header = None
     return f
 
 
@@ -473,24 +487,13 @@ def _build_model(
     plan: _ModelPlan,
 ) -> ModelRecord | None:
     """A model's row from its parts' headers (reading parts skipped as unchanged)."""
-    from specreg.registry import facts as F
-
-    for m in members:
-        if m.header is None:
-            _read(m)
-    parts = [(Path(m.path), m.header) for m in members if m.header is not None]
-    if len(parts) != len(members):
+    prepared = members[0].prepared if len(members) == 1 and expected == 1 else None
+    if prepared is None:
+        prepared = _prepare_parts(members, expected, missing, plan.vocabs)
+    if prepared is None:
         return None  # a part failed to read now; its error is recorded
-    first = parts[0][1]
-    whole = members[0] if len(members) == 1 and expected == 1 else None
-    if whole is not None and whole.facts is not None:
-        facts, blob = dict(whole.facts), whole.blob
-    else:
-        facts = F.model_facts(parts, expected_parts=expected, missing=missing)
-        blob = F.vocab_blob(first)
-    if blob is not None:
-        plan.vocabs.pack_later(blob)
-    plan.kv += [(model_id, k, t, v) for k, t, v in F.kv_rows(first)]
+    plan.kv += [(model_id, k, t, v) for k, t, v in prepared.kv]
+    facts = dict(prepared.facts)
     for name in ("paths", "parts_missing", "ssm_keys"):
         facts[name] = tuple(facts[name] or ())
     return ModelRecord(
@@ -499,10 +502,30 @@ def _build_model(
         status=status,
         n_bytes=sum(m.size for m in members),
         mtime_ns=max(m.mtime_ns for m in members),
-        vocab_sha=blob.vocab_sha if blob is not None else None,
+        vocab_sha=prepared.vocab_sha,
         first_scan=old.first_scan if old is not None and old.first_scan else scan_id,
         last_scan=scan_id,
     )
+
+
+def _prepare_parts(
+    members: list[_File], expected: int, missing: list[str], vocabs: VocabJobs
+) -> _Prepared | None:
+    """A split set's (or an unchanged file's) row data from all its parts' headers."""
+    from specreg.registry import facts as F
+
+    for m in members:
+        if m.header is None:
+            _read(m)
+    parts = [(Path(m.path), m.header) for m in members if m.header is not None]
+    if len(parts) != len(members):
+        return None
+    first = parts[0][1]
+    blob = F.vocab_blob(first)
+    if blob is not None:
+        vocabs.pack_later(blob)
+    facts = F.model_facts(parts, expected_parts=expected, missing=missing)
+    return _Prepared(facts, F.kv_rows(first), blob.vocab_sha if blob is not None else None)
 
 
 # --- write ------------------------------------------------------------------------------------
