@@ -158,6 +158,7 @@ class RunView:
     verdict: str | None  # verification verdict: pass | fail
     detail: str  # the verdict's reason, or the failure's message
     host: str | None
+    experts: int | None = None  # the MoE expert override; None: the model's default
 
     @property
     def ok(self) -> bool:
@@ -206,6 +207,27 @@ class Roofline:
 
 
 @dataclass(frozen=True)
+class FrontierPoint:
+    """One configuration on the speed / quality-cost plane of a target.
+
+    Quality cost is the mean KL divergence from the target at its defaults (0 for itself);
+    each axis says whether it was measured (`specreg quality`, runs) or predicted.
+    """
+
+    label: str
+    mean_kld: float
+    kld_measured: bool
+    tokens_per_s: float | None
+    speed_measured: bool
+    same_top: float | None = None
+    on_frontier: bool = False
+
+    @property
+    def measured(self) -> bool:
+        return self.kld_measured and self.speed_measured
+
+
+@dataclass(frozen=True)
 class TargetView:
     model: ModelView
     drafts: tuple[PairView, ...]  # compatible (or with warnings) drafts, best first
@@ -216,6 +238,8 @@ class TargetView:
     roofline: Roofline | None
     plot_svg: str  # speed and acceptance against K per task, or "" when nothing was measured
     chat_template: str | None
+    frontier: tuple[FrontierPoint, ...] = ()  # lossy options: speed against quality cost
+    frontier_svg: str = ""
 
 
 @dataclass(frozen=True)

@@ -308,6 +308,7 @@ def run_view(r: RunRecord, baseline_tps: float | None) -> RunView:
         verdict=r.verdict,
         detail=detail.splitlines()[0] if detail else "",
         host=r.host_fingerprint,
+        experts=r.experts,
     )
 
 

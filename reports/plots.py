@@ -330,3 +330,64 @@ def sweep_svg(
         return _svg(fig, salt)
 
     return cache.get_or_draw("sweep", spec, draw)
+
+
+# --- speed against quality cost -------------------------------------------------------------
+
+
+def frontier_svg(points: Sequence[Any], cache: PlotCache) -> str:
+    """Speed against quality cost (mean KLD) of a target's lossy options: measured points
+    filled, predicted ones hollow, the frontier joined by a line."""
+    shown = [p for p in points if p.tokens_per_s is not None]
+    if len(shown) < 2:
+        return ""
+    spec = {
+        "points": sorted(
+            (p.label, p.mean_kld, p.tokens_per_s, p.measured, p.on_frontier) for p in shown
+        )
+    }
+
+    def draw(salt: str) -> str:
+        fig = _figure(8.0, 3.6)
+        ax = fig.subplots()
+        fig.subplots_adjust(left=0.09, right=0.97, bottom=0.15, top=0.9)
+        front = sorted((p for p in shown if p.on_frontier), key=lambda p: p.mean_kld)
+        if len(front) > 1:
+            ax.plot(
+                [p.mean_kld for p in front],
+                [p.tokens_per_s for p in front],
+                "-",
+                color="#7f7f7f",
+                linewidth=1,
+                label="frontier",
+            )
+        for measured, style in ((True, "measured"), (False, "predicted (hollow)")):
+            group = [p for p in shown if p.measured == measured]
+            if not group:
+                continue
+            ax.scatter(
+                [p.mean_kld for p in group],
+                [p.tokens_per_s for p in group],
+                s=36,
+                facecolors=QUALITATIVE_COLOURS[0] if measured else "none",
+                edgecolors=QUALITATIVE_COLOURS[0],
+                label=style,
+                zorder=3,
+            )
+        for p in shown:
+            ax.annotate(
+                plain(p.label)[:32],
+                (p.mean_kld, p.tokens_per_s),
+                textcoords="offset points",
+                xytext=(5, 4),
+                fontsize=7,
+            )
+        ax.set_xlabel("quality cost: mean KL divergence from the reference (nats/token)")
+        ax.set_ylabel("tokens/s")
+        ax.set_title("speed against quality cost", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.legend(fontsize=8, frameon=False, loc="best")
+        return _svg(fig, salt)
+
+    return cache.get_or_draw("frontier", spec, draw)

@@ -40,6 +40,7 @@ from specreg.reports.data import (
     SiteResult,
     TargetView,
 )
+from specreg.reports.frontier import gather_frontier
 from specreg.terms import TASKS
 from specreg.text import clip
 
@@ -135,6 +136,7 @@ def gather_site(
             (p for p in by_target.get(m.model_id, []) if p.compatible),
             key=lambda p: (p.code, -models[p.draft_id].n_params, models[p.draft_id].name),
         )
+        frontier = gather_frontier(con, m.record, t_runs, roofline)
         targets.append(
             TargetView(
                 model=m,
@@ -146,6 +148,8 @@ def gather_site(
                 roofline=roofline,
                 plot_svg=_target_plot(t_runs, models, roofline, cache),
                 chat_template=templates.get(m.model_id),
+                frontier=frontier,
+                frontier_svg=plots.frontier_svg(frontier, cache),
             )
         )
 
