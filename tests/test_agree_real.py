@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.constants import TokenType
 from llama_fixtures import llama_install, small_models, synthetic_models  # noqa: F401
+from quality_fixtures import CHUNKS, con, measuring  # noqa: F401
 
 from specreg.cli.main import cli
-from specreg.registry.db import opened
 from specreg.registry.quality import (
     METHOD_KLD,
     METHOD_SAVED,
@@ -27,30 +27,13 @@ from specreg.registry.quality import (
 )
 from specreg.runner.agreement import measure_agreement, plan_agreement
 from specreg.runner.host import detect_host
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.perplexity import LogitsCache
 from specreg.runner.quality import Measuring
 from specreg.runner.small_models import SmallModels
 from specreg.runner.synthetic import SyntheticModels
 
 pytestmark = pytest.mark.llama
 
-CHUNKS = 2
 N_PAD = 64
-
-
-@pytest.fixture
-def measuring(llama_install: LlamaInstall, tmp_path: Path) -> Measuring:
-    return Measuring(
-        llama_install, detect_host(), chunks=CHUNKS, threads=1,
-        cache=LogitsCache(tmp_path / "logits"),
-    )  # fmt: skip
-
-
-@pytest.fixture
-def con(specreg_home: Path):  # type: ignore[no-untyped-def]
-    with opened(specreg_home / "registry.duckdb") as c:
-        yield c
 
 
 def padded_copy(src: Path, out: Path, n_pad: int = N_PAD) -> Path:
@@ -162,3 +145,41 @@ def test_the_command_reports_json(small_models: SmallModels, specreg_home: Path)
     (point,) = doc["points"]
     assert point["task"] == "json" and point["method"] == METHOD_KLD and point["same_top"] > 0.8
     assert doc["acceptance"] == "greedy (same top token)"
+
+
+def test_recommend_stops_ranking_the_random_draft_once_agreement_is_measured(
+    con, measuring: Measuring, small_models: SmallModels, synthetic_models: SyntheticModels
+) -> None:
+    """The issue's case, before any speculative run: the prior guesses a high acceptance for
+    the random-weight synthetic MoE as SmolLM2's draft; measured agreement says 0 %."""
+    from specreg.recommender.advisor import open_advisor
+    from specreg.recommender.agreement import ACC_AGREEMENT, ACC_PREDICTED
+    from specreg.recommender.host import detect_host_facts
+    from specreg.runner.runs import model_record
+    from specreg.terms import Method
+
+    target = small_models.smollm2.path
+    rand = synthetic_models.moe_draft.path  # the synthetic MoE's small Q8_0
+    for path in (target, rand):
+        model_record(con, path)  # scanned, as `specreg scan` would
+    facts = detect_host_facts(fingerprint=detect_host().fingerprint)
+    advisor = open_advisor(con, facts)
+    rand_id = model_record(con, rand).model_id
+
+    def rank() -> tuple[list, object]:  # type: ignore[type-arg]
+        rec = advisor.recommend(con, str(target), task="code")
+        mine = [o for o in rec.options if o.method is Method.DRAFT and o.draft_id == rand_id]
+        return mine, rec
+
+    before, _ = rank()
+    assert before and all(o.acceptance_source == ACC_PREDICTED for o in before)
+    assert max(o.acceptance or 0 for o in before) > 0.3  # the prior's guess
+    measure_agreement(con, measuring, plan_agreement(con, target, (rand,), ("code",)))
+    after, rec = rank()
+    plain = next(o for o in rec.options if o.method is Method.NONE and o.experts is None)
+    assert after and all(o.acceptance_source == ACC_AGREEMENT for o in after)
+    assert all(o.acceptance == 0.0 and o.tps < plain.tps for o in after)
+    assert rec.options.index(plain) < min(rec.options.index(o) for o in after)
+    ruled_out = [a for a in rec.advice if a.startswith("measured agreement rules out")]
+    assert ruled_out and "0% per token measured by `specreg agree`" in ruled_out[0]
+    assert any("0% per token measured" in w for w in after[0].why)

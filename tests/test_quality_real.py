@@ -11,34 +11,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from llama_fixtures import llama_install, small_models, synthetic_models  # noqa: F401
+from quality_fixtures import CHUNKS, con, measuring  # noqa: F401
 
 from specreg.cli.main import cli
-from specreg.registry.db import opened
 from specreg.registry.quality import PURPOSE_QUALITY, list_quality
 from specreg.runner.host import detect_host
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.perplexity import LogitsCache
 from specreg.runner.quality import Measuring, measure_quality, plan_quality, quality_texts
 from specreg.runner.small_models import SmallModels
 from specreg.runner.synthetic import SyntheticModels
 
 pytestmark = pytest.mark.llama
-
-CHUNKS = 2  # 2 x 63 = 126 scored tokens: enough for llama-perplexity's summary statistics
-
-
-@pytest.fixture
-def measuring(llama_install: LlamaInstall, tmp_path: Path) -> Measuring:
-    return Measuring(
-        llama_install, detect_host(), chunks=CHUNKS, threads=1,
-        cache=LogitsCache(tmp_path / "logits"),
-    )  # fmt: skip
-
-
-@pytest.fixture
-def con(specreg_home: Path):  # type: ignore[no-untyped-def]
-    with opened(specreg_home / "registry.duckdb") as c:
-        yield c
 
 
 def test_q4_0_against_q4_1_costs_and_the_model_against_itself_does_not(
