@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from specreg.declare import deps, units
 from specreg.declare.deps import DiskModel
-from specreg.declare.spec import SPEC_VERSION, key_line, read_yaml, validate
+from specreg.declare.spec import SPEC_VERSION, key_line, read_yaml, validate, write_yaml
+from specreg.errors import UsageError
 
 # acceleration.type -> spec types; None means "no speculation"
 ACCEL_TYPES: dict[str, tuple[str, ...] | None] = {
@@ -77,12 +78,45 @@ class Entry:
 
 @dataclass(frozen=True)
 class ImportResult:
+    JSON_KIND = "import"
+    JSON_VERSION = "1"
+
     source: Path
     doc: CommentedMap
     mapped: tuple[Entry, ...]
     unmapped: tuple[Entry, ...]
     n_models: int
     n_roles: int
+    spec_path: Path | None = None  # where the declaration was written, once written
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        payload = {
+            "source": self.source,
+            "spec": self.spec_path,
+            "models": self.n_models,
+            "roles": self.n_roles,
+            "mapped": self.mapped,
+            "unmapped": self.unmapped,
+        }
+        return document(self.JSON_KIND, self.JSON_VERSION, payload)
+
+
+def import_to_spec(
+    con: duckdb.DuckDBPyConnection,
+    source: Path,
+    spec_path: Path,
+    *,
+    base_path: Path | None = None,
+    force: bool = False,
+) -> ImportResult:
+    """`import_registry`, written to `spec_path` (an existing file only with `force`)."""
+    if spec_path.exists() and not force:
+        raise UsageError(f"{spec_path} exists: pass --force to replace it, or --spec NEW.yaml")
+    result = import_registry(con, source, spec_path, base_path=base_path)
+    write_yaml(spec_path, result.doc)
+    return replace(result, spec_path=spec_path)
 
 
 class _Ctx:

@@ -11,15 +11,14 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
-from specreg.declare import deps
+from specreg.declare import DIALECT_CURRENT, DIALECT_LEGACY, deps
 from specreg.declare.spec import DRAFT_MODEL_TYPES, PinnedConfig, RoleDecl, Spec
 from specreg.errors import UsageError
-
-DIALECT_CURRENT = "current"
-DIALECT_LEGACY = "legacy"
+from specreg.registry.queries import model_fs_paths
 
 # What a draft config runs with when draft_max is not declared, stated rather than implied
 # (`--spec-draft-n-max` defaults to 3 in the pinned build, `--draft-max` to 16 in older ones).
@@ -82,10 +81,31 @@ class Skipped:
 
 @dataclass(frozen=True)
 class LaunchPlan:
+    JSON_KIND = "export"
+    JSON_VERSION = "1"
+
     dialect: str
     dialect_origin: str
     launches: tuple[Launch, ...]
     skipped: tuple[Skipped, ...]
+
+    def to_json(self, fmt: str | None = None) -> dict[str, Any]:
+        """`export --json`: each launch's final argv and every flag with its origin; `fmt`
+        names the format the launches were built for (its port)."""
+        from specreg.jsonout import document
+
+        launches = [
+            {"role": x.role, "task": x.task, "argv": x.argv, "flags": (*x.prefix, *x.flags)}
+            for x in self.launches
+        ]
+        payload = {
+            "format": fmt,
+            "dialect": self.dialect,
+            "dialect_origin": self.dialect_origin,
+            "launches": launches,
+            "skipped": self.skipped,
+        }
+        return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
 
 def choose_dialect(spec: Spec, override: str | None = None) -> tuple[str, str]:
@@ -106,7 +126,10 @@ def _model_path(con: duckdb.DuckDBPyConnection, spec: Spec, ref: str) -> tuple[P
         return None, f"{ref} is not declared"
     disk = deps.model_by_id(con, decl.id)
     if disk is not None and disk.status == "present":
-        return Path(disk.path), f"registry path of {decl.label} ({decl.id[:12]})"
+        # the file as the OS names it: `disk.path` writes bytes that are not UTF-8 as \xNN
+        exact = model_fs_paths(con, decl.id)
+        path = Path(exact[0] if exact else disk.path)
+        return path, f"registry path of {decl.label} ({decl.id[:12]})"
     if disk is not None and disk.status == "incomplete":
         return None, f"{decl.label} is missing split parts: {', '.join(disk.parts_missing)}"
     return None, f"{decl.label} ({decl.id[:12]}) is not on disk (run `specreg plan`)"

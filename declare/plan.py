@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -73,6 +74,9 @@ class Beaten:
 
 @dataclass(frozen=True)
 class Plan:
+    JSON_KIND = "plan"
+    JSON_VERSION = "1"
+
     spec_path: Path
     findings: tuple[Finding, ...]
     n_declared: int
@@ -85,6 +89,11 @@ class Plan:
 
     def of_kind(self, kind: str) -> list[Finding]:
         return [f for f in self.findings if f.kind == kind]
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document, plain
+
+        return document(self.JSON_KIND, self.JSON_VERSION, {"drift": self.drift, **plain(self)})
 
 
 def _under(path: str, roots: Iterable[Path]) -> bool:

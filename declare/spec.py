@@ -22,32 +22,23 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
+from specreg.declare import SPEC_FILENAME
 from specreg.errors import UsageError
+from specreg.terms import DRAFT_MODEL_TYPES, METHOD_OF, POLICIES, Method
+from specreg.terms import SPEC_TYPES as TERMS_SPEC_TYPES
 
-SPEC_FILENAME = "specreg.yaml"
 SPEC_VERSION = 1
 
-POLICIES = ("quality", "speed")
 DIALECTS = ("auto", "current", "legacy")
 STORES = ("lmstudio", "huggingface", "llama-cpp", "ollama")
-# Speculation families a role may forbid; each spec type belongs to one.
+# What a role may forbid (`forbid:`): a method of specreg.terms, or a draft head type of its own.
+_OWN_KIND = {"draft-eagle3": "eagle3", "draft-dflash": "dflash", "draft-dspark": "dspark"}
 FAMILIES = ("draft", "ngram", "mtp", "eagle3", "dflash", "dspark")
-# llama.cpp's names (common/speculative.cpp, common_speculative_type_from_name_map).
-SPEC_TYPES = {
-    "none": None,
-    "draft-simple": "draft",
-    "draft-eagle3": "eagle3",
-    "draft-mtp": "mtp",
-    "draft-dflash": "dflash",
-    "draft-dspark": "dspark",
-    "ngram-simple": "ngram",
-    "ngram-map-k": "ngram",
-    "ngram-map-k4v": "ngram",
-    "ngram-mod": "ngram",
-    "ngram-cache": "ngram",
+# llama.cpp's speculative types, each with what `forbid:` calls it (None: plain decoding).
+SPEC_TYPES: dict[str, str | None] = {
+    t: None if METHOD_OF[t] is Method.NONE else _OWN_KIND.get(t, METHOD_OF[t].value)
+    for t in TERMS_SPEC_TYPES
 }
-# Types that need a separate draft GGUF (`-md`).
-DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
 
 # Spellings other tools and hand-written registries use, pointed at the one specreg accepts.
 K_SPELLINGS = ("k", "draft_k", "speculative_k", "draft-max", "spec_draft_n_max", "n_draft")

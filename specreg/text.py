@@ -90,6 +90,34 @@ def shell_join(argv: Iterable[str | os.PathLike[str]]) -> str:
     return " ".join(shell_quote(a) for a in argv)
 
 
+def sh_quote(arg: str | os.PathLike[str]) -> str:
+    """One argument quoted for a POSIX sh script (dash has no `$'...'`): `shlex.quote`, or
+    single-quoted runs joined with `"$(printf '\\ooo')"` for each control byte. A newline
+    stays inside the single quotes (exact, and harmless to a terminal); command substitution
+    would drop it."""
+    text = os.fspath(arg)
+    if is_terminal_safe(text):
+        return shlex.quote(text)
+    out: list[str] = []
+    run: list[str] = []
+    for ch in text:
+        if ch == "\n" or is_terminal_safe(ch):
+            run.append(ch)
+            continue
+        if run:
+            out.append(shlex.quote("".join(run)))
+            run.clear()
+        octal = "".join(f"\\{b:03o}" for b in os.fsencode(ch))  # a surrogate is its own byte
+        out.append(f"\"$(printf '{octal}')\"")
+    if run:
+        out.append(shlex.quote("".join(run)))
+    return "".join(out)
+
+
+def sh_join(argv: Iterable[str | os.PathLike[str]]) -> str:
+    return " ".join(sh_quote(a) for a in argv)
+
+
 # XML ------------------------------------------------------------------------------------
 
 # XML 1.0 cannot hold C0 controls other than tab, newline and carriage return, not even as

@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from rich.table import Table
 
-from specreg.cli.common import F, console, db_option, emit_json, json_option, resolve_db
-from specreg.declare import export as export_mod
-from specreg.declare.importer import import_registry
-from specreg.declare.launch import DIALECT_CURRENT, DIALECT_LEGACY, build
-from specreg.declare.plan import make_plan
-from specreg.declare.propose import apply_proposal, make_proposal
-from specreg.declare.spec import SPEC_FILENAME, load_spec, write_yaml
-from specreg.declare.stores import rescan_declared
-from specreg.declare.templates import INIT_TEMPLATE
+from specreg.cli.common import (
+    console,
+    db_option,
+    emit,
+    emit_document,
+    json_option,
+    resolve_db,
+    write_output,
+)
+from specreg.declare import DIALECT_CURRENT, DIALECT_LEGACY, EXPORT_FORMATS, SPEC_FILENAME
 from specreg.errors import UsageError
-from specreg.registry.db import opened
+from specreg.text import shell_join
+
+if TYPE_CHECKING:
+    from specreg.declare.importer import ImportResult
+    from specreg.declare.plan import Plan
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def spec_option(func: F) -> F:
@@ -53,26 +59,39 @@ def plan(spec_path: Path, rescan: bool, db_path: Path | None, as_json: bool) -> 
 
     Exit 0 when they agree, 1 on drift, 2 when specreg.yaml is invalid.
     """
+    from specreg.declare.plan import make_plan
+    from specreg.declare.spec import load_spec
+    from specreg.declare.stores import rescan_declared
+    from specreg.registry.db import opened
+
     spec, _ = load_spec(spec_path)
-    with opened(resolve_db(db_path)) as con:
+    with opened(resolve_db(db_path), read_only=not rescan) as con:
         if rescan:
             rescan_declared(con, spec)
         result = make_plan(con, spec)
     if as_json:
-        emit_json("plan", {"drift": result.drift, **dataclasses.asdict(result)})
-    elif not result.findings:
-        click.echo(f"no drift: {result.n_declared} models and {result.n_roles} roles as declared")
+        emit(result)
     else:
-        table = Table("kind", "subject", "finding", "declared at")
-        for f in result.findings:
-            table.add_row(f.kind, f.subject, f.message, str(f.where) if f.where else "")
-        console().print(table)
-        click.echo(
-            f"{len(result.findings)} difference(s); edit specreg.yaml or run "
-            "`specreg propose` for measured improvements"
-        )
+        _print_plan(result)
     if result.drift:
         raise click.exceptions.Exit(1)
+
+
+def _print_plan(result: Plan) -> None:
+    from rich.table import Table
+
+    out = console()
+    if not result.findings:
+        out.print(f"no drift: {result.n_declared} models and {result.n_roles} roles as declared")
+        return
+    table = Table("kind", "subject", "finding", "declared at")
+    for f in result.findings:
+        table.add_row(f.kind, f.subject, f.message, str(f.where) if f.where else "")
+    out.print(table)
+    out.print(
+        f"{len(result.findings)} difference(s); edit specreg.yaml or run "
+        "`specreg propose` for measured improvements"
+    )
 
 
 @click.command("import")
@@ -99,34 +118,31 @@ def import_(
 
     Every entry that could not be mapped is listed with the reason.
     """
-    if spec_path.exists() and not force:
-        raise UsageError(f"{spec_path} exists: pass --force to replace it, or --spec NEW.yaml")
+    from specreg.declare.importer import import_to_spec
+    from specreg.registry.db import opened
+
     with opened(resolve_db(db_path)) as con:
-        result = import_registry(con, source, spec_path, base_path=base_path)
-    write_yaml(spec_path, result.doc)
+        result = import_to_spec(con, source, spec_path, base_path=base_path, force=force)
     if as_json:
-        emit_json(
-            "import",
-            {
-                "source": result.source,
-                "spec": spec_path,
-                "models": result.n_models,
-                "roles": result.n_roles,
-                "mapped": [dataclasses.asdict(e) for e in result.mapped],
-                "unmapped": [dataclasses.asdict(e) for e in result.unmapped],
-            },
-        )
-        return
-    click.echo(
-        f"wrote {spec_path}: {result.n_models} models, {result.n_roles} roles, "
+        emit(result)
+    else:
+        _print_import(result)
+
+
+def _print_import(result: ImportResult) -> None:
+    from rich.table import Table
+
+    out = console()
+    out.print(
+        f"wrote {result.spec_path}: {result.n_models} models, {result.n_roles} roles, "
         f"{len(result.mapped)} entries mapped"
     )
     if result.unmapped:
         table = Table("source entry", "line", "not mapped because")
         for e in result.unmapped:
             table.add_row(e.key, str(e.line or ""), e.note)
-        console().print(table)
-        click.echo(f"{len(result.unmapped)} entries not mapped (listed above)")
+        out.print(table)
+        out.print(f"{len(result.unmapped)} entries not mapped (listed above)")
 
 
 @click.command()
@@ -135,16 +151,20 @@ def import_(
 @db_option
 def propose(spec_path: Path, out: Path | None, db_path: Path | None) -> None:
     """Write a reviewable patch to specreg.yaml from measured runs; applies nothing."""
-    with opened(resolve_db(db_path)) as con:
+    from specreg.declare.propose import make_proposal
+    from specreg.registry.db import opened
+
+    with opened(resolve_db(db_path), read_only=True) as con:
         proposal = make_proposal(con, spec_path)
+    c = console()
     if not proposal.changes:
-        click.echo("nothing to propose: no measured run beats a pinned configuration")
+        c.print("nothing to propose: no measured run beats a pinned configuration")
         return
     out = out or spec_path.with_name("specreg-proposal.yaml")
     out.write_text(proposal.to_yaml(), encoding="utf-8")
-    for c in proposal.changes:
-        click.echo(f"{c.key}: {c.why}")
-    click.echo(f"wrote {out}; review it, then `specreg apply {out}`")
+    for change in proposal.changes:
+        c.print(f"{change.key}: {change.why}")
+    c.print(f"wrote {out}; review it, then `{shell_join(['specreg', 'apply', out])}`")
 
 
 @click.command()
@@ -158,14 +178,17 @@ def propose(spec_path: Path, out: Path | None, db_path: Path | None) -> None:
 )
 def apply(proposal: Path, spec_path: Path | None) -> None:
     """Apply a proposal written by `specreg propose` to specreg.yaml (comments are kept)."""
+    from specreg.declare.propose import apply_proposal
+
     applied = apply_proposal(proposal, spec_path)
+    c = console()
     for key in applied.keys:
-        click.echo(f"updated {key}")
-    click.echo(f"wrote {applied.spec_path}")
+        c.print(f"updated {key}")
+    c.print(f"wrote {applied.spec_path}")
 
 
 @click.command()
-@click.option("--format", "fmt", type=click.Choice(export_mod.FORMATS), required=True)
+@click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), required=True)
 @spec_option
 @click.option(
     "--dialect",
@@ -187,50 +210,38 @@ def export(
     as_json: bool,
 ) -> None:
     """Launch configurations per role, the final argv and every flag's origin."""
+    from specreg.declare.export import port_for, render
+    from specreg.declare.launch import build
+    from specreg.declare.spec import load_spec
+    from specreg.registry.db import opened
+
     spec, _ = load_spec(spec_path)
-    port = "${PORT}" if fmt == "llama-swap" else None if fmt == "models-preset" else "8080"
-    with opened(resolve_db(db_path)) as con:
-        launch_plan = build(con, spec, dialect=dialect, port=port, roles=roles)
+    with opened(resolve_db(db_path), read_only=True) as con:
+        launches = build(con, spec, dialect=dialect, port=port_for(fmt), roles=roles)
     if as_json:
-        emit_json(
-            "export",
-            {
-                "format": fmt,
-                "dialect": launch_plan.dialect,
-                "dialect_origin": launch_plan.dialect_origin,
-                "launches": [
-                    {
-                        "role": x.role,
-                        "task": x.task,
-                        "argv": x.argv,
-                        "flags": [dataclasses.asdict(f) for f in (*x.prefix, *x.flags)],
-                    }
-                    for x in launch_plan.launches
-                ],
-                "skipped": [dataclasses.asdict(s) for s in launch_plan.skipped],
-            },
-        )
+        emit_document(launches.to_json(fmt))
         return
-    text = export_mod.render(launch_plan, fmt)
-    if out is not None:
-        out.write_text(text, encoding="utf-8")
-        click.echo(
-            f"wrote {out} ({len(launch_plan.launches)} launch configurations, "
-            f"{len(launch_plan.skipped)} skipped)"
-        )
-    else:
-        click.echo(text, nl=False)
+    text = render(launches, fmt)
+    if out is None:
+        write_output(text)
+        return
+    out.write_text(text, encoding="utf-8")
+    n, skipped = len(launches.launches), len(launches.skipped)
+    console().print(f"wrote {out} ({n} launch configurations, {skipped} skipped)")
 
 
 @click.command()
 @spec_option
 def init(spec_path: Path) -> None:
     """Write a commented specreg.yaml skeleton to start from."""
+    from specreg.declare.spec import load_spec
+    from specreg.declare.templates import INIT_TEMPLATE
+
     if spec_path.exists():
         raise UsageError(f"{spec_path} exists; edit it, or pass --spec NEW.yaml")
     spec_path.write_text(INIT_TEMPLATE, encoding="utf-8")
     load_spec(spec_path)  # the template itself must validate
-    click.echo(f"wrote {spec_path}")
+    console().print(f"wrote {spec_path}")
 
 
 COMMANDS = [plan, import_, propose, apply, export, init]
