@@ -27,6 +27,7 @@ from specreg.auditor.rules import (
 )
 from specreg.auditor.store import latest_audit_id, save_audit, stored_edges
 from specreg.auditor.verdict import Check, DraftList, PairVerdict, Severity, Verdict
+from specreg.registry.quality import agreement_by_draft, agreement_json
 from specreg.registry.queries import ModelRecord, list_models, resolve_model
 
 if TYPE_CHECKING:
@@ -76,11 +77,13 @@ def drafts_for(
     rules = rules or PINNED_RULES
     model = target if isinstance(target, ModelRecord) else resolve_model(con, target)
     found = compatible_drafts(con, model, rules, include_rejected=include_rejected)
+    measured = agreement_by_draft(con, model.model_id)  # `specreg agree`
     return DraftList(
         target=ref(model),
         draftless=draftless_modes(model, rules),
         spec_type_flag=rules.spec_type_flag or "--spec-type",
         drafts=tuple(found),
+        agreement={d: agreement_json(records) for d, records in measured.items()},
     )
 
 

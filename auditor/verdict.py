@@ -170,6 +170,8 @@ class DraftList:
     spec_type_flag: str
     """How these rules' llama.cpp selects a speculative type (`--spec-type`)."""
     drafts: tuple[PairVerdict, ...]
+    agreement: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    """Draft id -> task -> same top token with the target (`specreg agree`); {} if none."""
 
     def to_json(self) -> dict[str, Any]:
         from specreg.jsonout import document
@@ -178,7 +180,10 @@ class DraftList:
         payload = {
             "target": target,
             "draftless": self.draftless,
-            "drafts": [pv.as_dict() for pv in self.drafts],
+            "drafts": [
+                {**pv.as_dict(), "agreement": self.agreement.get(pv.draft.model_id, {})}
+                for pv in self.drafts
+            ],
         }
         return document(self.JSON_KIND, self.JSON_VERSION, payload)
 

@@ -229,19 +229,16 @@ def agreement_by_draft(
     return {k: tuple(v) for k, v in out.items()}
 
 
-def agreement_str(records: tuple[QualityRecord, ...] | None) -> str:
+def agreement_cell(by_task: dict[str, float | None]) -> str:
     """Same-top agreement for a table cell: "97% (code)", "70-82% (5 tasks)", or "-"."""
-    if not records:
+    tops = sorted(v for v in by_task.values() if v is not None)
+    if not tops:
         return "-"
-    tops = sorted(r.same_top for r in records if r.same_top is not None)
-    if len(records) == 1:
-        return f"{tops[0]:.0%} ({records[0].task or records[0].text_name})"
-    span = (
-        f"{tops[0]:.0%}"
-        if round(tops[0], 2) == round(tops[-1], 2)
-        else (f"{tops[0] * 100:.0f}-{tops[-1]:.0%}")
-    )
-    return f"{span} ({len(records)} tasks)"
+    if len(tops) == 1:
+        return f"{tops[0]:.0%} ({next(iter(by_task))})"
+    lo, hi = round(tops[0] * 100), round(tops[-1] * 100)
+    span = f"{lo}%" if lo == hi else f"{lo}-{hi}%"
+    return f"{span} ({len(tops)} tasks)"
 
 
 def agreement_json(records: tuple[QualityRecord, ...] | None) -> dict[str, float | None]:

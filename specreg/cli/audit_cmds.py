@@ -126,6 +126,7 @@ def _print_drafts(found: DraftList) -> None:
     from rich.table import Table
 
     from specreg.auditor import Verdict
+    from specreg.registry.quality import agreement_cell
 
     out = console()
     if found.draftless:
@@ -134,11 +135,12 @@ def _print_drafts(found: DraftList) -> None:
         out.print("no compatible draft in the registry (--rejected shows why)")
         return
     table = Table(show_header=True, header_style="bold")
-    for col in ("draft", "verdict", "why / warnings", "path"):
+    for col in ("draft", "verdict", "agreement", "why / warnings", "path"):
         table.add_column(col)
     for pv in found.drafts:
         why = "; ".join(pv.reasons if pv.verdict is not Verdict.WARNINGS else pv.warnings)
-        table.add_row(clip(pv.draft.label), pv.verdict.text, why, clip(pv.draft.path))
+        agree = agreement_cell(found.agreement.get(pv.draft.model_id, {}))
+        table.add_row(clip(pv.draft.label), pv.verdict.text, agree, why, clip(pv.draft.path))
     out.print(table)
 
 
