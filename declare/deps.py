@@ -150,7 +150,8 @@ def measured_runs(
                 task=r.task,
                 tokens_per_s=r.tokens_per_s,
                 acceptance=r.acceptance,
-                ok=r.status == "ok" and r.verdict != "fail",
+                # a replayed or warm-server figure of a stateful method is no evidence
+                ok=r.first_use_evidence and r.verdict != "fail",
                 lossless=not r.behaviour_changing and r.experts is None,
                 host=r.host_fingerprint,
                 date=r.started_at.isoformat() if r.started_at else None,

@@ -2,7 +2,9 @@
 
 `target_fields` / `draft_fields` turn a registry `ModelRecord` into the `ConfigFacts` fields
 (the same facts the prior derives from its columns). `local_observations` turns the runner's
-recorded runs on this host into `Observation`s that the model is refitted on.
+recorded runs on this host into `Observation`s that the model is refitted on and that
+`recommend` cites as evidence; runs that are no evidence of first use (`first_use_evidence`:
+replay-affected, flagged, or a warm server's figure of a stateful method) are left out here.
 """
 
 from __future__ import annotations
@@ -18,19 +20,8 @@ from specreg.recommender.host import HostFacts
 from specreg.recommender.prior import Observation
 from specreg.registry.queries import ModelRecord, get_model
 from specreg.registry.runs import RunRecord, list_runs
-from specreg.terms import Method, arch_family
+from specreg.terms import METHOD_OF, Method, arch_family
 
-# runner spec types -> the recommender's methods
-SPEC_METHODS = {
-    "none": Method.NONE,
-    "draft-simple": Method.DRAFT,
-    "draft-mtp": Method.MTP,
-    "ngram-mod": Method.NGRAM,
-    "ngram-simple": Method.NGRAM,
-    "ngram-map-k": Method.NGRAM,
-    "ngram-map-k4v": Method.NGRAM,
-    "ngram-cache": Method.NGRAM,
-}
 # llama.cpp's ngram-mod default match length (common/common.h of the pinned build)
 NGRAM_MATCH_DEFAULT = 4
 
@@ -85,7 +76,13 @@ def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[
         runs = list_runs(con, status="ok")
     except duckdb.Error:  # a registry without the runs tables has no local evidence
         return []
-    mine = [r for r in runs if r.host_fingerprint == host.fingerprint and r.tokens_per_s]
+    # Runs whose figures are no evidence of first use (replays of a method that keeps state,
+    # warm-server figures of such a method) stay in the registry but teach the model nothing.
+    mine = [
+        r
+        for r in runs
+        if r.host_fingerprint == host.fingerprint and r.tokens_per_s and r.first_use_evidence
+    ]
     by_id = {r.run_id: r for r in mine}
     # plain runs per target: the baseline of that target on this host
     plain: dict[str, list[float]] = {}
@@ -103,7 +100,7 @@ def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[
 
     out = []
     for r in mine:
-        method = SPEC_METHODS.get(r.spec_type)
+        method = METHOD_OF.get(r.spec_type)
         t = model(r.target_model_id)
         if method is None or t is None:
             continue

@@ -3,11 +3,13 @@
 Applied migrations are never edited: a schema change is a new function appended to
 `MIGRATIONS`. Numbers are owned by the part that needs the tables:
 1 scan (registry), 2 runs (runner), 3 audit (auditor), 4 scan: exact bytes of odd file
-names and the vocabulary codec (registry), 7 quality (runner).
+names and the vocabulary codec (registry), 5 runs: measurement protocol and trust (runner),
+7 quality (runner).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import duckdb
@@ -377,11 +379,75 @@ def m007_quality(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m005_measurement_protocol(con: duckdb.DuckDBPyConnection) -> None:
+    """Runs say how their samples were taken and whether they can be trusted; runs recorded
+    before (protocol v1) that replayed prompts to a method that keeps state are marked."""
+    from specreg.terms import keeps_state
+
+    for column, kind in (
+        ("regime", "VARCHAR"),  # first-encounter | warm | replay
+        ("protocol", "JSON"),  # runner/protocol.py's Protocol
+        ("repeat_figures", "JSON"),  # per repeat: drafted, accepted, tokens/s
+        ("phase_figures", "JSON"),  # warm runs: first and later prompts
+        ("trusted", "BOOLEAN DEFAULT TRUE"),
+        ("trust_reason", "VARCHAR"),
+        ("owner", "VARCHAR"),  # host:pid while status = 'running'
+    ):
+        con.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+    for column in ("samples_draft_n", "samples_draft_n_accepted"):
+        con.execute(f"ALTER TABLE run_prompts ADD COLUMN {column} BIGINT[]")
+    for column in ("samples_session", "samples_position"):
+        con.execute(f"ALTER TABLE run_prompts ADD COLUMN {column} INTEGER[]")
+    # Served requests: a long-lived server, the warm regime (serve wrote it into config).
+    con.execute(
+        "UPDATE runs SET regime = config->>'regime' WHERE kind = 'serve' AND config->>'regime' IS NOT NULL"
+    )
+    # The runner's protocol v1: one llama-server per run answered a warm-up request of the
+    # workload's first prompt, then every prompt `repeats` times in turn, a contended sample
+    # again on the same server. For a method that keeps state that is a replay.
+    v1 = json.dumps({
+        "version": 1,
+        "name": "one-server/v1",
+        "isolation": "one-server",
+        "warmup": "the workload's first prompt, 8 tokens",
+        "note": "recorded before the measurement protocol v2 (issue 18)",
+    })  # fmt: skip
+    runner = "kind <> 'serve' AND protocol IS NULL"
+    stateful = sorted(
+        t
+        for (t,) in con.execute("SELECT DISTINCT spec_type FROM runs").fetchall()
+        if t and keeps_state(t)
+    )
+    on_server = "coalesce(config->>'engine', 'server') = 'server'"
+    if stateful:
+        marks = ", ".join("?" for _ in stateful)
+        for repeated, why in (
+            (
+                "coalesce(repeats, 1) > 1",
+                "its repeats were measured on one llama-server, so from the second repeat on the "
+                "server had seen the prompt and its answer",
+            ),
+            (
+                "coalesce(repeats, 1) <= 1",
+                "it was measured on a llama-server that had answered a warm-up request of the "
+                "workload's first prompt (and a contention retry would replay its prompt)",
+            ),
+        ):
+            con.execute(
+                f"UPDATE runs SET trusted = false, regime = 'replay', protocol = ?, "
+                f"trust_reason = ? || spec_type || ' keeps state across requests and ' || ? "
+                f"WHERE {runner} AND {on_server} AND {repeated} AND spec_type IN ({marks})",
+                [v1, "replay-affected: ", why, *stateful],
+            )
+    con.execute(f"UPDATE runs SET regime = 'first-encounter', protocol = ? WHERE {runner}", [v1])
+
+
 MIGRATIONS: list[tuple[int, str, Migration]] = [
     (1, "scan tables", m001_scan),
     (2, "runs tables", m002_runs),
     (3, "audit tables", m003_audit),
     (4, "odd file names and vocabulary codec", m004_scan_bytes_and_codec),
+    (5, "measurement protocol and trust of runs", m005_measurement_protocol),
     (7, "quality and agreement measurements", m007_quality),
     (9, "calibration curves and host bandwidth", m009_calibration),
 ]

@@ -1,12 +1,21 @@
 """The runs store: every measured configuration, failed ones included.
 
-The runner hands over plain records; this module owns the SQL. Records are written in one
-transaction, so a killed process leaves either the whole run or nothing.
+The runner hands over plain records; this module owns the SQL. A measurement is recorded as
+`running` before llama.cpp starts (`start_run`) and completed in one transaction when it ends
+(`finish_run`), so a run whose process was killed stays visible: the next writable open marks
+it `interrupted` (`mark_interrupted`), and reads already show it so.
+
+Every run says what its figures stand for (`regime`, the `protocol` that took its samples) and
+whether they can be trusted: a run measured by replaying prompts to a method that keeps state
+across requests is kept, with the reason, but is no evidence of what a user gets
+(`first_use_evidence`), so training, recommend and propose leave it out.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
@@ -15,9 +24,16 @@ import duckdb
 
 from specreg.errors import UsageError
 from specreg.registry.db import transaction
+from specreg.terms import REGIME_WARM, keeps_state
 
 RUNS = "runs"
 RUN_PROMPTS = "run_prompts"
+
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"
+STATUS_RUNNING = "running"  # recorded before llama.cpp started; finish_run completes it
+STATUS_INTERRUPTED = "interrupted"  # its process died before finishing (SIGKILL, power)
+FAILED_STATUSES = (STATUS_FAILED, STATUS_INTERRUPTED)
 
 
 @dataclass(frozen=True)
@@ -38,6 +54,11 @@ class PromptRecord:
     stop_type: str | None = None
     verdict: str | None = None
     divergence: dict[str, Any] | None = None
+    # per timed sample, in the order taken (repeat by repeat)
+    samples_draft_n: tuple[int, ...] = ()
+    samples_draft_n_accepted: tuple[int, ...] = ()
+    samples_session: tuple[int, ...] = ()  # which engine state (server process) answered
+    samples_position: tuple[int, ...] = ()  # requests that state had answered before
 
 
 @dataclass(frozen=True)
@@ -93,8 +114,26 @@ class RunRecord:
     verdict: str | None = None
     verdict_reason: str | None = None
     log_path: str | None = None
+    # What the figures stand for: first-encounter | warm | replay (specreg.terms.REGIMES).
+    regime: str | None = None
+    protocol: dict[str, Any] | None = None  # how the samples were taken (runner/protocol.py)
+    # Per repeat over all prompts: n_samples, predicted_n, draft_n, draft_n_accepted,
+    # tokens_per_s, acceptance. A warm run has one repeat and `phase_figures` (first, later).
+    repeat_figures: tuple[dict[str, Any], ...] = ()
+    phase_figures: dict[str, Any] | None = None
+    trusted: bool = True  # False: kept, shown with `trust_reason`, never used as evidence
+    trust_reason: str | None = None
+    owner: str | None = None  # host:pid of the process measuring it (while `running`)
     run_id: int | None = None
     prompts: tuple[PromptRecord, ...] = field(default=())
+
+    @property
+    def first_use_evidence(self) -> bool:
+        """Whether the figures stand for what a user gets on first use: a finished, trusted
+        run, and not a warm server's figure for a method that learns from earlier requests."""
+        if self.status != STATUS_OK or not self.trusted:
+            return False
+        return not (self.regime == REGIME_WARM and keeps_state(self.spec_type or ""))
 
     @property
     def tokens_per_s_str(self) -> str:
@@ -152,7 +191,15 @@ class VerifiedRun:
         return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
 
-_JSON_RUN = {"config", "host"}
+_JSON_RUN = {"config", "host", "protocol", "repeat_figures", "phase_figures"}
+_PROMPT_ARRAYS = (
+    "samples_tps",
+    "foreign_cpu_s",
+    "samples_draft_n",
+    "samples_draft_n_accepted",
+    "samples_session",
+    "samples_position",
+)
 _RUN_COLUMNS = [f.name for f in fields(RunRecord) if f.name not in ("run_id", "prompts")]
 # TIMESTAMPTZ values come back as pytz-aware datetimes, and pytz is not a dependency:
 # read the instant as epoch seconds instead.
@@ -162,8 +209,12 @@ _RUN_SELECT = ", ".join(
 _PROMPT_COLUMNS = [f.name for f in fields(PromptRecord)]
 
 
-def record_run(con: duckdb.DuckDBPyConnection, run: RunRecord) -> int:
-    """Store a run and its prompts; return the new run_id."""
+def owner() -> str:
+    """Who is measuring: this host and process."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _run_values(run: RunRecord) -> list[Any]:
     values = []
     for name in _RUN_COLUMNS:
         value = getattr(run, name)
@@ -172,30 +223,91 @@ def record_run(con: duckdb.DuckDBPyConnection, run: RunRecord) -> int:
         elif name == "argv":
             value = list(value)
         values.append(value)
+    return values
+
+
+def _insert_prompts(con: duckdb.DuckDBPyConnection, run_id: int, run: RunRecord) -> None:
+    for prompt in run.prompts:
+        pvalues: list[Any] = [run_id]
+        for name in _PROMPT_COLUMNS:
+            value = getattr(prompt, name)
+            if name == "divergence" and value is not None:
+                value = json.dumps(value, default=str)
+            elif name in _PROMPT_ARRAYS:
+                value = list(value)
+            pvalues.append(value)
+        con.execute(
+            f"INSERT INTO {RUN_PROMPTS} (run_id, {', '.join(_PROMPT_COLUMNS)}) "
+            f"VALUES ({', '.join('?' for _ in pvalues)})",
+            pvalues,
+        )
+
+
+def _insert_run(con: duckdb.DuckDBPyConnection, run: RunRecord) -> int:
     placeholders = ", ".join("?" for _ in _RUN_COLUMNS)
+    row = con.execute(
+        f"INSERT INTO {RUNS} ({', '.join(_RUN_COLUMNS)}) VALUES ({placeholders}) RETURNING run_id",
+        _run_values(run),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def record_run(con: duckdb.DuckDBPyConnection, run: RunRecord) -> int:
+    """Store a finished run and its prompts in one transaction; return the new run_id."""
     with transaction(con):
-        row = con.execute(
-            f"INSERT INTO {RUNS} ({', '.join(_RUN_COLUMNS)}) VALUES ({placeholders}) "
-            "RETURNING run_id",
-            values,
-        ).fetchone()
-        assert row is not None
-        run_id = int(row[0])
-        for prompt in run.prompts:
-            pvalues: list[Any] = [run_id]
-            for name in _PROMPT_COLUMNS:
-                value = getattr(prompt, name)
-                if name == "divergence" and value is not None:
-                    value = json.dumps(value, default=str)
-                elif name in ("samples_tps", "foreign_cpu_s"):
-                    value = list(value)
-                pvalues.append(value)
-            con.execute(
-                f"INSERT INTO {RUN_PROMPTS} (run_id, {', '.join(_PROMPT_COLUMNS)}) "
-                f"VALUES ({', '.join('?' for _ in pvalues)})",
-                pvalues,
-            )
+        run_id = _insert_run(con, run)
+        _insert_prompts(con, run_id, run)
     return run_id
+
+
+def start_run(con: duckdb.DuckDBPyConnection, run: RunRecord) -> int:
+    """Record a run as `running` before its measurement starts (committed at once, so a
+    killed process leaves it behind); `finish_run` completes it. Returns its run_id."""
+    mark_interrupted(con)
+    started = RunRecord(
+        **{
+            **{f.name: getattr(run, f.name) for f in fields(RunRecord)},
+            "status": STATUS_RUNNING,
+            "owner": owner(),
+            "run_id": None,
+            "prompts": (),
+        }
+    )
+    with transaction(con):
+        return _insert_run(con, started)
+
+
+def finish_run(con: duckdb.DuckDBPyConnection, run_id: int, run: RunRecord) -> None:
+    """Replace the `running` record `run_id` with the finished run and its prompts."""
+    columns = [c for c in _RUN_COLUMNS if c != "started_at"]
+    values = [v for c, v in zip(_RUN_COLUMNS, _run_values(run), strict=True) if c != "started_at"]
+    sets = ", ".join(f"{c} = ?" for c in columns)
+    with transaction(con):
+        con.execute(f"UPDATE {RUNS} SET {sets} WHERE run_id = ?", [*values, run_id])
+        con.execute(f"DELETE FROM {RUN_PROMPTS} WHERE run_id = ?", [run_id])
+        _insert_prompts(con, run_id, run)
+
+
+INTERRUPTED_ERROR = (
+    "the process measuring this run ended before it finished (killed, or the machine stopped); "
+    "run it again"
+)
+
+
+def mark_interrupted(con: duckdb.DuckDBPyConnection) -> int:
+    """Runs left `running` by a process that is gone become `interrupted`; how many.
+
+    Only one process can hold the registry open for writing, so a `running` run of another
+    process found by a writer was abandoned by a process that no longer has the registry.
+    """
+    with transaction(con):
+        rows = con.execute(
+            f"UPDATE {RUNS} SET status = ?, error_kind = ?, error = ? "
+            "WHERE status = ? AND coalesce(owner, '') <> ? RETURNING run_id",
+            [STATUS_INTERRUPTED, STATUS_INTERRUPTED, INTERRUPTED_ERROR, STATUS_RUNNING, owner()],
+        ).fetchall()
+    return len(rows)
 
 
 def _run_from_row(row: tuple[Any, ...], prompts: tuple[PromptRecord, ...] = ()) -> RunRecord:
@@ -204,7 +316,14 @@ def _run_from_row(row: tuple[Any, ...], prompts: tuple[PromptRecord, ...] = ()) 
         if isinstance(data[name], str):
             data[name] = json.loads(data[name])
     data["argv"] = tuple(data["argv"] or ())
+    data["repeat_figures"] = tuple(data["repeat_figures"] or ())
+    data["trusted"] = data["trusted"] is not False
     data["started_at"] = datetime.fromtimestamp(data["started_at"], timezone.utc)
+    if data["status"] == STATUS_RUNNING and data["owner"] != owner():
+        # A reader cannot open the registry while the measuring process holds it: gone.
+        data.update(
+            status=STATUS_INTERRUPTED, error_kind=STATUS_INTERRUPTED, error=INTERRUPTED_ERROR
+        )
     return RunRecord(**data, prompts=prompts)
 
 
@@ -212,8 +331,8 @@ def _prompt_from_row(row: tuple[Any, ...]) -> PromptRecord:
     data = dict(zip(_PROMPT_COLUMNS, row, strict=True))
     if isinstance(data["divergence"], str):
         data["divergence"] = json.loads(data["divergence"])
-    data["samples_tps"] = tuple(data["samples_tps"] or ())
-    data["foreign_cpu_s"] = tuple(data["foreign_cpu_s"] or ())
+    for name in _PROMPT_ARRAYS:
+        data[name] = tuple(data[name] or ())
     return PromptRecord(**data)
 
 
@@ -234,9 +353,15 @@ def list_runs(
     limit: int | None = None,
     with_prompts: bool = False,
 ) -> list[RunRecord]:
-    """Runs, newest first, optionally only failed/ok ones or those involving one model."""
-    where, params = [], []
-    if status is not None:
+    """Runs, newest first, optionally only failed/ok ones or those involving one model.
+    `failed` includes interrupted runs (and those still recorded as running by a process
+    that is gone)."""
+    where: list[str] = []
+    params: list[Any] = []
+    if status == STATUS_FAILED:
+        where.append("status IN (?, ?, ?)")
+        params += [STATUS_FAILED, STATUS_INTERRUPTED, STATUS_RUNNING]
+    elif status is not None:
         where.append("status = ?")
         params.append(status)
     if model_id is not None:
@@ -249,7 +374,10 @@ def list_runs(
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     rows = con.execute(sql, params).fetchall()
-    return [_run_from_row(r, _prompts(con, r[0]) if with_prompts else ()) for r in rows]
+    runs = [_run_from_row(r, _prompts(con, r[0]) if with_prompts else ()) for r in rows]
+    if status == STATUS_FAILED:
+        runs = [r for r in runs if r.status in FAILED_STATUSES]
+    return runs
 
 
 def get_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunRecord:
@@ -257,3 +385,13 @@ def get_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunRecord:
     if row is None:
         raise UsageError(f"no run {run_id}: see `specreg runs` for the ids")
     return _run_from_row(row, _prompts(con, run_id))
+
+
+def interrupt_run(con: duckdb.DuckDBPyConnection, run_id: int, why: str) -> None:
+    """Mark this process's `running` run `run_id` interrupted (Ctrl-C, an unexpected error)."""
+    with transaction(con):
+        con.execute(
+            f"UPDATE {RUNS} SET status = ?, error_kind = ?, error = ? WHERE run_id = ? "
+            "AND status = ?",
+            [STATUS_INTERRUPTED, STATUS_INTERRUPTED, why, run_id, STATUS_RUNNING],
+        )

@@ -42,14 +42,17 @@ from specreg.errors import UsageError
 from specreg.runner.host import Host
 from specreg.runner.server import Completion
 from specreg.runner.workload import Prompt, Workload
-from specreg.terms import CROSS_REQUEST_STATE, REQUEST_STATE, keeps_state
+from specreg.terms import (
+    CROSS_REQUEST_STATE,
+    REGIME_FIRST,
+    REGIME_WARM,
+    REQUEST_STATE,
+    keeps_state,
+)
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 2  # 1: the replaying protocol before issue 18 (never written by this code)
-REGIME_FIRST = "first-encounter"
-REGIME_WARM = "warm"
-REGIMES = (REGIME_FIRST, REGIME_WARM)
 # How engine state is shared between timed samples.
 ISOLATION_FRESH = "fresh-server-per-sample"  # the method keeps state across requests
 ISOLATION_SHARED = "one-server"  # the method keeps none: one server serves every sample

@@ -1,29 +1,42 @@
 """Run and verify configurations for real, and record every outcome in the registry.
 
 Models are referenced by registry id: a target or draft not yet in the registry is scanned
-first. Failed runs are recorded too, with llama.cpp's own message.
+first. Failed runs are recorded too, with llama.cpp's own message. A run is recorded as
+`running` before llama.cpp starts, so one whose process is killed is seen as interrupted.
+Each record carries the protocol its samples were taken under and per-repeat figures; a run
+whose later repeats accepted far more than its first (a replay) is recorded as not trusted.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
 
 from specreg.errors import ModelNotFound, UsageError
 from specreg.registry.queries import ModelRecord, resolve_model
-from specreg.registry.runs import PromptRecord, RunRecord, record_run
+from specreg.registry.runs import (
+    PromptRecord,
+    RunRecord,
+    finish_run,
+    interrupt_run,
+    start_run,
+)
 from specreg.registry.scan import scan_paths
 from specreg.runner.config import Config
 from specreg.runner.host import Host
-from specreg.runner.legacy import ENGINE_AUTO, LOOKUP, choose_engine
+from specreg.runner.legacy import LOOKUP, choose_engine
 from specreg.runner.llama import LlamaInstall
-from specreg.runner.measure import ENGINE_SERVER, Measurement, measure
+from specreg.runner.measure import Measurement, measure
 from specreg.runner.server import Completion
 from specreg.runner.verify import PromptVerdict, Verification, judge
 from specreg.runner.workload import Workload
+from specreg.terms import ENGINE_AUTO, ENGINE_SERVER, REGIME_FIRST
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,10 @@ def _prompt_records(
         first = p.samples[0] if p.samples else None
         out.append(
             PromptRecord(
+                samples_draft_n=tuple(s.draft_n for s in p.samples),
+                samples_draft_n_accepted=tuple(s.draft_n_accepted for s in p.samples),
+                samples_session=p.sessions,
+                samples_position=p.positions,
                 prompt_id=p.prompt.prompt_id,
                 prompt_sha256=p.prompt.sha256,
                 n_samples=len(p.samples),
@@ -126,7 +143,20 @@ def to_record(
     rng = m.tokens_per_s_range
     failure = m.failure
     verdicts = verification.prompts if verification else ()
+    flags = m.replay_flags
+    phases = m.phase_figures
     return RunRecord(
+        regime=m.protocol.regime if m.protocol else REGIME_FIRST,
+        protocol=m.protocol.to_json() if m.protocol else None,
+        repeat_figures=tuple(f.to_json() for f in m.repeat_figures),
+        phase_figures={k: f.to_json() for k, f in phases.items()} if phases else None,
+        trusted=not flags,
+        trust_reason=(
+            "replay-suspect: later repeats accepted far more than the first for the same "
+            f"prompt ({'; '.join(flags)})"
+            if flags
+            else None
+        ),
         kind=kind,
         status="ok" if m.ok else "failed",
         started_at=m.started_at,
@@ -201,6 +231,7 @@ class Plan:
     contention_retries: int = 2
     notes: tuple[str, ...] = ()  # things the user should know before reading the numbers
     engine: str = ENGINE_SERVER  # for the config; baselines always run on llama-server
+    warm_first: int | None = None  # warm regime: prompts after the first N reported apart
 
     @property
     def eog_texts(self) -> tuple[str, ...]:
@@ -223,7 +254,11 @@ def plan(
     request_timeout: float = 600.0,
     contention_retries: int = 2,
     engine: str = ENGINE_AUTO,
+    warm_first: int | None = None,
 ) -> Plan:
+    """Everything a run needs, checked before anything starts. `warm_first=N` plans the warm
+    regime: the workload's distinct prompts once each on one llama-server, the later ones
+    (after the first N) reported apart; it takes nothing else from `repeats`."""
     if config.needs_draft and draft is None:
         raise UsageError(f"{config.spec_type} needs a draft model: pass --draft PATH")
     if draft is not None and not config.speculative:
@@ -237,6 +272,18 @@ def plan(
             "use a draft model or an n-gram method"
         )
     notes = []
+    if warm_first is not None:
+        if chosen != ENGINE_SERVER:
+            raise UsageError(
+                f"--warm needs llama-server, and {config.spec_type} runs on {chosen} here (one "
+                "process per prompt keeps no state): drop --warm"
+            )
+        workload.held_out(warm_first)  # distinct later prompts, or a one-line usage error
+        if workload.repeated():
+            raise UsageError(
+                f"{', '.join(workload.repeated())} repeat(s) an earlier prompt: --warm sends "
+                "distinct prompts, never replays"
+            )
     if chosen != ENGINE_SERVER:
         how = "its own n-gram cache lookup" if chosen == LOOKUP else "draft-model speculation"
         notes.append(
@@ -271,6 +318,7 @@ def plan(
         startup_timeout=startup_timeout,
         request_timeout=request_timeout,
         contention_retries=contention_retries,
+        warm_first=warm_first,
     )
 
 
@@ -298,36 +346,90 @@ def _config_kw(p: Plan, refs: dict[str, tuple[int, ...]] | None) -> dict[str, ob
     return {"reference_tokens": refs}
 
 
+def _started(p: Plan, kind: str, config: Config, draft: ModelRecord | None) -> RunRecord:
+    """What is known before llama.cpp starts: recorded as `running` until the run ends."""
+    return RunRecord(
+        kind=kind,
+        status="running",
+        started_at=datetime.now(timezone.utc),
+        config={**config.to_json(), "engine": p.engine if kind != "baseline" else ENGINE_SERVER},
+        config_label=config.label,
+        spec_type=config.spec_type,
+        target_model_id=p.target.model_id,
+        draft_model_id=draft.model_id if draft else None,
+        target_path=os.fspath(p.target_path),
+        draft_path=os.fspath(p.draft_path) if draft and p.draft_path else None,
+        k=config.k,
+        experts=config.experts,
+        temperature=config.temperature,
+        llama_version=p.install.version,
+        host_fingerprint=p.host.fingerprint,
+        task=p.task,
+        prompt_set=p.workload.name,
+        n_predict=p.n_predict,
+        repeats=p.repeats,
+    )
+
+
+class _Recording:
+    """A run recorded as `running`; `done` hands over its finished record."""
+
+    def __init__(self, run_id: int):
+        self.run_id = run_id
+        self.finished: RunRecord | None = None
+
+    def done(self, record: RunRecord) -> None:
+        self.finished = record
+
+
+@contextmanager
+def _recording(con: duckdb.DuckDBPyConnection, started: RunRecord) -> Iterator[_Recording]:
+    """Record `started` as running for the block, then its finished record. A block that ends
+    without one (Ctrl-C, an unexpected error) leaves the run interrupted, with the reason."""
+    rec = _Recording(start_run(con, started))
+    try:
+        yield rec
+    except BaseException as err:
+        interrupt_run(con, rec.run_id, f"stopped before it finished ({type(err).__name__})")
+        raise
+    if rec.finished is None:
+        interrupt_run(con, rec.run_id, "stopped before it finished")
+    else:
+        finish_run(con, rec.run_id, rec.finished)
+
+
 def run(con: duckdb.DuckDBPyConnection, p: Plan) -> RunOutcome:
     """Measure the planned config and record it (failed or not)."""
-    m = _measure(p, p.config, p.draft_path, engine=p.engine)
-    draft_id = p.draft.model_id if p.draft else None
-    run_id = record_run(con, to_record(m, "run", p.target.model_id, draft_id, task=p.task))
-    return RunOutcome(run_id, m)
+    with _recording(con, _started(p, "run", p.config, p.draft)) as rec:
+        m = _measure(p, p.config, p.draft_path, engine=p.engine, warm_first=p.warm_first)
+        draft_id = p.draft.model_id if p.draft else None
+        rec.done(to_record(m, "run", p.target.model_id, draft_id, task=p.task))
+    return RunOutcome(rec.run_id, m)
 
 
 def verify(con: duckdb.DuckDBPyConnection, p: Plan) -> VerifyOutcome:
     """Baseline and config on the same prompts, a verdict, both runs recorded."""
-    base = _measure(p, p.config.baseline(), None, with_probs=True)
-    base_id = record_run(con, to_record(base, "baseline", p.target.model_id, None, task=p.task))
+    with _recording(con, _started(p, "baseline", p.config.baseline(), None)) as base_rec:
+        base = _measure(p, p.config.baseline(), None, with_probs=True)
+        base_rec.done(to_record(base, "baseline", p.target.model_id, None, task=p.task))
     refs = {r.prompt.prompt_id: r.tokens for r in base.prompts} if base.ok else None
-    if base.ok:
-        cfg = _measure(p, p.config, p.draft_path, **_config_kw(p, refs))
-    else:
-        # No point starting the config's server when the plain model does not even run.
-        cfg = replace(base, config=p.config, draft=p.draft_path, prompts=(), engine=p.engine)
-    result = judge(base, cfg)
-    draft_id = p.draft.model_id if p.draft else None
-    run_id = record_run(
-        con,
-        to_record(
-            cfg,
-            "verify",
-            p.target.model_id,
-            draft_id,
-            task=p.task,
-            verification=result,
-            baseline_run_id=base_id,
-        ),
-    )
-    return VerifyOutcome(base_id, run_id, result)
+    with _recording(con, _started(p, "verify", p.config, p.draft)) as rec:
+        if base.ok:
+            cfg = _measure(p, p.config, p.draft_path, **_config_kw(p, refs))
+        else:
+            # No point starting the config's server when the plain model does not even run.
+            cfg = replace(base, config=p.config, draft=p.draft_path, prompts=(), engine=p.engine)
+        result = judge(base, cfg)
+        draft_id = p.draft.model_id if p.draft else None
+        rec.done(
+            to_record(
+                cfg,
+                "verify",
+                p.target.model_id,
+                draft_id,
+                task=p.task,
+                verification=result,
+                baseline_run_id=base_rec.run_id,
+            )
+        )
+    return VerifyOutcome(base_rec.run_id, rec.run_id, result)

@@ -108,6 +108,16 @@ REQUEST_STATE: dict[str, str] = {
 }
 
 
+# What a recorded figure stands for. First encounter: each timed sample on state that has not
+# seen its prompt (what a user gets on first use). Warm: a server that answered other requests
+# before (specreg serve, `run --warm`). Replay: a prompt timed again on a server that had
+# answered it (recorded before the measurement protocol v2; not trusted for stateful types).
+REGIME_FIRST = "first-encounter"
+REGIME_WARM = "warm"
+REGIME_REPLAY = "replay"
+REGIMES: tuple[str, ...] = (REGIME_FIRST, REGIME_WARM, REGIME_REPLAY)
+
+
 def keeps_state(spec_types: str) -> bool:
     """Whether `spec_types` (one type or llama.cpp's comma list) carries state from one request
     to the next on a server. A type this build does not describe counts as stateful: a fresh

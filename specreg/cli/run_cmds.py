@@ -160,6 +160,7 @@ def _plan(con: duckdb.DuckDBPyConnection, kw: dict[str, Any]) -> Plan:
         startup_timeout=kw["timeout"],
         contention_retries=kw["retries"],
         engine=kw["engine"],
+        warm_first=kw.get("warm"),
     )
     for note in planned.notes:
         err_console().print(f"note: {note}")
@@ -168,9 +169,19 @@ def _plan(con: duckdb.DuckDBPyConnection, kw: dict[str, Any]) -> Plan:
 
 @click.command("run")
 @_run_options
+@click.option(
+    "--warm",
+    type=_POSITIVE,
+    default=None,
+    metavar="N",
+    help="Warm regime: send the distinct prompts once each, in order, to one llama-server and "
+    "report those after the first N apart (what a long-lived server learns; never a replay).",
+)
 def run_cmd(**kw: Any) -> None:
     """Measure one configuration of TARGET with llama-server (or a legacy binary, see
-    --engine) and record the run.
+    --engine) and record the run. A method that keeps state across requests (ngram-mod,
+    ngram-cache) gets a fresh llama-server for every timed sample: the figures are what a
+    user gets on first encounter.
 
     Exit 1 if the run failed (it is recorded as failed, with llama.cpp's message).
     """
@@ -324,6 +335,10 @@ def _print_run(r: RunRecord) -> None:
     engine = r.config.get("engine", "server")
     on = f" on {engine}" if engine != "server" else ""
     out.print(f"run {r.run_id} ({r.kind}) {r.config_label}{on}: {r.status}")
+    if not r.trusted:
+        out.print(f"  NOT TRUSTED (no evidence for recommend, train, propose): {r.trust_reason}")
+    if r.protocol:
+        out.print(f"  protocol: {r.protocol.get('name', '-')} ({r.regime})")
     if r.status != "ok":
         out.print(f"  llama.cpp said: {r.llama_message or '-'}")
         out.print(f"  log: {r.log_path}")
@@ -333,11 +348,27 @@ def _print_run(r: RunRecord) -> None:
         f"{_tps(r.tokens_per_s_hi)}), acceptance {r.acceptance_str} "
         f"({r.draft_n_accepted}/{r.draft_n} drafted)"
     )
+    for name, f in (r.phase_figures or {}).items():
+        out.print(
+            f"  {name} prompts: {_tps(f.get('tokens_per_s'))} tok/s, "
+            f"{f.get('draft_n_accepted')}/{f.get('draft_n')} accepted"
+        )
+    if len(r.repeat_figures) > 1:
+        out.print(
+            "  per repeat: "
+            + ", ".join(
+                f"{_tps(f.get('tokens_per_s'))} tok/s {f.get('draft_n_accepted')}/"
+                f"{f.get('draft_n')}"
+                for f in r.repeat_figures
+            )
+        )
     if r.verdict:
         out.print(f"  verdict: {r.verdict.upper()}: {r.verdict_reason}")
         out.print(f"  speedup: {r.speedup_str}")
     if r.prompts:
-        table = Table("prompt", "tok/s", "range", "drafted", "accepted", "verdict", box=None)
+        table = Table(
+            "prompt", "tok/s", "range", "drafted", "accepted", "per repeat", "verdict", box=None
+        )
         for p in r.prompts:
             table.add_row(
                 p.prompt_id,
@@ -345,6 +376,7 @@ def _print_run(r: RunRecord) -> None:
                 f"{_tps(p.tokens_per_s_lo)}-{_tps(p.tokens_per_s_hi)}",
                 str(p.draft_n or 0),
                 str(p.draft_n_accepted or 0),
+                "/".join(map(str, p.samples_draft_n_accepted)) or "-",
                 (p.verdict or "-") + (f" @{p.divergence['position']}" if p.divergence else ""),
             )
         out.print(table)
@@ -392,21 +424,26 @@ def _print_runs(records: tuple[RunRecord, ...]) -> None:
         "accept",
         "speedup",
         "verdict",
+        "trust",
         box=None,
     )
     for r in records:
         table.add_row(
             str(r.run_id),
             r.kind,
-            r.status if r.status == "ok" else f"failed ({r.error_kind})",
+            r.status if r.status == "ok" else f"{r.status} ({r.error_kind})",
             Path(r.target_path or "-").name,
             r.config_label,
             r.tokens_per_s_str,
             r.acceptance_str,
             r.speedup_str,
             r.verdict or "-",
+            "ok" if r.trusted else (r.trust_reason or "not trusted").split(":")[0],
         )
     console().print(table)
+    for r in records:
+        if not r.trusted:
+            console().print(f"run {r.run_id} not trusted: {r.trust_reason}")
 
 
 COMMANDS = [run_cmd, verify_cmd, runs_cmd, llama_group]
