@@ -307,3 +307,14 @@ def test_export_llama_swap_escapes_in_yaml(hostile: dict[str, Path], tmp_path: P
     assert_safe(r)
     cmd = yaml.safe_load(r.stdout)["models"]["r"]["cmd"]
     assert "-m " + shlex.quote(str(hostile["target"])) in cmd.splitlines()
+
+
+def test_plan_shows_undeclared_hostile_models_escaped(
+    hostile: dict[str, Path], tmp_path: Path
+) -> None:
+    spec = tmp_path / "specreg.yaml"
+    spec.write_text(f"version: 1\nroots: [{json.dumps(str(hostile['target'].parent))}]\n")
+    r = specreg("plan", "--spec", str(spec), "--db", str(hostile["db"]))
+    assert r.returncode == 1, r.stderr
+    assert_safe(r)
+    assert f"T{SHOWN}"[:40] in r.stdout
