@@ -1,214 +1,214 @@
-"""Grouped cross-validation of the recommender's speed model on the shipped prior data.
+"""Does the recommender's K choice transfer to targets it has not seen?
 
-Every target model is held out in turn (all its runs, every quant); the model fitted on the rest
-picks K for each of the held-out target's K sweeps (epyc_sweeps_bestk.csv) and predicts the
-speedup of each of its speculative runs. Printed next to the reports' rule of thumb (K=24 for
-32B-class targets, K=8 for 7B-class ones) in the same run, and next to an in-sample ceiling: the
-best any curve of the cost model's shape does when its acceptance is fitted on the held-out
-sweep itself (what single, noisy measurements per K allow at all).
+Two tests, both scored by throughput regret against each sweep's best measured K
+(`1 - tps(picked K) / tps(best K)`), printed beside the regret of every constant K and of the
+user's rule of thumb (K=24 for 32B-class targets, K=16 for 70B-class, K=8 for 7B-class):
 
-Run: python benchmarks/recommender_cv.py [--members N] [--json]
+1. leave-family-out on the shipped prior: every target of one family (7B-, 14B-, 32B-class
+   dense, every MoE) is held out of the fit at once, and the model fitted on the rest picks K
+   for each of that family's K sweeps (epyc_sweeps_bestk.csv);
+2. held-out sweeps outside the shipped data (benchmarks/data/holdout_sweeps.csv: 70-72B, 32B at
+   F16/Q8_0, Qwen3-32B, Gemma-3-27B, 14B), with the model fitted on all of the prior.
+
+The best constant K is chosen in-sample on each table's own sweeps (a bound on any fixed rule).
+`--grouped` adds the leave-one-target-out speedup error of every speculative run.
+
+Run: python benchmarks/recommender_cv.py [--members N] [--grouped] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import math
 import time
-from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from specreg.recommender.costmodel import predict_tps
-from specreg.recommender.evaluate import K_LOSS_TOLERANCE, CVReport, grouped_cv, training_set
-from specreg.recommender.features import FEATURES
+from specreg.recommender.evaluate import (
+    CONSTANT_KS,
+    RegretReport,
+    SweepScore,
+    grouped_cv,
+    leave_family_out,
+    score_sweep,
+    target_family,
+    training_set,
+)
+from specreg.recommender.features import (
+    REFERENCE_BANDWIDTH_GBS,
+    REFERENCE_CORES,
+    ConfigFacts,
+    feature_matrix,
+)
 from specreg.recommender.model import SpeculationRegressor
 from specreg.recommender.prior import load_prior, load_sweep_series
+from specreg.recommender.quant import bits_per_weight
+from specreg.terms import Method, arch_family
+
+HOLDOUT = Path(__file__).resolve().parent / "data" / "holdout_sweeps.csv"
 
 
-@dataclass(frozen=True)
-class SweepFit:
-    """One measured K sweep and the cost-model curve fitted to it in-sample."""
-
-    ks: np.ndarray
-    measured: np.ndarray
-    fitted: np.ndarray
-
-
-def shape_fits(model: SpeculationRegressor) -> list[SweepFit]:
-    """Fit every sweep in-sample: the shared constants, plus its own acceptance and level."""
-    data = training_set(load_prior().observations)
-    sweeps = {s.series: s for s in load_sweep_series()}
-    k_col = data.X[:, FEATURES.index("k")]
+def holdout_sweeps() -> list[tuple[ConfigFacts, dict[int, float], str]]:
+    """(configuration at K=0, measured tokens/s by K, series) for each held-out sweep."""
     out = []
-    for name, sweep in sweeps.items():
-        rows = np.flatnonzero(data.series == name)
-        X = data.X[rows]
-        ks = k_col[rows].astype(int)
-        y = np.array([sweep.k_tps[k] for k in ks])
-        best: tuple[float, np.ndarray] | None = None
-        for shift in np.linspace(-6, 6, 121):
-            tps, _ = predict_tps(X, model.params_, shift)
-            level = np.mean(np.log(y) - np.log(tps))
-            err = float(np.sum((np.log(y) - np.log(tps) - level) ** 2))
-            if best is None or err < best[0]:
-                best = (err, tps * np.exp(level))
-        assert best is not None
-        out.append(SweepFit(ks=ks, measured=y, fitted=best[1]))
+    with HOLDOUT.open() as fh:
+        for r in csv.DictReader(fh):
+            params = float(r["target_params_b"])
+            bpw = bits_per_weight(r["target_quant"]) or 16.0
+            draft_params = float(r["draft_params_b"])
+            draft_gb = float(r["draft_size_gb"])
+            same = r["draft_arch"] == r["target_arch"]
+            c = ConfigFacts(
+                bandwidth_gbs=REFERENCE_BANDWIDTH_GBS,
+                physical_cores=REFERENCE_CORES,
+                target_params_b=params,
+                target_active_b=params,
+                target_bpw=bpw,
+                target_gb=params * bpw / 8,
+                target_arch_family=arch_family(r["target_arch"]),
+                target_is_moe=False,
+                target_is_hybrid=False,
+                default_experts=0,
+                method=Method.DRAFT,
+                k=0,
+                experts=0,
+                temperature=0.0,
+                task=r["task"],
+                draft_params_b=draft_params,
+                draft_bpw=draft_gb * 8 / draft_params,
+                draft_gb=draft_gb,
+                draft_arch_family=arch_family(r["draft_arch"]),
+                tok_relation="identical" if same else "unknown",
+                baseline_tps=float(r["baseline_tps"]) if r["baseline_tps"] else math.nan,
+            )
+            k_tps = {}
+            for part in r["k_tps"].split(";"):
+                k, _, v = part.partition("=")
+                k_tps[int(k.lstrip("k"))] = float(v)
+            out.append((c, k_tps, r["series"]))
     return out
 
 
-def within_tolerance(measured: np.ndarray, pick: int) -> bool:
-    return bool(measured[pick] >= (1 - K_LOSS_TOLERANCE) * measured.max())
-
-
-def noise_sd(fits: list[SweepFit]) -> float:
-    """Scatter of single measurements around their sweep's curve (log, two fitted dof each)."""
-    resid = np.concatenate([np.log(f.measured / f.fitted) for f in fits])
-    dof = sum(len(f.ks) - 2 for f in fits)
-    return float(np.sqrt(np.sum(resid**2) / dof))
-
-
-def perfect_model_ceiling(fits: list[SweepFit], sd: float, trials: int = 400) -> float:
-    """How often a model that knows every true curve passes the K criterion.
-
-    The fitted curves stand in for the truth; each trial draws single measurements around them
-    with the data's own scatter, and the true best K is scored against the measured best, as
-    the cross-validation scores the model's pick.
-    """
-    rng = np.random.default_rng(0)
-    hits = [
-        within_tolerance(
-            f.fitted * np.exp(rng.normal(0.0, sd, len(f.ks))), int(np.argmax(f.fitted))
+def holdout_report(model: SpeculationRegressor) -> RegretReport:
+    scores: list[SweepScore] = []
+    for base, k_tps, name in holdout_sweeps():
+        ks = sorted(k_tps)
+        X = feature_matrix(base.with_(k=k) for k in ks)
+        scores.append(
+            score_sweep(
+                model.predict,
+                X,
+                ks,
+                k_tps,
+                series=name,
+                family=target_family(base),
+                target_params_b=base.target_params_b,
+            )
         )
-        for _ in range(trials)
-        for f in fits
+    return RegretReport(tuple(scores))
+
+
+def table(title: str, report: RegretReport) -> list[str]:
+    lines = [title, f"{'series':52s} {'best':>6s} {'model':>12s} {'rule':>12s}"]
+    for s in report.scores:
+        lines.append(
+            f"{s.series[:52]:52s} K={s.best_k:<3d} K={s.picked_k:<3d}{-s.model_regret:+6.0%} "
+            f"K={s.rule_k:<3d}{-s.rule_regret:+6.0%}"
+        )
+    k, best = report.best_constant
+    consts = "  ".join(f"K={k}: {v:.1%}" for k, v in report.constant_regret.items())
+    lines += [
+        f"mean regret: model {report.mean_regret:.1%} | rule of thumb "
+        f"{report.rule_mean_regret:.1%} | best constant K={k} {best:.1%}",
+        f"  every constant K: {consts}",
     ]
-    return float(np.mean(hits))
+    fams = report.by_family()
+    if len(fams) > 1:
+        for fam, rep in fams.items():
+            fk, fv = rep.best_constant
+            lines.append(
+                f"  {fam:10s} {len(rep.scores):2d} sweeps: model {rep.mean_regret:.1%}, rule "
+                f"{rep.rule_mean_regret:.1%}, best constant K={fk} {fv:.1%}"
+            )
+    return lines
 
 
-def perfect_model_mape(sd: float) -> float:
-    """Speedup MAPE of exact predictions scored against measurements with log scatter sd."""
-    eps = np.random.default_rng(0).normal(0.0, sd, 200_000)
-    return float(np.mean(np.abs(np.exp(-eps) - 1.0)))
-
-
-def best_constant_k(fits: list[SweepFit]) -> tuple[int, float]:
-    """The one K that passes the criterion on most sweeps, chosen in-sample (a bound on rules)."""
-    shares = {
-        k: float(
-            np.mean([k in f.ks and within_tolerance(f.measured, list(f.ks).index(k)) for f in fits])
-        )
-        for k in sorted({int(k) for f in fits for k in f.ks})
-    }
-    k = max(shares, key=lambda k: shares[k])
-    return k, shares[k]
-
-
-def level_scatter(model: SpeculationRegressor) -> tuple[float, float]:
-    """Spread of each sweep's level around the fit, and of its points around its own level.
-
-    The first is what a held-out target's speedup cannot be better than without its own runs
-    (baselines measured on other prompts than the speed tests); the second is single-run noise.
-    """
-    data = training_set(load_prior().observations)
-    r = np.log(data.y) - np.log(model.predict_structural(data.X))
-    names = sorted({s for s in data.series if s})
-    levels = [float(np.median(r[data.series == s])) for s in names]
-    within = [float(np.std(r[data.series == s] - lv)) for s, lv in zip(names, levels, strict=True)]
-    return float(np.std(levels)), float(np.mean(within))
+def as_json(report: RegretReport) -> dict[str, Any]:
+    k, best = report.best_constant
+    return {
+        "sweeps": len(report.scores),
+        "model_mean_regret": report.mean_regret,
+        "rule_of_thumb_mean_regret": report.rule_mean_regret,
+        "constant_k_mean_regret": {str(k): v for k, v in report.constant_regret.items()},
+        "best_constant_k": k,
+        "best_constant_k_mean_regret": best,
+        "picks": [
+            {"series": s.series, "family": s.family, "best_k": s.best_k, "picked_k": s.picked_k,
+             "regret": s.model_regret, "rule_k": s.rule_k, "rule_regret": s.rule_regret}
+            for s in report.scores
+        ],
+    }  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--members", type=int, default=3, help="ensemble members per fit")
+    ap.add_argument("--members", type=int, default=2, help="ensemble members per fit")
+    ap.add_argument("--grouped", action="store_true", help="also leave-one-target-out MAPE")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
     data = training_set(load_prior().observations)
     est = SpeculationRegressor(n_members=args.members, random_state=0)
     t0 = time.perf_counter()
-    report: CVReport = grouped_cv(est, data, load_sweep_series())
-    seconds = time.perf_counter() - t0
-    full = SpeculationRegressor(n_members=0).fit(
-        data.X, data.y, groups=data.groups, acceptance=data.acceptance, series=data.series
-    )
-    fits = shape_fits(full)
-    ceiling = float(np.mean([within_tolerance(f.measured, int(np.argmax(f.fitted))) for f in fits]))
-    sd = noise_sd(fits)
-    perfect = perfect_model_ceiling(fits, sd)
-    const_k, const_share = best_constant_k(fits)
-    between, within = level_scatter(full)
-    out = {
-        "folds": report.n_folds,
-        "sweeps": len(report.series),
-        "k_within_10pct": report.k_within_tolerance,
-        "rule_of_thumb_k_within_10pct": report.rule_within_tolerance,
-        "median_k_loss": report.median_k_loss,
-        "median_rule_loss": report.median_rule_loss,
-        "speedup_mape_draft_runs": report.speedup_mape_draft,
-        "speedup_mape_all_speculative_runs": report.speedup_mape,
-        "speedup_median_ape_all": float(np.median(report.speedup_ape)),
-        "band80_coverage": report.coverage,
-        "in_sample_shape_ceiling": ceiling,
-        "single_measurement_sd_log": sd,
-        "perfect_model_k_within_10pct": perfect,
-        "perfect_model_speedup_mape": perfect_model_mape(sd),
-        # the measured sd includes any misfit of the curve shape: how the bound moves if less
-        # of it were noise
-        "perfect_model_k_within_10pct_at_sd": {
-            f"{x:.2f}": perfect_model_ceiling(fits, x) for x in (0.05, 0.10, 0.15, 0.20)
-        },
-        "best_constant_k": const_k,
-        "best_constant_k_within_10pct": const_share,
-        "sweep_level_sd_log": between,
-        "within_sweep_sd_log": within,
-        "seconds": seconds,
+    lfo = leave_family_out(est, data, load_sweep_series())
+    full = SpeculationRegressor(n_members=args.members, random_state=0).fit(
+        data.X, data.y, sample_weight=data.weight, groups=data.groups,
+        acceptance=data.acceptance, series=data.series,
+    )  # fmt: skip
+    held = holdout_report(full)
+    out: dict[str, Any] = {
+        "leave_family_out": as_json(lfo),
+        "holdout_sweeps": as_json(held),
+        "constant_ks": list(CONSTANT_KS),
     }
+    if args.grouped:
+        report = grouped_cv(est, data, load_sweep_series())
+        out["grouped"] = {
+            "speedup_mape_draft_runs": report.speedup_mape_draft,
+            "speedup_mape_all_speculative_runs": report.speedup_mape,
+            "band80_coverage": report.coverage,
+        }
+    out["seconds"] = time.perf_counter() - t0
     if args.json:
         print(json.dumps(out, indent=1))
         return
-    print(f"grouped CV by target: {report.n_folds} folds, {len(report.series)} K sweeps")
-    print(f"{'series':58s} {'best':>8s} {'model':>12s} {'rule':>12s}")
-    for s in report.series:
-        print(
-            f"{s.series[:58]:58s} K={s.best_k:<3d}  K={s.picked_k:<3d}{-s.loss:+6.0%}  "
-            f"K={s.rule_k:<3d}{-s.rule_loss:+6.0%}"
+    lines = table("leave-family-out on the shipped prior (a family never seen in the fit):", lfo)
+    lines.append("")
+    lines += table("held-out sweeps outside the shipped data (fit on all of it):", held)
+    if args.grouped:
+        g = out["grouped"]
+        lines += [
+            "",
+            f"leave-one-target-out speedup MAPE: {g['speedup_mape_draft_runs']:.0%} on draft "
+            f"runs, {g['speedup_mape_all_speculative_runs']:.0%} on all speculative runs; 80% "
+            f"band coverage {g['band80_coverage']:.0%}",
+        ]
+    for name, rep in (("leave-family-out", lfo), ("held-out sweeps", held)):
+        k, best = rep.best_constant
+        beats = rep.mean_regret < min(rep.rule_mean_regret, best)
+        lines.append(
+            f"{name}: model regret {rep.mean_regret:.1%} "
+            f"{'<' if beats else '>='} min(rule of thumb {rep.rule_mean_regret:.1%}, best "
+            f"constant K={k} {best:.1%})"
         )
-    print()
-    print(
-        f"picked K within 10% of the measured best: model {report.k_within_tolerance:.0%}, "
-        f"rule of thumb {report.rule_within_tolerance:.0%} (target >= 80%)"
-    )
-    print(
-        f"median throughput lost: model {report.median_k_loss:.1%}, "
-        f"rule of thumb {report.median_rule_loss:.1%}"
-    )
-    print(
-        f"speedup MAPE: {report.speedup_mape_draft:.0%} on draft runs (target <= 30%), "
-        f"{report.speedup_mape:.0%} on all speculative runs "
-        f"(median APE {np.median(report.speedup_ape):.0%})"
-    )
-    print(f"80% band coverage on held-out runs: {report.coverage:.0%}")
-    print(f"in-sample ceiling of the cost-model shape (K within 10%): {ceiling:.0%}")
-    print(
-        f"best single K for every sweep, chosen in-sample: K={const_k}, "
-        f"{const_share:.0%} within 10%"
-    )
-    print(
-        f"a perfect model (knows every true curve) scored against single measurements with the "
-        f"data's scatter (sd {sd:.2f} log): K within 10% {perfect:.0%}, speedup MAPE "
-        f"{out['perfect_model_speedup_mape']:.0%}"
-    )
-    at_sd = ", ".join(
-        f"sd {x}: {v:.0%}" for x, v in out["perfect_model_k_within_10pct_at_sd"].items()
-    )
-    print(f"  the same if less of that scatter were noise: {at_sd}")
-    print(
-        f"scatter (log tokens/s): sweep levels around the fit sd {between:.2f}, points around "
-        f"their sweep's level sd {within:.2f}"
-    )
-    print(f"({seconds:.0f} s)")
+    lines.append(f"({out['seconds']:.0f} s)")
+    print("\n".join(lines))
+    if not np.isfinite(lfo.mean_regret):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

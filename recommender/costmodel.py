@@ -1,13 +1,20 @@
 """The structure of speculative decoding, as formulas the learned model builds on.
 
-Decoding one token on a CPU is memory-bound: it reads the active weights once, so its time is
-about `bytes read / bandwidth` (divided by an efficiency the host reaches) plus a fixed overhead.
-Speculation drafts K tokens (K cheap draft steps), then verifies them in one target pass that
-costs a little more than a single-token pass (`1 + c*K` times it). With per-token acceptance
-probability `a`, a verification step yields `(1 - a^(K+1)) / (1 - a)` tokens on average
-(Leviathan et al., 2023). Throughput is tokens per step over seconds per step.
+Decoding one token on a CPU reads the active weights once, so on a big host its time is about
+`bytes read / bandwidth` (divided by an efficiency the host reaches) plus a fixed overhead.
+Speculation drafts K tokens (K cheap draft steps), then verifies them in one target pass over
+K + 1 tokens. That pass costs what the host's roofline says: as long as the arithmetic of K + 1
+tokens hides under the time the weights take to stream in, about one step (the reference EPYC:
+flat to K of 16-32); beyond, it grows with K (compute-bound; a 2-core host is there at K = 1).
+`specreg calibrate` measures that curve on this host (llama-bench, one pass per batch size); rows
+without it use a soft roofline whose compute share per token scales with the host
+(bandwidth / cores) and the target's bits per weight. With per-token acceptance probability
+`a`, a verification yields `(1 - a^(K+1)) / (1 - a)` tokens on average (Leviathan et al., 2023).
 
-The parameters of these formulas (efficiencies, overheads, the verify slope, and how acceptance
+n-gram lookup drafts only when the context repeats (llama.cpp's ngram-mod needs a 24-token
+match): a step drafts with probability `q` (per task) and costs a plain step when it does not.
+
+The parameters of these formulas (efficiencies, overheads, the compute share, and how acceptance
 depends on task, architecture family and relative size) are fitted by
 `model.SpeculationRegressor`; everything here is pure numpy so it can be evaluated for
 thousands of candidates at once.
@@ -19,11 +26,27 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from specreg.recommender.features import TASK_SLOTS, arch_index, column, task_index
+from specreg.recommender.features import (
+    REFERENCE_BANDWIDTH_GBS,
+    REFERENCE_CORES,
+    TASK_SLOTS,
+    arch_index,
+    column,
+    task_index,
+)
 from specreg.terms import ARCH_FAMILIES
 
 # Cost of one MTP head step relative to a full target step (one extra layer of ~30-60).
 MTP_STEP_FRACTION = 0.05
+# The bits per weight `verify_slope` is stated for (Q4_K_M): a wider quant streams more bytes
+# per multiply, so its pass stays memory-bound to a larger batch.
+REFERENCE_BPW = 4.85
+REFERENCE_PARAMS_B = 10.0  # and the target size it is stated for
+# Compute time of a token / memory time of a step, for a 10B Q4_K_M target on the reference
+# host: a pass stays memory-bound to about 29 tokens (llama.cpp notes: flat to K of 16-32).
+REFERENCE_COMPUTE_SHARE = 0.035
+# How sharply a pass turns from memory-bound to compute-bound (p-norm of the two times).
+VERIFY_SHARPNESS = 5.0
 
 
 def expected_tokens_per_step(a: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
@@ -58,7 +81,8 @@ class CostParams:
     target_tau: float = 0.003  # fixed seconds per token (kernel launches, sampling)
     draft_eff: float = 0.25
     draft_tau: float = 0.004
-    verify_slope: float = 0.05  # extra verify cost per drafted token, relative to one step
+    verify_slope: float = REFERENCE_COMPUTE_SHARE  # compute per token / memory per step
+    verify_size_exp: float = 0.5  # how that share falls with the target's size (params^-exp)
     expert_share: float = 0.35  # share of a MoE step that does not scale with experts used
     acc_bias: float = 1.0  # logit of per-token acceptance, task unknown
     acc_same_arch: float = 1.0  # draft and target of one architecture family
@@ -67,8 +91,9 @@ class CostParams:
     acc_temp: float = -1.0  # per unit of temperature
     acc_task: tuple[float, ...] = (0.0,) * len(TASK_SLOTS)
     acc_target_arch: tuple[float, ...] = (0.0,) * len(ARCH_FAMILIES)  # per target arch family
-    ngram_bias: float = -1.0
+    ngram_bias: float = -1.0  # logit of the share of steps an n-gram lookup drafts at all
     ngram_task: tuple[float, ...] = (0.0,) * len(TASK_SLOTS)
+    ngram_accept: float = 1.5  # logit of per-token acceptance when a lookup drafts
     mtp_bias: float = 1.5
 
     def to_vector(self) -> np.ndarray:
@@ -106,8 +131,42 @@ def step_seconds(read_gb: np.ndarray, bw: np.ndarray, eff: float, tau: float) ->
     return read_gb / (bw * eff) + tau
 
 
+def compute_share(
+    X: np.ndarray, p: CostParams, bpw: np.ndarray, params_b: np.ndarray
+) -> np.ndarray:
+    """Compute time of one token / memory time of a step, for this row's host, quant and size.
+
+    Streaming the weights scales with bits per weight and 1/bandwidth, the arithmetic with
+    1/cores: the share moves from the reference host by (bandwidth / cores) and 1/bpw. Work per
+    token that does not scale with the weights (attention over the context, norms, per-operation
+    overheads) is a larger share of a narrow model's pass: the share falls with size."""
+    host = (column(X, "bandwidth_gbs") / REFERENCE_BANDWIDTH_GBS) * (
+        REFERENCE_CORES / np.maximum(column(X, "physical_cores"), 1.0)
+    )
+    size = (np.maximum(params_b, 0.01) / REFERENCE_PARAMS_B) ** (-p.verify_size_exp)
+    return p.verify_slope * host * size * REFERENCE_BPW / np.maximum(bpw, 1.0)
+
+
+def pass_ratio(n_tokens: np.ndarray, share: np.ndarray) -> np.ndarray:
+    """Soft roofline: a pass over n tokens in single-token passes (1 at n = 1)."""
+    s = VERIFY_SHARPNESS
+    n = np.maximum(np.asarray(n_tokens, dtype=float), 1.0)
+    one = (1.0 + share**s) ** (1.0 / s)
+    return (1.0 + (n * share) ** s) ** (1.0 / s) / one
+
+
+def verify_ratio(X: np.ndarray, p: CostParams) -> np.ndarray:
+    """Cost of verifying each row's K (a pass over K + 1 tokens) in single target steps:
+    calibrated on this host where `specreg calibrate` measured it, else the soft roofline."""
+    measured = column(X, "verify_ratio")
+    share = compute_share(X, p, column(X, "target_bpw"), column(X, "target_active_b"))
+    modelled = pass_ratio(column(X, "k") + 1.0, share)
+    return np.where(np.isfinite(measured) & (measured > 0), measured, modelled)
+
+
 def acceptance(X: np.ndarray, p: CostParams, shift: np.ndarray | float = 0.0) -> np.ndarray:
-    """Per-token acceptance probability for each row (0 for plain decoding).
+    """Per-token acceptance probability for each row (0 for plain decoding); for n-gram rows,
+    the acceptance of a lookup's draft when it makes one.
 
     `shift` is added to the logit (the fit's per-sweep random effect)."""
     t = task_index(X)
@@ -124,43 +183,76 @@ def acceptance(X: np.ndarray, p: CostParams, shift: np.ndarray | float = 0.0) ->
         + p.acc_size * column(X, "log_size_ratio")
         + p.acc_temp * temp
     )
-    logit_ngram = p.ngram_bias + np.asarray(p.ngram_task)[t]
+    logit_ngram = np.full(len(X), p.ngram_accept)
     logit_mtp = p.mtp_bias + np.asarray(p.acc_task)[t] + p.acc_temp * temp
     logit = np.where(draft, logit_draft, np.where(ngram, logit_ngram, logit_mtp)) + shift
     a = 1.0 / (1.0 + np.exp(-logit))
     return np.where(draft | ngram | mtp, a, 0.0)
 
 
+def ngram_draft_rate(X: np.ndarray, p: CostParams) -> np.ndarray:
+    """Share of steps in which an n-gram lookup finds a match and drafts (per task)."""
+    logit = p.ngram_bias + np.asarray(p.ngram_task)[task_index(X)]
+    return 1.0 / (1.0 + np.exp(-logit))
+
+
 def baseline_seconds(X: np.ndarray, p: CostParams) -> np.ndarray:
-    """Seconds per plain-decoded token at the default expert count: measured if known."""
+    """Seconds per plain-decoded token at the default expert count: measured by a run if
+    known, else by `specreg calibrate` (llama-bench), else modelled from the bytes read."""
     measured = column(X, "baseline_tps")
+    calibrated = column(X, "target_step_s")
     modelled = step_seconds(
         column(X, "target_read_gb"), column(X, "bandwidth_gbs"), p.target_eff, p.target_tau
     )
+    out = np.where(np.isfinite(calibrated) & (calibrated > 0), calibrated, modelled)
     return np.where(
         np.isfinite(measured) & (measured > 0),
         1.0 / np.where(measured > 0, measured, 1.0),
-        modelled,
+        out,
     )
+
+
+def draft_step_seconds(X: np.ndarray, p: CostParams, t_target: np.ndarray) -> np.ndarray:
+    """Seconds per draft token: the calibrated ratio to the target's step, else modelled."""
+    ratio = column(X, "draft_step_ratio")
+    modelled = step_seconds(
+        column(X, "draft_gb"), column(X, "bandwidth_gbs"), p.draft_eff, p.draft_tau
+    )
+    return np.where(np.isfinite(ratio) & (ratio > 0), ratio * t_target, modelled)
 
 
 def predict_tps(
     X: np.ndarray, p: CostParams, acc_shift: np.ndarray | float = 0.0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens/s, per-token acceptance) from the cost model alone."""
-    bw = column(X, "bandwidth_gbs")
+    """(tokens/s, per-token acceptance) from the cost model alone.
+
+    A draft step: the draft takes in the tokens the last verification accepted (one pass over
+    about E tokens) and drafts the rest of its K one at a time; the target verifies K + 1
+    tokens in one pass. An n-gram step drafts with probability q and costs a plain step when
+    it does not; an MTP head costs a small share of a target step per token."""
     ratio = column(X, "experts_ratio")
     t_target = baseline_seconds(X, p) * (p.expert_share + (1.0 - p.expert_share) * ratio)
     k = column(X, "k")
     a = acceptance(X, p, acc_shift)
     draft = column(X, "is_draft") > 0
     mtp = column(X, "is_mtp") > 0
-    speculating = (column(X, "is_ngram") > 0) | draft | mtp
-    t_draft = np.where(
-        draft,
-        step_seconds(column(X, "draft_gb"), bw, p.draft_eff, p.draft_tau),
-        np.where(mtp, MTP_STEP_FRACTION * t_target, 0.0),
+    ngram = column(X, "is_ngram") > 0
+    speculating = ngram | draft | mtp
+    e = expected_tokens_per_step(a, k)
+    verify = verify_ratio(X, p)
+    t_d = draft_step_seconds(X, p, t_target)
+    slope = column(X, "draft_batch_slope")
+    catch_up = np.where(
+        np.isfinite(slope),
+        1.0 + np.maximum(slope, 0.0) * np.maximum(e - 1.0, 0.0),
+        pass_ratio(e, compute_share(X, p, column(X, "draft_bpw"), column(X, "draft_params_b"))),
     )
-    tokens = np.where(speculating, expected_tokens_per_step(a, k), 1.0)
-    seconds = np.where(speculating, t_target * (1.0 + p.verify_slope * k) + k * t_draft, t_target)
+    draft_seconds = np.where(
+        draft,
+        t_d * (catch_up + np.maximum(k - 1.0, 0.0)),
+        np.where(mtp, MTP_STEP_FRACTION * t_target * k, 0.0),
+    )
+    q = np.where(ngram, ngram_draft_rate(X, p), 1.0)
+    tokens = np.where(speculating, (1.0 - q) + q * e, 1.0)
+    seconds = np.where(speculating, t_target * ((1.0 - q) + q * verify) + draft_seconds, t_target)
     return tokens / seconds, a

@@ -1,19 +1,26 @@
-"""Grouped cross-validation of the speed model: held-out target models, K choice and speedup.
+"""Cross-validation of the speed model: held-out targets, K choice by throughput regret, speedup.
 
-The unit that is held out is the target model (`Observation.group`), so a fold never sees any
-run of the model it is scored on - the situation of a user with a model nobody measured.
+`grouped_cv` holds out one target model (`Observation.group`) at a time, so a fold never sees
+any run of the model it is scored on - the situation of a user with a model nobody measured.
+`leave_family_out` holds out a whole target family (a size class, or every MoE) at a time: the
+situation of a user whose target is bigger or smaller than anything measured.
+
+A K choice is scored by its throughput regret against the sweep's best measured K,
+`1 - tps(picked) / tps(best)`, next to the regret of every constant K and of the user's rule of
+thumb. (Whether the pick lands "within 10 % of the best" is below the data's noise floor: single
+measurements per K scatter by more than that.)
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from sklearn.base import clone
 
-from specreg.recommender.features import COL, feature_matrix
+from specreg.recommender.features import COL, ConfigFacts, feature_matrix
 from specreg.recommender.model import SpeculationRegressor
 from specreg.recommender.prior import Observation, SweepSeries
 from specreg.terms import Method
@@ -58,9 +65,162 @@ def training_set(observations: Sequence[Observation], *, local_weight: float = 4
     )
 
 
+# The K values every shipped sweep measures (the MoE sweeps only 8, 16 and 24).
+CONSTANT_KS: tuple[int, ...] = (4, 8, 16, 24, 32, 48)
+
+
 def rule_of_thumb_k(target_params_b: float) -> int:
-    """The reports' rule: K=24 for 32B-class targets, K=8 for 7B-class ones."""
+    """The user's rule: K=16 for 70B-class targets, K=24 for 32B-class, K=8 for 7B-class."""
+    if target_params_b >= 60:
+        return 16
     return 24 if target_params_b >= 20 else 8
+
+
+def target_family(c: ConfigFacts) -> str:
+    """The family a target is held out with: every MoE together, dense ones by size class."""
+    if c.target_is_moe:
+        return "MoE"
+    p = c.target_params_b
+    if p < 10:
+        return "7B-class"
+    if p < 20:
+        return "14B-class"
+    return "32B-class" if p < 50 else "70B-class"
+
+
+@dataclass(frozen=True)
+class SweepScore:
+    """One measured K sweep, the K the model picked for it and the rule of thumb's K."""
+
+    series: str
+    family: str
+    target_params_b: float
+    k_tps: tuple[tuple[int, float], ...]  # measured tokens/s by K, K ascending
+    picked_k: int
+
+    @property
+    def best_tps(self) -> float:
+        return max(t for _, t in self.k_tps)
+
+    @property
+    def best_k(self) -> int:
+        return max(self.k_tps, key=lambda kt: kt[1])[0]
+
+    @property
+    def rule_k(self) -> int:
+        return rule_of_thumb_k(self.target_params_b)
+
+    def tps(self, k: int) -> float:
+        """Measured tokens/s at K, or at the nearest measured K (the smaller on a tie)."""
+        return min(self.k_tps, key=lambda kt: (abs(kt[0] - k), kt[0]))[1]
+
+    def regret(self, k: int) -> float:
+        return 1.0 - self.tps(k) / self.best_tps
+
+    @property
+    def model_regret(self) -> float:
+        return self.regret(self.picked_k)
+
+    @property
+    def rule_regret(self) -> float:
+        return self.regret(self.rule_k)
+
+
+@dataclass(frozen=True)
+class RegretReport:
+    """Throughput regret of the model's K picks, of the rule of thumb and of each constant K."""
+
+    scores: tuple[SweepScore, ...]
+
+    @property
+    def mean_regret(self) -> float:
+        return float(np.mean([s.model_regret for s in self.scores])) if self.scores else math.nan
+
+    @property
+    def rule_mean_regret(self) -> float:
+        return float(np.mean([s.rule_regret for s in self.scores])) if self.scores else math.nan
+
+    @property
+    def constant_regret(self) -> dict[int, float]:
+        return {
+            k: float(np.mean([s.regret(k) for s in self.scores])) if self.scores else math.nan
+            for k in CONSTANT_KS
+        }
+
+    @property
+    def best_constant(self) -> tuple[int, float]:
+        """The constant K with the lowest mean regret on these very sweeps (chosen in-sample)."""
+        regrets = self.constant_regret
+        k = min(regrets, key=lambda k: regrets[k])
+        return k, regrets[k]
+
+    def by_family(self) -> dict[str, RegretReport]:
+        fams: dict[str, list[SweepScore]] = {}
+        for s in self.scores:
+            fams.setdefault(s.family, []).append(s)
+        return {f: RegretReport(tuple(v)) for f, v in sorted(fams.items())}
+
+
+def score_sweep(
+    predict: Callable[[np.ndarray], np.ndarray],
+    X: np.ndarray,
+    ks: Sequence[int],
+    measured: dict[int, float],
+    *,
+    series: str,
+    family: str,
+    target_params_b: float,
+) -> SweepScore:
+    """The model's K for one sweep: the measured K its predictions rank first."""
+    pred = predict(X)
+    picked = int(ks[int(np.argmax(pred))])
+    return SweepScore(
+        series=series,
+        family=family,
+        target_params_b=target_params_b,
+        k_tps=tuple(sorted(measured.items())),
+        picked_k=picked,
+    )
+
+
+def leave_family_out(
+    estimator: SpeculationRegressor, data: TrainingSet, sweeps: Sequence[SweepSeries]
+) -> RegretReport:
+    """Hold out every target of one family at a time; score the K picks on its sweeps."""
+    obs = data.observations
+    family_of = {o.group: target_family(o.config) for o in obs}
+    row_family = np.array([family_of[g] for g in data.groups])
+    sweep_by_name = {s.series: s for s in sweeps}
+    scores: list[SweepScore] = []
+    for family in sorted(set(row_family)):
+        test = row_family == family
+        names = sorted({str(data.series[i]) for i in np.flatnonzero(test) if data.series[i]})
+        names = [n for n in names if n in sweep_by_name]
+        if not names:
+            continue
+        train = ~test
+        model = clone(estimator).fit(
+            data.X[train],
+            data.y[train],
+            sample_weight=data.weight[train],
+            groups=data.groups[train],
+            acceptance=data.acceptance[train],
+            series=data.series[train],
+        )
+        for name in names:
+            rows = np.flatnonzero(data.series == name)
+            scores.append(
+                score_sweep(
+                    model.predict,
+                    data.X[rows],
+                    [obs[i].config.k for i in rows],
+                    sweep_by_name[name].k_tps,
+                    series=name,
+                    family=family,
+                    target_params_b=obs[rows[0]].config.target_params_b,
+                )
+            )
+    return RegretReport(tuple(scores))
 
 
 @dataclass(frozen=True)

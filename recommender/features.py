@@ -59,6 +59,11 @@ class ConfigFacts:
     tok_relation: str = "unknown"
     # the target's measured plain-decoding speed on this host, if known (NaN otherwise)
     baseline_tps: float = math.nan
+    # this host's calibration (`specreg calibrate`: llama-bench), NaN where not calibrated
+    verify_ratio: float = math.nan  # target: a pass over K + 1 tokens / a pass over 1 token
+    target_step_s: float = math.nan  # target: seconds per plainly generated token
+    draft_step_ratio: float = math.nan  # draft's seconds per generated token / the target's
+    draft_batch_slope: float = math.nan  # draft: each further token of a batch, in draft steps
 
     @property
     def target_read_gb(self) -> float:
@@ -113,6 +118,10 @@ FEATURES: tuple[str, ...] = (
     "tok_pre_differs",
     "log_size_ratio",
     "baseline_tps",
+    "verify_ratio",
+    "target_step_s",
+    "draft_step_ratio",
+    "draft_batch_slope",
     *(f"task_{t}" for t in TASK_SLOTS),
     *(f"arch_{f}" for f in ARCH_FAMILIES),
 )
@@ -148,6 +157,10 @@ def feature_row(c: ConfigFacts) -> list[float]:
         float(draft and c.tok_relation == "pre-tokenizer-differs"),
         ratio,
         float(c.baseline_tps),
+        float(c.verify_ratio if c.method is not Method.NONE else math.nan),
+        float(c.target_step_s),
+        float(c.draft_step_ratio if draft else math.nan),
+        float(c.draft_batch_slope if draft else math.nan),
         *(float(task == t) for t in TASK_SLOTS),
         *(float(arch_slot(c.target_arch_family) == f) for f in ARCH_FAMILIES),
     ]

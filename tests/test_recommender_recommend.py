@@ -169,7 +169,7 @@ def _ngram_run(con, target, k: int, tps: float, acceptance: float):  # type: ign
 @pytest.mark.parametrize("acceptance", [1.0, 0.05])
 def test_measured_acceptance_reshapes_the_k_curve(demo_con, prior_model, acceptance):  # type: ignore[no-untyped-def]
     """An n-gram run that was always accepted lifts the long-K end of its K curve; one
-    that was almost never accepted does not (the prior's curve already falls with K)."""
+    that was almost never accepted does not (verifying more never pays then)."""
     from specreg.recommender.local import local_observations
 
     target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
@@ -192,4 +192,4 @@ def test_measured_acceptance_reshapes_the_k_curve(demo_con, prior_model, accepta
     if acceptance > 0.5:
         assert ratio_after > ratio_before * 1.1
     else:
-        assert ratio_after <= ratio_before * 1.02 and max(after, key=after.get) == shortest
+        assert ratio_after <= ratio_before * 1.02 and max(after, key=after.get) != longest

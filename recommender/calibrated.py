@@ -1,0 +1,112 @@
+"""This host's calibration (`specreg calibrate`) as cost-model facts for the recommender.
+
+A calibration is llama-bench's time for one pass over 1, 2, 4, ... 32 tokens and for plain
+generation, per model, host fingerprint and thread count (registry/calibration.py). The cost
+model needs, per configuration: the target's verify cost at its K in single steps, the target's
+seconds per generated token, the draft's step relative to the target's, and how a draft's pass
+grows with the tokens it takes in after a verification. These are ratios of one tool's timings,
+so they hold whatever measured the baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+
+from specreg.registry.calibration import CalibrationRecord, list_calibrations
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibrations of one target (and its drafts) on one host, at one thread count."""
+
+    target: CalibrationRecord | None
+    drafts: dict[str, CalibrationRecord]  # model id -> its calibration
+
+    @property
+    def threads(self) -> int | None:
+        return self.target.threads if self.target is not None else None
+
+    def target_fields(self, k: int | None = None) -> dict[str, float]:
+        """ConfigFacts fields of the target: its step, and its verify cost at K (if given)."""
+        t = self.target
+        if t is None or t.gen_seconds is None or not t.batch:
+            return {}
+        out = {"target_step_s": float(t.gen_seconds)}
+        if k:
+            out["verify_ratio"] = float(t.verify_ratio(k))
+        return out
+
+    def draft_fields(self, draft_id: str) -> dict[str, float]:
+        """ConfigFacts fields of a draft: its step relative to the target's, its batch slope."""
+        d = self.drafts.get(draft_id)
+        t = self.target
+        if d is None or t is None or not d.gen_seconds or not t.gen_seconds:
+            return {}
+        return {
+            "draft_step_ratio": float(d.gen_seconds / t.gen_seconds),
+            "draft_batch_slope": batch_slope(d),
+        }
+
+    @property
+    def compute_bound_tps(self) -> float | None:
+        """Tokens/s if every token cost only its arithmetic: the marginal cost of a token in
+        the largest batches measured (the compute roof of this host for this model)."""
+        t = self.target
+        if t is None or len(t.batch) < 2:
+            return None
+        a, b = t.batch[-2], t.batch[-1]
+        marginal = (b.seconds - a.seconds) / (b.n_tokens - a.n_tokens)
+        return 1.0 / marginal if marginal > 0 else None
+
+    @property
+    def step_tps(self) -> float | None:
+        """Plain generation as llama-bench measured it."""
+        t = self.target
+        return 1.0 / t.gen_seconds if t is not None and t.gen_seconds else None
+
+
+def batch_slope(rec: CalibrationRecord, max_tokens: int = 8) -> float:
+    """Extra cost of each further token of a small batch, in single passes: the least-squares
+    slope of pass(n) / pass(1) over n - 1, through (1, 1), for n up to `max_tokens` (a draft
+    takes in the few tokens the last verification accepted)."""
+    one = rec.batch_seconds(1)
+    pts = [p for p in rec.batch if 1 < p.n_tokens <= max_tokens]
+    if one <= 0 or not pts:
+        return math.nan
+    x = np.array([p.n_tokens - 1.0 for p in pts])
+    y = np.array([p.seconds / one - 1.0 for p in pts])
+    return float(max(0.0, (x @ y) / (x @ x)))
+
+
+def load_calibration(
+    con: duckdb.DuckDBPyConnection,
+    host_fingerprint: str | None,
+    target_id: str,
+    draft_ids: Sequence[str] = (),
+    threads: int | None = None,
+) -> Calibration:
+    """The newest calibration of the target on this host (at `threads` when given and measured,
+    else the newest at any thread count), and its drafts' at the same thread count."""
+    empty = Calibration(None, {})
+    if host_fingerprint is None:
+        return empty
+    try:
+        mine = list_calibrations(con, host_fingerprint=host_fingerprint, model_id=target_id)
+    except duckdb.Error:  # a registry from before migration 9 has no calibrations
+        return empty
+    if not mine:
+        return empty
+    target = next((c for c in mine if c.threads == threads), mine[0])
+    drafts: dict[str, CalibrationRecord] = {}
+    for d in draft_ids:
+        found = list_calibrations(
+            con, host_fingerprint=host_fingerprint, model_id=d, threads=target.threads
+        )
+        if found:
+            drafts[d] = found[0]
+    return Calibration(target, drafts)
