@@ -1,0 +1,148 @@
+"""Every `--json` document is pinned by a JSON schema (tests/schemas/KIND.json): its version and
+kind, every field by name (none missing, none unknown) and its type. Renaming a field fails here
+until the result's JSON_VERSION is bumped and the schema updated with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+SCHEMAS = Path(__file__).resolve().parent / "schemas"
+TARGET = "Qwen2.5 Coder 32B Instruct"
+DRAFT = "Qwen2.5 Coder 0.5B Instruct"
+# Every kind a test below validates; a schema file for anything else is stale.
+KINDS = {
+    "scan", "models", "model", "demo", "compat", "drafts", "audit", "graph", "recommendation",
+    "train", "tune", "run", "runs", "verify", "report", "plan", "import", "export",
+}  # fmt: skip
+
+
+def validate(doc: dict[str, Any]) -> None:
+    assert list(doc)[:2] == ["version", "kind"], "the envelope starts with version, then kind"
+    schema = json.loads((SCHEMAS / f"{doc['kind']}.json").read_text())
+    jsonschema.validate(doc, schema)
+    assert doc["kind"] in KINDS
+
+
+def specreg_json(*args: str, codes: tuple[int, ...] = (0,)) -> dict[str, Any]:
+    r = subprocess.run(
+        [sys.executable, "-m", "specreg", *args],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=300,
+    )
+    assert r.returncode in codes, r.stderr
+    assert r.stdout.startswith("{"), r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["models", "--json"],
+        ["show", TARGET, "--json"],
+        ["compat", TARGET, DRAFT, "--json"],
+        ["drafts", TARGET, "--rejected", "--json"],
+        ["audit", "--json"],
+        ["graph", "export", "--format", "json"],
+        ["recommend", TARGET, "--json"],
+        ["recommend", TARGET, "--policy", "speed", "--json"],
+        ["runs", "--json"],
+    ],
+    ids=" ".join,
+)
+def test_registry_commands(scanned_db: Path, args: list[str]) -> None:
+    validate(specreg_json(*args, "--db", str(scanned_db), codes=(0, 1)))
+
+
+def test_scan_with_a_bad_file(gguf_factory) -> None:  # type: ignore[no-untyped-def]
+    good = gguf_factory("good.gguf")
+    (good.parent / "bad.gguf").write_bytes(b"GGUF" + (7).to_bytes(4, "little") + b"\0" * 40)
+    doc = specreg_json("scan", str(good.parent), "--json", codes=(1,))
+    assert doc["errors"]
+    validate(doc)
+
+
+def test_demo_train_and_report(tmp_path: Path, scanned_db: Path) -> None:
+    validate(specreg_json("demo", str(tmp_path / "demo"), "--json"))
+    validate(specreg_json("train", "--no-cv", "--db", str(scanned_db), "--json"))
+    report = ["report", "-o", str(tmp_path / "site"), "--db", str(scanned_db), "--json"]
+    validate(specreg_json(*report))
+
+
+def test_declare_commands(scanned_db: Path, tmp_path: Path) -> None:
+    models = specreg_json("models", "--json", "--db", str(scanned_db))["models"]
+    by_name = {m["name"]: m["model_id"] for m in models}
+    spec = tmp_path / "specreg.yaml"
+    spec.write_text(
+        "version: 1\nllama:\n  dialect: current\nmodels:\n"
+        f"  {by_name[TARGET]}:\n    aliases: [t]\n  {by_name[DRAFT]}:\n    aliases: [d]\n"
+        "roles:\n  coder:\n    target: t\n    configs:\n      default:\n        draft: d\n"
+    )
+    plan = specreg_json("plan", "--spec", str(spec), "--db", str(scanned_db), "--json", codes=(1,))
+    assert plan["findings"]  # the demo tree's undeclared models, at least
+    validate(plan)
+    export = ["export", "--format", "llama-swap", "--spec", str(spec), "--db", str(scanned_db)]
+    validate(specreg_json(*export, "--json"))
+
+
+def test_import(tmp_path: Path) -> None:
+    from declare_fixtures import write_registry
+
+    source = write_registry(tmp_path / "model_registry.yaml", tmp_path / "models")
+    out = tmp_path / "specreg.yaml"
+    validate(specreg_json("import", str(source), "--spec", str(out), "--json"))
+
+
+def _run_record() -> Any:
+    from specreg.registry.runs import PromptRecord, RunRecord
+
+    prompt = PromptRecord(
+        prompt_id="code-1", prompt_sha256="ab", n_samples=2, tokens_per_s=10.0,
+        samples_tps=(9.0, 11.0), draft_n=4, draft_n_accepted=2, verdict="near-tie",
+        divergence={"position": 3, "margin": 0.01},
+    )  # fmt: skip
+    return RunRecord(
+        kind="verify", status="ok", started_at=datetime.now(timezone.utc),
+        config={"engine": "server"}, config_label="draft-simple K=4", spec_type="draft-simple",
+        seconds=3.5, target_path="/m/t.gguf", draft_path="/m/d.gguf", k=4,
+        argv=("llama-server", "-m", "/m/t.gguf"), tokens_per_s=10.0, acceptance=0.5,
+        speedup=1.2, verdict="pass", run_id=7, prompts=(prompt,),
+    )  # fmt: skip
+
+
+def test_run_results() -> None:
+    """run/verify/runs documents of a recorded run (the real runs are the runner's tests)."""
+    from specreg.cli.common import json_text
+    from specreg.registry.runs import RunList, VerifiedRun
+
+    run = _run_record()
+    for result in (run, RunList((run,)), VerifiedRun(run, run)):
+        validate(json.loads(json_text(result.to_json())))
+
+
+def test_tune_result(scanned_db: Path) -> None:
+    from specreg.cli.common import json_text
+    from specreg.recommender.advisor import open_advisor
+    from specreg.recommender.host import detect_host_facts
+    from specreg.registry.db import opened
+    from specreg.runner.tune import TuneResult, TuneStep
+
+    with opened(scanned_db, read_only=True) as con:
+        rec = open_advisor(con, detect_host_facts(40.0)).recommend(con, TARGET)
+    steps = (TuneStep(rec.options[0], 10.0, 1, "plain first"), TuneStep(rec.options[1], None, 2))
+    result = TuneResult(rec.target_name, steps, rec, True, "confirmed", len(rec.options))
+    validate(json.loads(json_text(result.to_json())))
+
+
+def test_every_schema_is_checked() -> None:
+    assert {p.stem for p in SCHEMAS.glob("*.json")} == KINDS
