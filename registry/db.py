@@ -65,10 +65,15 @@ def _open(db_path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
                 f"the registry {db_path} is in use by another specreg process; wait for it "
                 "to finish"
             ) from err
-        if read_only or not os.access(db_path.parent, os.W_OK):
+        if read_only:
             raise RegistryError(
-                f"cannot open the registry {db_path}: {msg} (check that you can read it; "
-                "read commands open it read-only)"
+                f"cannot open the registry {db_path}: {msg} (check that you can read it)"
+            ) from err
+        if not _writable(db_path):
+            raise RegistryError(
+                f"cannot write the registry {db_path} ({msg}): this command records what it "
+                "finds, so point SPECREG_HOME or --db at a writable folder; read commands "
+                "(models, show, compat, drafts, runs, plan) still work here"
             ) from err
         raise RegistryError(f"cannot open the registry {db_path}: {msg}") from err
     except OSError as err:
@@ -76,6 +81,11 @@ def _open(db_path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
             f"cannot create the registry {db_path}: {err.strerror or err}: set SPECREG_HOME "
             "or --db to a folder you can write"
         ) from err
+
+
+def _writable(db_path: Path) -> bool:
+    target = db_path if db_path.exists() else db_path.parent
+    return os.access(target, os.W_OK) and os.access(db_path.parent, os.W_OK)
 
 
 def connect(db_path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:

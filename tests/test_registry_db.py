@@ -190,7 +190,11 @@ def test_read_commands_work_in_a_read_only_home(tmp_path: Path, gguf_factory) ->
     lines = r.stdout.splitlines()
     assert lines[0].startswith("home is read-only:")
     assert lines[1] == "models 1 Tiny"
-    assert lines[2].startswith(f"write: cannot open the registry {db}:")
+    assert lines[2].startswith(f"write: cannot write the registry {db} (")
+    assert lines[2].endswith(
+        "this command records what it finds, so point SPECREG_HOME or --db at a writable"
+        " folder; read commands (models, show, compat, drafts, runs, plan) still work here"
+    )
     assert db.read_bytes() == before
     assert sorted(p.name for p in home.iterdir()) == ["registry.duckdb"]
 
