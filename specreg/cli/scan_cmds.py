@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -56,28 +56,30 @@ def scan(
 def _scan(
     con: duckdb.DuckDBPyConnection, paths: tuple[Path, ...], all_files: bool, *, progress: bool
 ) -> ScanResult:
-    """`scan_paths` with a progress bar on stderr once there are enough files to wait for."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    """`scan_paths` with a progress bar on stderr once there are enough files to wait for
+    (rich's progress module is loaded only then)."""
     from specreg.registry.scan import scan_paths
 
     if not progress:
         return scan_paths(con, paths, all_files=all_files)
-    bar = Progress(
-        TextColumn("reading headers"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console(),
-        transient=True,
-    )
-    task = None
+    bar: Any = None
+    task: Any = None
 
     def on_progress(done: int, total: int, _path: str) -> None:
-        nonlocal task
+        nonlocal bar, task
         if total < 20:  # not worth a bar
             return
-        if task is None:
+        if bar is None:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            columns = (TextColumn("reading headers"), BarColumn(), MofNCompleteColumn())
+            bar = Progress(*columns, TimeElapsedColumn(), console=err_console(), transient=True)
             bar.start()
             task = bar.add_task("scan", total=total)
         bar.update(task, completed=done)
@@ -85,7 +87,7 @@ def _scan(
     try:
         return scan_paths(con, paths, all_files=all_files, progress=on_progress)
     finally:
-        if task is not None:
+        if bar is not None:
             bar.stop()
 
 
