@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -31,17 +32,17 @@ class Calibration:
     def threads(self) -> int | None:
         return self.target.threads if self.target is not None else None
 
-    def target_fields(self, k: int | None = None) -> dict[str, float]:
+    def target_fields(self, k: int | None = None) -> dict[str, Any]:
         """ConfigFacts fields of the target: its step, and its verify cost at K (if given)."""
         t = self.target
         if t is None or t.gen_seconds is None or not t.batch:
             return {}
-        out = {"target_step_s": float(t.gen_seconds)}
+        out: dict[str, Any] = {"target_step_s": float(t.gen_seconds)}
         if k:
             out["verify_ratio"] = float(t.verify_ratio(k))
         return out
 
-    def draft_fields(self, draft_id: str) -> dict[str, float]:
+    def draft_fields(self, draft_id: str) -> dict[str, Any]:
         """ConfigFacts fields of a draft: its step relative to the target's, its batch slope."""
         d = self.drafts.get(draft_id)
         t = self.target

@@ -15,6 +15,7 @@ from typing import Any
 
 import duckdb
 
+from specreg.recommender.calibrated import Calibration, load_calibration
 from specreg.recommender.features import ConfigFacts
 from specreg.recommender.host import HostFacts
 from specreg.recommender.prior import Observation
@@ -99,6 +100,7 @@ def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[
         return models[mid]
 
     out = []
+    calibrations: dict[tuple[str, str | None, int | None], Calibration] = {}
     for r in mine:
         method = METHOD_OF.get(r.spec_type)
         t = model(r.target_model_id)
@@ -117,6 +119,17 @@ def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[
             if d is None:
                 continue
             draft = draft_fields(d, t)
+        # this host's llama-bench curves, as recommend sees them for the same configuration
+        key = (t.model_id, r.draft_model_id, r.threads)
+        if key not in calibrations:
+            drafts = [r.draft_model_id] if r.draft_model_id else []
+            calibrations[key] = load_calibration(
+                con, host.fingerprint, t.model_id, drafts, threads=r.threads
+            )
+        cal = calibrations[key]
+        calibrated = cal.target_fields(int(r.k or 0) if method is not Method.NONE else None)
+        if r.draft_model_id and method is Method.DRAFT:
+            calibrated.update(cal.draft_fields(r.draft_model_id))
         tf = target_fields(t)
         config = ConfigFacts(
             bandwidth_gbs=host.bandwidth_gbs,
@@ -130,6 +143,7 @@ def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[
             ngram_n=NGRAM_MATCH_DEFAULT if method is Method.NGRAM else 0,
             baseline_tps=baseline,
             **draft,
+            **calibrated,
         )
         out.append(
             Observation(

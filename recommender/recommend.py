@@ -25,14 +25,18 @@ from specreg.recommender.agreement import (
     apply_agreement,
     load_agreement,
 )
+from specreg.recommender.calibrated import Calibration, load_calibration
 from specreg.recommender.costmodel import (
     CostParams,
+    compute_share,
+    draft_step_seconds,
     drafted_acceptance,
     expected_tokens_per_step,
     logit,
+    ngram_draft_rate,
     predict_tps,
     roofline_tps,
-    step_seconds,
+    verify_ratio,
 )
 from specreg.recommender.features import TASK_SLOTS, ConfigFacts, column, feature_matrix
 from specreg.recommender.host import HostFacts
@@ -144,25 +148,47 @@ class Option:
 
 @dataclass(frozen=True)
 class Roofline:
+    """Both bounds of plain decoding: streaming the weights (memory) and the arithmetic of a
+    token (compute: calibrated as the marginal cost of a token in llama-bench's largest
+    batches, else modelled from the host's bandwidth per core)."""
+
     bandwidth_gbs: float
     bandwidth_source: str
     read_gb: float  # bytes read per plain-decoded token
-    bound_tps: float
+    bound_tps: float  # the memory bound
     baseline_tps: float
     baseline_measured: bool
+    compute_bound_tps: float | None = None
+    compute_calibrated: bool = False
+    verify_k: int | None = None  # K of the verify cost shown
+    verify_ratio: float | None = None  # a pass over K + 1 tokens, in single steps
+
+    @property
+    def lower_bound_tps(self) -> float:
+        return min(self.bound_tps, self.compute_bound_tps or math.inf)
 
     @property
     def fraction(self) -> float:
-        return self.baseline_tps / self.bound_tps if self.bound_tps > 0 else math.nan
+        low = self.lower_bound_tps
+        return self.baseline_tps / low if low > 0 else math.nan
 
     @property
     def line(self) -> str:
         how = "measured" if self.baseline_measured else "predicted"
-        return (
+        text = (
             f"roofline: {self.bandwidth_gbs:.0f} GB/s ({self.bandwidth_source}) / "
-            f"{self.read_gb:.2f} GB per token = {self.bound_tps:.1f} t/s bound; "
-            f"plain decoding {self.baseline_tps:.1f} t/s ({how}) = {self.fraction:.0%} of it"
+            f"{self.read_gb:.2f} GB per token = {self.bound_tps:.1f} t/s bound"
         )
+        if self.compute_bound_tps is not None:
+            src = "calibrated" if self.compute_calibrated else "modelled"
+            text += f"; compute {self.compute_bound_tps:.1f} t/s bound ({src})"
+        text += (
+            f"; plain decoding {self.baseline_tps:.1f} t/s ({how}) = {self.fraction:.0%} of "
+            f"the {'lower' if self.compute_bound_tps is not None else 'memory'} bound"
+        )
+        if self.verify_k is not None and self.verify_ratio is not None:
+            text += f"; verifying K={self.verify_k} costs {self.verify_ratio:.2f}x a step"
+        return text
 
 
 @dataclass(frozen=True)
@@ -392,10 +418,11 @@ def _why(c: ConfigFacts, model: SpeedPredictor, a: float, base_tps: float) -> tu
     if c.method is Method.NONE:
         return tuple(out)
     e = float(expected_tokens_per_step(a, c.k))
+    row = feature_matrix([c])
+    calibrated = math.isfinite(c.verify_ratio)
+    verify = float(verify_ratio(row, p)[0])
     if c.method is Method.DRAFT:
-        t_d = float(
-            step_seconds(np.array(c.draft_gb), np.array(c.bandwidth_gbs), p.draft_eff, p.draft_tau)
-        )
+        t_d = float(draft_step_seconds(row, p, np.array([t_target]))[0])
         rel = "same architecture family" if c.same_arch_family else "other architecture"
         out.append(
             f"acceptance ~{a:.0%} per token ({c.task}, {rel}, draft "
@@ -404,12 +431,15 @@ def _why(c: ConfigFacts, model: SpeedPredictor, a: float, base_tps: float) -> tu
         )
         out.append(
             f"a draft step costs ~{t_d / t_target:.0%} of a target step; verifying K={c.k} "
-            f"costs {1 + p.verify_slope * c.k:.2f}x a single step"
+            f"costs {verify:.2f}x a single step "
+            f"({'calibrated on this host' if calibrated else 'modelled: run specreg calibrate'})"
         )
     elif c.method is Method.NGRAM:
+        q = float(ngram_draft_rate(row, p)[0])
         out.append(
-            f"n-gram lookup reuses text already in the context: no draft model; acceptance "
-            f"~{a:.0%} for {c.task} -> {e:.1f} tokens per verification"
+            f"n-gram lookup reuses text already in the context: no draft model; it finds a "
+            f"match in ~{q:.0%} of the steps for {c.task}, then acceptance ~{a:.0%} -> "
+            f"{e:.1f} tokens per verification of {verify:.2f}x a step"
         )
     else:
         out.append(
@@ -488,17 +518,25 @@ def recommend(
     )
 
     # -- candidates ------------------------------------------------------------------------
-    cands: list[tuple[ConfigFacts, ModelRecord | None]] = [(base, None)]
     drafts = _drafts(con, target)
+    # this host's llama-bench curves (`specreg calibrate`): verify cost per K, step ratios
+    cal = load_calibration(
+        con, host.fingerprint, target.model_id, [d.model_id for d, _ in drafts],
+        threads=host.physical_cores,
+    )  # fmt: skip
+    base = base.with_(**cal.target_fields())
+    cands: list[tuple[ConfigFacts, ModelRecord | None]] = [(base, None)]
     for draft, relation in drafts:
+        drafted = {**draft_fields(draft, target, relation), **cal.draft_fields(draft.model_id)}
         for k in K_GRID:
-            c = base.with_(method=Method.DRAFT, k=k, **draft_fields(draft, target, relation))
+            c = base.with_(method=Method.DRAFT, k=k, **drafted, **cal.target_fields(k))
             cands.append((c, draft))
     for k in NGRAM_K_GRID:
-        cands.append((base.with_(method=Method.NGRAM, k=k, ngram_n=NGRAM_MATCH_DEFAULT), None))
+        c = base.with_(method=Method.NGRAM, k=k, ngram_n=NGRAM_MATCH_DEFAULT)
+        cands.append((c.with_(**cal.target_fields(k)), None))
     if (target.nextn_predict_layers or 0) > 0:
         for k in MTP_K_GRID:
-            cands.append((base.with_(method=Method.MTP, k=k), None))
+            cands.append((base.with_(method=Method.MTP, k=k, **cal.target_fields(k)), None))
     reduced: list[int] = []
     if policy == POLICY_SPEED and target.is_moe and tf["default_experts"] > 1:
         de = tf["default_experts"]
@@ -616,18 +654,10 @@ def recommend(
             "hybrid/recurrent target: llama-server speculates on it with context checkpoints "
             "(slower rollbacks than a plain transformer)"
         )
-    read_gb = base.target_read_gb
-    roof = Roofline(
-        bandwidth_gbs=host.bandwidth_gbs,
-        bandwidth_source=host.source,
-        read_gb=read_gb,
-        bound_tps=roofline_tps(read_gb, host.bandwidth_gbs),
-        baseline_tps=plain_tps,
-        baseline_measured=bool(measured_plain),
-    )
+    roof = _roofline(base, host, plain_tps, bool(measured_plain), cal, model.params)
     if roof.baseline_measured and roof.fraction < 0.3:
         advice.append(
-            f"plain decoding runs at {roof.fraction:.0%} of the memory-bandwidth bound: check "
+            f"plain decoding runs at {roof.fraction:.0%} of its roofline bound: check "
             "threads (-t = physical cores), NUMA interleave and memory pinning first"
         )
     return Recommendation(
@@ -644,6 +674,42 @@ def recommend(
         n_compatible_drafts=len(drafts),
         n_considered=len(cands),
         considered_experts=tuple(reduced),
+    )
+
+
+ROOFLINE_VERIFY_K = 4
+
+
+def _roofline(
+    base: ConfigFacts,
+    host: HostFacts,
+    plain_tps: float,
+    measured: bool,
+    cal: Calibration,
+    params: CostParams,
+) -> Roofline:
+    """Memory and compute bounds of plain decoding, and what verifying K=4 costs here."""
+    read_gb = base.target_read_gb
+    memory = roofline_tps(read_gb, host.bandwidth_gbs)
+    compute = cal.compute_bound_tps
+    calibrated = compute is not None
+    row = feature_matrix([base.with_(method=Method.NGRAM, k=ROOFLINE_VERIFY_K,
+                                     **cal.target_fields(ROOFLINE_VERIFY_K))])  # fmt: skip
+    if compute is None:
+        bpw, size = column(row, "target_bpw"), column(row, "target_active_b")
+        share = float(compute_share(row, params, bpw, size)[0])
+        compute = memory / share if share > 0 else None
+    return Roofline(
+        bandwidth_gbs=host.bandwidth_gbs,
+        bandwidth_source=host.source,
+        read_gb=read_gb,
+        bound_tps=memory,
+        baseline_tps=plain_tps,
+        baseline_measured=measured,
+        compute_bound_tps=compute,
+        compute_calibrated=calibrated,
+        verify_k=ROOFLINE_VERIFY_K,
+        verify_ratio=float(verify_ratio(row, params)[0]),
     )
 
 
