@@ -118,13 +118,16 @@ class Backend:
             log_path=self.logs / f"serve-{self.name}-{self.starts}.log",
             startup_timeout=self.startup_timeout,
         )
-        loop = asyncio.get_running_loop()
+        started = self.executor.submit(self._start_blocking, server)
         try:
-            spec_on, spec_err = await loop.run_in_executor(
-                self.executor, self._start_blocking, server
-            )
+            spec_on, spec_err = await asyncio.wrap_future(started)
         except BaseException:
-            await loop.run_in_executor(self.executor, server.stop)
+            # Cancelled (SIGTERM while loading) or failed: kill the process from here, so the
+            # loading thread's health wait ends now rather than when the model has loaded.
+            while not started.done():
+                server.stop()
+                await asyncio.sleep(0.05)
+            server.stop()
             raise
         self.server = server
         self.url = f"http://127.0.0.1:{server.port}"

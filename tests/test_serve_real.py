@@ -269,6 +269,40 @@ def test_sigterm_stops_every_backend(
     assert "stopped (SIGTERM); every backend has exited" in s.log.read_text()
 
 
+def llama_children(parent: int) -> list[int]:
+    """Backends (llama-server with a --port, not the --help probe) whose parent is `parent`."""
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            rest = (proc / "stat").read_text().rsplit(")", 1)[1]
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(rest.split()[1]) == parent and b"--port" in argv:
+            out.append(int(proc.name))
+    return out
+
+
+def test_sigterm_while_backends_load_stops_them(
+    tmp_path: Path, llama_install: LlamaInstall, small_models: SmallModels
+) -> None:
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "specreg", "serve", str(small_models.smollm2.path), *PINS,
+        "--port", str(port), "--threads", "1", "--llama-bin", str(llama_install.bin_dir),
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + STARTUP_S
+    while not (pids := llama_children(proc.pid)):
+        assert proc.poll() is None and time.monotonic() < deadline, "no backend was started"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert err.decode().strip().endswith("stopped (SIGTERM); every backend has exited")
+    assert wait_gone(pids, timeout=5) == []
+
+
 def test_sigkill_of_specreg_leaves_no_llama_server(
     tmp_path: Path, llama_install: LlamaInstall, small_models: SmallModels
 ) -> None:
