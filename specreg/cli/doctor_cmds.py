@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from specreg.cli.common import console, db_option, json_option, resolve_db
+from specreg.cli.common import console, db_option, emit, json_option, resolve_db
 from specreg.errors import EXIT_FINDINGS
 
 if TYPE_CHECKING:
@@ -54,7 +54,6 @@ def doctor(
 
     Each finding says what it costs and the command that fixes it. Exit 1 on findings.
     """
-    from specreg.jsonout import dumps
     from specreg.runner.doctor import run_doctor
     from specreg.runner.membw import parse_memory_spec
 
@@ -63,7 +62,7 @@ def doctor(
         resolve_db(db_path), llama_bin=llama_bin, memory=memory, measure_bandwidth=not no_bandwidth
     )
     if as_json:
-        click.echo(dumps(report.to_json()))
+        emit(report)
     else:
         _print_doctor(report)
     if report.findings:
@@ -140,7 +139,6 @@ def calibrate(
 
     Exit 1 when a measurement stayed disturbed by other processes after every retry.
     """
-    from specreg.jsonout import dumps
     from specreg.runner.calibrate import calibrate_target
 
     result = calibrate_target(
@@ -156,7 +154,7 @@ def calibrate(
         llama_bin=llama_bin,
     )
     if as_json:
-        click.echo(dumps(result.to_json()))
+        emit(result)
     else:
         _print_calibration(result)
     if result.contended:

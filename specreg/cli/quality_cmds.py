@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
-from specreg.cli.common import console, db_option, err_console, json_option, resolve_db
+from specreg.cli.common import (
+    MODEL,
+    console,
+    db_option,
+    emit,
+    err_console,
+    json_option,
+    resolve_db,
+    resolve_model_path,
+)
 from specreg.errors import RunFailed
 from specreg.registry.db import opened
 from specreg.terms import TASKS
@@ -73,10 +82,10 @@ def _measuring(kw: dict[str, Any]) -> Measuring:
 
 
 @click.command("quality")
-@click.argument("target", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("target", type=MODEL)
 @click.option("--experts", type=int, default=None, help="MoE experts used per token.")
 @click.option(
-    "--against", "reference", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    "--against", "reference", type=MODEL, default=None,
     help="Lossless reference: the same model at another quantization (e.g. its Q8_0).",
 )  # fmt: skip
 @click.option(
@@ -98,7 +107,9 @@ def quality_cmd(**kw: Any) -> None:
     from specreg.runner.quality import measure_quality, plan_quality, quality_texts
 
     with opened(resolve_db(kw["db_path"])) as con:
-        plan = plan_quality(con, kw["target"], reference=kw["reference"], experts=kw["experts"])
+        target = resolve_model_path(con, kw["target"])
+        reference = resolve_model_path(con, kw["reference"]) if kw["reference"] else None
+        plan = plan_quality(con, target, reference=reference, experts=kw["experts"])
         texts = quality_texts(kw["tasks"], kw["texts"])
         result = measure_quality(con, _measuring(kw), plan, texts)
     _emit(result, kw["as_json"], _print_quality)
@@ -107,8 +118,8 @@ def quality_cmd(**kw: Any) -> None:
 
 
 @click.command("agree")
-@click.argument("target", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument("drafts", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("target", type=MODEL)
+@click.argument("drafts", nargs=-1, type=MODEL)
 @click.option(
     "--task", "tasks", multiple=True, type=click.Choice(TASKS),
     help="Task prompts the target continues (default: all).",
@@ -137,9 +148,9 @@ def agree_cmd(**kw: Any) -> None:
     from specreg.runner.agreement import measure_agreement, plan_agreement
 
     with opened(resolve_db(kw["db_path"])) as con:
-        plan = plan_agreement(
-            con, kw["target"], kw["drafts"], kw["tasks"], temperature=kw["temperature"]
-        )
+        target = resolve_model_path(con, kw["target"])
+        drafts = [resolve_model_path(con, d) for d in kw["drafts"]]
+        plan = plan_agreement(con, target, drafts, kw["tasks"], temperature=kw["temperature"])
         result = measure_agreement(con, _measuring(kw), plan, n_predict=kw["n_predict"])
     _emit(result, kw["as_json"], _print_agreement)
     if not result.ok:
@@ -148,9 +159,7 @@ def agree_cmd(**kw: Any) -> None:
 
 def _emit(result: Any, as_json: bool, render: Callable[[Any], None]) -> None:
     if as_json:
-        from specreg.jsonout import dumps
-
-        click.echo(dumps(result.to_json()))
+        emit(result)
     else:
         render(result)
 

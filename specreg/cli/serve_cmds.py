@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.table import Table
 
-from specreg.cli.common import console, db_option, err_console, json_option, resolve_db
+from specreg.cli.common import console, db_option, emit, err_console, json_option, resolve_db
 
 if TYPE_CHECKING:
     from specreg.serve.backends import BackendStatus
@@ -95,10 +95,9 @@ def serve_cmd(
     )  # fmt: skip
     options = serving.ServeOptions(host=bind, port=port, max_body=max_body, record=not no_record)
     if not options.loopback:
-        click.echo(
+        err_console().print(
             f"warning: listening on {bind}, not loopback: anyone who can reach this machine "
-            "can use these models (there is no authentication)",
-            err=True,
+            "can use these models (there is no authentication)"
         )
     if dry_run:
         _print_routes(prepared.table, as_json)
@@ -107,14 +106,12 @@ def serve_cmd(
         prepared.table, prepared.install, prepared.host, resolve_db(db_path), options,
         on_ready=lambda status: _print_ready(options.url, prepared.table, status),
     )  # fmt: skip
-    click.echo(f"stopped ({why}); every backend has exited", err=True)
+    err_console().print(f"stopped ({why}); every backend has exited")
 
 
 def _print_routes(table: RouteTable, as_json: bool) -> None:
     if as_json:
-        from specreg.jsonout import dumps
-
-        click.echo(dumps(table.to_json()))
+        emit(table)
         return
     out = console()
     grid = Table("target", "task", "backend", "config", "source", "why", box=None)
