@@ -1,6 +1,7 @@
 """Every `--json` document is pinned by a JSON schema (tests/schemas/KIND.json): its version and
-kind, every field by name (none missing, none unknown) and its type. Renaming a field fails here
-until the result's JSON_VERSION is bumped and the schema updated with it."""
+kind, every field by name (none missing, none unknown) and its type. A new field fails here
+until its schema names it (tests/schemas/infer_schema.py drafts one from a document); renaming
+or removing a field also bumps the result's JSON_VERSION."""
 
 from __future__ import annotations
 
