@@ -11,11 +11,11 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from cli_run import specreg
 
 # Clear screen, set the window title, write the clipboard (OSC 52), ring, a one-byte CSI (C1)
 # and a right-to-left override.
@@ -24,17 +24,6 @@ SHOWN = r"evil\x1b[2J\x1b]0;pwned\x07\x1b]52;c;cm0gLXJmIH4=\x07\x9b31m\u202eman"
 # What must never reach a terminal raw (newline and tab are layout).
 RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 BIG = 10_000_000
-
-
-def specreg(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "specreg", *args],
-        capture_output=True,
-        text=True,
-        errors="surrogateescape",
-        env={**os.environ, **(env or {})},
-        timeout=300,
-    )
 
 
 def assert_safe(r: subprocess.CompletedProcess[str]) -> None:

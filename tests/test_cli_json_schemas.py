@@ -6,15 +6,13 @@ or removing a field also bumps the result's JSON_VERSION."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from cli_run import specreg_json
 
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 TARGET = "Qwen2.5 Coder 32B Instruct"
@@ -31,19 +29,6 @@ def validate(doc: dict[str, Any]) -> None:
     schema = json.loads((SCHEMAS / f"{doc['kind']}.json").read_text())
     jsonschema.validate(doc, schema)
     assert doc["kind"] in KINDS
-
-
-def specreg_json(*args: str, codes: tuple[int, ...] = (0,)) -> dict[str, Any]:
-    r = subprocess.run(
-        [sys.executable, "-m", "specreg", *args],
-        capture_output=True,
-        text=True,
-        env=os.environ,
-        timeout=300,
-    )
-    assert r.returncode in codes, r.stderr
-    assert r.stdout.startswith("{"), r.stderr
-    return json.loads(r.stdout)
 
 
 @pytest.mark.parametrize(

@@ -4,25 +4,13 @@ models, model ids wherever a model is taken, `compat M M`, read commands that on
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
+from cli_run import specreg
 
 TARGET = "Qwen2.5 Coder 32B Instruct"
-
-
-def specreg(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "specreg", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=300,
-    )
 
 
 def test_task_general_is_accepted_and_says_what_it_maps_to(scanned_db: Path) -> None:
