@@ -38,9 +38,6 @@ DEFAULT_MAX_BODY = 1 << 20  # bytes
 READY_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 600.0
 KIND_SERVE = "serve"
-# A served request lands on a long-lived server: stateful methods (ngram-mod's pool,
-# ngram-cache) have seen earlier traffic, unlike the runner's first-encounter measurements.
-REGIME_WARM = "warm"
 HEADER_TASK = "X-Specreg-Task"
 HEADER_TASK_SOURCE = "X-Specreg-Task-Source"
 HEADER_BACKEND = "X-Specreg-Backend"
@@ -194,6 +191,8 @@ class Service:
             HEADER_ROUTE: route.source,
         }
         call = _Call(self, route, backend, cls, body, raw, started, t0, request.url.path)
+        call.position = backend.answered
+        backend.answered += 1
         try:
             await backend.wait_ready(self.ready_timeout)
         except BackendUnavailable as err:
@@ -230,6 +229,7 @@ class _Call:
         self.started = started
         self.t0 = t0
         self.path = path
+        self.position = 0  # requests the backend's process had been sent before this one
 
     @property
     def client(self) -> aiohttp.ClientSession:
@@ -350,6 +350,10 @@ class _Call:
             draft_n=draft_n if timings else None,
             draft_n_accepted=accepted if timings else None,
             stop_type=str(finish) if finish else None,
+            samples_draft_n=(draft_n,) if timings else (),
+            samples_draft_n_accepted=(accepted,) if timings else (),
+            samples_session=(self.backend.starts,),
+            samples_position=(self.position,),
         )
         temperature = self.body.get("temperature")
         seed = self.body.get("seed")

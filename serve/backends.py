@@ -86,6 +86,7 @@ class Backend:
         self.failure = ""  # set when the backend was given up
         self.stopping = False
         self.restarting = False
+        self.answered = 0  # requests sent to the current process (a run's position in it)
 
     # -- process --------------------------------------------------------------------------
 
@@ -130,6 +131,7 @@ class Backend:
             server.stop()
             raise
         self.server = server
+        self.answered = 0
         self.url = f"http://127.0.0.1:{server.port}"
         self.speculative = spec_on
         if spec_err or spec_on is False:

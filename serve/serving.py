@@ -24,14 +24,9 @@ from specreg.registry.runs import RunRecord
 from specreg.runner.host import Host
 from specreg.runner.llama import LlamaInstall
 from specreg.runner.measure import logs_dir
+from specreg.runner.protocol import Protocol, state_source
 from specreg.runner.server import STARTUP_TIMEOUT_S
-from specreg.serve.app import (
-    DEFAULT_MAX_BODY,
-    KIND_SERVE,
-    REGIME_WARM,
-    REQUEST_TIMEOUT_S,
-    Service,
-)
+from specreg.serve.app import DEFAULT_MAX_BODY, KIND_SERVE, REQUEST_TIMEOUT_S, Service
 from specreg.serve.backends import BackendPool, BackendStatus
 from specreg.serve.classify import fitted_classifier
 from specreg.serve.recorder import RunRecorder
@@ -42,10 +37,13 @@ from specreg.serve.routes import (
     parse_pin,
     plan_routes,
 )
+from specreg.terms import REGIME_WARM, keeps_state
 
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+# Served traffic: whatever clients send, in arrival order, to one long-lived server.
+ISOLATION_SERVED = "served-traffic"
 PROMPT_SET = "serve"
 
 
@@ -144,7 +142,7 @@ def run_template(spec: BackendSpec, install: LlamaInstall, host: Host) -> RunRec
         kind=KIND_SERVE,
         status="ok",
         started_at=datetime.now(timezone.utc),
-        config={**c.to_json(), "engine": "server", "regime": REGIME_WARM, "backend": spec.name},
+        config={**c.to_json(), "engine": "server", "backend": spec.name},
         config_label=c.label,
         spec_type=c.spec_type,
         target_model_id=spec.target.model_id,
@@ -165,6 +163,23 @@ def run_template(spec: BackendSpec, install: LlamaInstall, host: Host) -> RunRec
         threads=c.threads or host.threads,
         prompt_set=PROMPT_SET,
         repeats=1,
+        regime=REGIME_WARM,
+        protocol=serve_protocol(c.spec_type).to_json(),
+    )
+
+
+def serve_protocol(spec_type: str) -> Protocol:
+    """How a served request's figures were taken: one sample, on a long-lived server that has
+    answered other requests before (the warm regime: stateful methods have learned from them)."""
+    return Protocol(
+        regime=REGIME_WARM,
+        isolation=ISOLATION_SERVED,
+        repeats=1,
+        contention_retries=0,
+        warmup_tokens=0,
+        warmup_sha256=None,
+        keeps_state=keeps_state(spec_type),
+        state_source=state_source(spec_type),
     )
 
 

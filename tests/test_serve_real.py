@@ -161,7 +161,9 @@ def test_routes_show_in_headers_and_in_runs(served: Served, module_home: Path) -
     assert tasks["code"]["config_label"] == "ngram-mod k=8"
     assert tasks["code"]["spec_type"] == "ngram-mod"
     assert tasks["prose"]["config_label"] == "plain"
-    assert tasks["code"]["config"]["regime"] == "warm"
+    assert tasks["code"]["regime"] == "warm"
+    assert tasks["code"]["protocol"]["keeps_state"] is True  # ngram-mod learns from traffic
+    assert tasks["code"]["trusted"] is True
     assert tasks["code"]["tokens_per_s"] > 0
     assert tasks["code"]["prompts"][0]["predicted_n"] == 8
     table = CliRunner().invoke(cli, ["runs"]).output

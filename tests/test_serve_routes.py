@@ -219,7 +219,9 @@ def test_front_answers_without_a_backend(service: Service, specreg_home: Path) -
         "plain",
     )
     assert run.error_kind == "unavailable"
-    assert run.config["regime"] == "warm" and run.config["task_source"] == "model"
+    assert run.regime == "warm" and run.config["task_source"] == "model"
+    assert run.protocol is not None
+    assert (run.protocol["isolation"], run.protocol["keeps_state"]) == ("served-traffic", False)
     assert run.prompts[0].prompt_id == "request"
 
 
