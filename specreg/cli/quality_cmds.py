@@ -168,6 +168,8 @@ def _pm(value: float | None, unc: float | None, fmt: str = ".4f", scale: float =
     if value is None:
         return "-"
     text = f"{value * scale:{fmt}}"
+    if text.startswith("-") and float(text) == 0:
+        text = text[1:]  # a KLD of -0.00000003 is 0 at this precision, not "-0.0000"
     return f"{text} ± {unc * scale:{fmt}}" if unc is not None else text
 
 
