@@ -97,7 +97,8 @@ class Service:
         # aiohttp's client costs a quarter of httpx's per request (0.12 vs 0.44 ms measured
         # against llama-server here), which is most of what serve adds to a request.
         self.client = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.request_timeout, connect=10.0),
+            # No limit on a whole (streamed) answer; a backend silent this long has hung.
+            timeout=aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=self.request_timeout),
             # llama-server closes a connection idle for 5 s: never reuse one that old.
             connector=aiohttp.TCPConnector(limit=512, keepalive_timeout=KEEPALIVE_S),
             auto_decompress=False,

@@ -351,6 +351,25 @@ def test_a_crashed_backend_gives_502_naming_it_and_is_restarted(
         assert again["starts"] == 2 and again["pid"] != backend["pid"]
         assert "killed by signal 11" in again["last_exit"]
         assert _chat(s.url, PROSE, tokens=4)
+
+        # Streaming: the status line has gone out, so the crash arrives as a last event.
+        body = {"prompt": "Once upon a time", "max_tokens": 1500, "stream": True}
+        events = []
+        with httpx.stream(
+            "POST", f"{s.url}/v1/completions", json=body, timeout=120,
+            headers={"X-Specreg-Task": "prose"},
+        ) as resp:  # fmt: skip
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+                    if len(events) == 5:
+                        os.kill(again["pid"], signal.SIGSEGV)
+        assert events[-1]["error"]["type"] == "backend_error"
+        assert events[-1]["error"]["message"].startswith(
+            f"backend {backend['name']} crashed during the request: llama-server was killed "
+            "by signal 11"
+        )
     finally:
         pids = s.pids()
         stop_serve(s)
