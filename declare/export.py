@@ -19,7 +19,7 @@ from specreg.declare import EXPORT_FORMATS
 from specreg.declare.launch import DIALECT_LEGACY, Launch, LaunchPlan
 from specreg.errors import UsageError
 from specreg.registry.text import is_odd
-from specreg.text import is_terminal_safe, sh_join, sh_quote, terminal_safe
+from specreg.text import BIDI, is_terminal_safe, sh_join, sh_quote, terminal_safe
 
 FORMATS = EXPORT_FORMATS
 
@@ -101,7 +101,7 @@ def swap_cmd(launch: Launch) -> str:
 
 
 # Characters YAML prints raw in a double-quoted scalar that still act on a terminal (bidi).
-_YAML_RAW = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_YAML_RAW = re.compile(f"[{BIDI}]")
 
 
 def _yaml_str(text: str, block: bool = False) -> object:

@@ -23,9 +23,11 @@ from collections.abc import Iterable
 
 # C0, DEL and C1 controls; Unicode bidi controls (the "Trojan Source" characters); lone
 # surrogates, which is how Python spells the undecodable bytes of a file name (os.fsdecode).
-_UNSAFE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
-)
+C0 = "\x00-\x1f"
+BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+ABOVE_C0 = "\x7f-\x9f" + BIDI  # what JSON and YAML leave raw in a string
+SURROGATES = "\ud800-\udfff"
+_UNSAFE = re.compile(f"[{C0}{ABOVE_C0}{SURROGATES}]")
 
 # How much of one untrusted string a human view shows (`show --full` shows everything).
 FIELD_LIMIT = 120
@@ -68,6 +70,15 @@ def shown(value: object, limit: int | None = FIELD_LIMIT) -> str:
 _PRINTABLE_ASCII = frozenset(range(0x20, 0x7F))
 
 
+def _bytes(text: str) -> bytes:
+    """The bytes a file name stands for (lone surrogates that os.fsdecode cannot have made are
+    kept as their UTF-8-like code units rather than failing)."""
+    try:
+        return os.fsencode(text)
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
 def shell_quote(arg: str | os.PathLike[str]) -> str:
     """One argument quoted for bash: `shlex.quote`, or `$'...'` when it holds a control
     character, a bidi control or an undecodable byte (each written as `\\xNN` of its bytes)."""
@@ -75,7 +86,7 @@ def shell_quote(arg: str | os.PathLike[str]) -> str:
     if is_terminal_safe(text):
         return shlex.quote(text)
     out = []
-    for byte in os.fsencode(text):  # surrogates back to the file name's own bytes
+    for byte in _bytes(text):  # surrogates back to the file name's own bytes
         if byte in (0x27, 0x5C):  # ' and \ need a backslash inside $'...'
             out.append("\\" + chr(byte))
         elif byte in _PRINTABLE_ASCII:
@@ -107,7 +118,7 @@ def sh_quote(arg: str | os.PathLike[str]) -> str:
         if run:
             out.append(shlex.quote("".join(run)))
             run.clear()
-        octal = "".join(f"\\{b:03o}" for b in os.fsencode(ch))  # a surrogate is its own byte
+        octal = "".join(f"\\{b:03o}" for b in _bytes(ch))  # a surrogate is its own byte
         out.append(f"\"$(printf '{octal}')\"")
     if run:
         out.append(shlex.quote("".join(run)))
@@ -123,8 +134,8 @@ def sh_join(argv: Iterable[str | os.PathLike[str]]) -> str:
 # XML 1.0 cannot hold C0 controls other than tab, newline and carriage return, not even as
 # character references: they are written as visible escapes. DEL, C1 and bidi controls are
 # legal XML but act on a terminal: they become character references, which parse back to them.
-_XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")
-_XML_REF = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_XML_ILLEGAL = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f{SURROGATES}]")
+_XML_REF = re.compile(f"[{ABOVE_C0}]")
 
 
 def xml_safe(text: str) -> str:

@@ -34,9 +34,11 @@ from rich.segment import Segment
 from rich.text import Span, Text
 
 from specreg.jsonout import JsonResult
-from specreg.text import TEXT_LIMIT, clip, terminal_safe
+from specreg.text import ABOVE_C0, SURROGATES, TEXT_LIMIT, clip, terminal_safe
 
 if TYPE_CHECKING:
+    import duckdb
+
     from specreg.auditor.rules import RuleSet
 
 # The version of payloads still built with `emit_json`; results with `to_json()` carry their own.
@@ -69,7 +71,7 @@ def resolve_db(db_path: Path | None) -> Path:
 
 # Characters JSON leaves raw with ensure_ascii=False that a terminal may act on, or that
 # cannot be encoded at all (lone surrogates from undecodable file names).
-_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_JSON_UNSAFE = re.compile(f"[{ABOVE_C0}{SURROGATES}]")
 
 
 def json_text(doc: dict[str, Any]) -> str:
@@ -283,7 +285,7 @@ def llama_rules(llama_build: int | None, llama_bin: Path | None) -> RuleSet:
     return auditor.rules_for_version(install.version, install.dialect)
 
 
-def resolve_model_path(con: Any, ref: str) -> Path:
+def resolve_model_path(con: duckdb.DuckDBPyConnection, ref: str) -> Path:
     """The file of the model `ref` names (a path, an id prefix or a name), exactly as the OS
     names it (its first part for a split model): what commands that launch llama.cpp open.
     A file on disk is that file, registered or not (the runner scans a new one)."""
