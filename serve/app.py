@@ -168,7 +168,8 @@ class Service:
             return error(400, "the body is not JSON", "invalid_request_error")
         if not isinstance(body, dict):
             return error(400, "the body must be a JSON object", "invalid_request_error")
-        model, model_task = split_model(body.get("model"))
+        named = body.get("model")
+        model, model_task = split_model(named if isinstance(named, str) else None)
         target = self.table.find_target(model)
         if target is None:
             names = ", ".join(t.name for t in self.table.targets)
@@ -192,8 +193,6 @@ class Service:
             HEADER_ROUTE: route.source,
         }
         call = _Call(self, route, backend, cls, body, raw, started, t0, request.url.path)
-        call.position = backend.answered
-        backend.answered += 1
         try:
             await backend.wait_ready(self.ready_timeout)
         except BackendUnavailable as err:
@@ -201,6 +200,8 @@ class Service:
             resp = error(503, str(err), "backend_unavailable", backend=backend.name)
             resp.headers.update(headers)
             return resp
+        call.position = backend.answered
+        backend.answered += 1
         if body.get("stream"):
             return await call.stream(headers)
         return await call.forward(headers)

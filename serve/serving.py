@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from specreg.errors import UsageError
 from specreg.registry.runs import RunRecord
@@ -38,6 +39,9 @@ from specreg.serve.routes import (
     plan_routes,
 )
 from specreg.terms import REGIME_WARM, keeps_state
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +207,12 @@ def serve(
     return uvloop.run(main)
 
 
+@dataclass
+class _Stop:
+    why: str = ""  # the signal that stopped serve
+    server: uvicorn.Server | None = None
+
+
 async def _main(
     table: RouteTable,
     install: LlamaInstall,
@@ -215,19 +225,17 @@ async def _main(
 
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
-    stop: dict[str, object] = {"why": "", "server": None}
+    stop = _Stop()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         # Before HTTP serving starts (backends loading) cancel the start-up; afterwards
         # uvicorn has its own handlers and calls this one again once it has shut down.
-        stop["why"] = stop["why"] or signal.Signals(signum).name
-        server = stop["server"]
-        if server is None and main is not None:
+        stop.why = stop.why or signal.Signals(signum).name
+        if stop.server is None and main is not None:
             loop.call_soon_threadsafe(main.cancel)
-        elif isinstance(server, uvicorn.Server):
-            server.should_exit = True
+        elif stop.server is not None:
+            stop.server.should_exit = True
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     classifier = fitted_classifier()
     recorder = RunRecorder(db_path).start() if options.record else None
     pool = BackendPool(
@@ -243,6 +251,7 @@ async def _main(
         ready_timeout=options.startup_timeout,
         request_timeout=options.request_timeout,
     )
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         await pool.start()
         await service.open()
@@ -256,7 +265,7 @@ async def _main(
             timeout_graceful_shutdown=10,
         )
         server = uvicorn.Server(config)
-        stop["server"] = server
+        stop.server = server
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
@@ -264,7 +273,7 @@ async def _main(
             on_ready(pool.status())
         await task
     except asyncio.CancelledError:
-        if not stop["why"]:
+        if not stop.why:
             raise
     finally:
         await service.close()
@@ -274,4 +283,4 @@ async def _main(
         for sig, handler in previous.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(sig, handler)
-    return str(stop["why"] or "stopped")
+    return stop.why or "stopped"
