@@ -50,7 +50,12 @@ SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'spe
 @click.option(
     "--max-body", type=int, default=1 << 20, show_default=True, help="Largest request (bytes)."
 )
-@click.option("--llama-bin", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.option(
+    "--llama-bin",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder with llama-server (default: SPECREG_LLAMA_BIN, PATH, the cached build).",
+)
 @click.option("--bandwidth", type=float, default=None, help="Memory bandwidth in GB/s.")
 @click.option("--no-record", is_flag=True, help="Do not record served requests as runs.")
 @click.option(
@@ -80,8 +85,9 @@ def serve_cmd(
 
     Each request is classified into a task (or forced with an X-Specreg-Task header or a
     `model` of `TARGET:TASK`) and forwarded to a llama-server running that task's
-    configuration: the one pinned in specreg.yaml, else the top of `recommend` for this host.
-    Every request is recorded as a run (`specreg runs`).
+    configuration: the one pinned with --pin or in specreg.yaml, else the top of `recommend`
+    for this host. Every request is recorded as a run (`specreg runs`). SIGTERM or Ctrl-C
+    stops the server and every backend.
     """
     try:
         from specreg.serve import serving
