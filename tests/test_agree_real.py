@@ -16,6 +16,7 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.constants import TokenType
 from llama_fixtures import llama_install, small_models, synthetic_models  # noqa: F401
 from quality_fixtures import CHUNKS, con, measuring  # noqa: F401
+from test_quality_json import validate
 
 from specreg.cli.main import cli
 from specreg.registry.quality import (
@@ -142,6 +143,7 @@ def test_the_command_reports_json(small_models: SmallModels, specreg_home: Path)
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert (doc["version"], doc["kind"], doc["temperature"]) == ("1", "agreement", 0.0)
+    validate(doc)  # tests/schemas pins every field
     (point,) = doc["points"]
     assert point["task"] == "json" and point["method"] == METHOD_KLD and point["same_top"] > 0.8
     assert doc["acceptance"] == "greedy (same top token)"

@@ -21,6 +21,7 @@ DRAFT = "Qwen2.5 Coder 0.5B Instruct"
 KINDS = {
     "scan", "models", "model", "demo", "compat", "drafts", "audit", "graph", "recommendation",
     "train", "tune", "run", "runs", "verify", "report", "plan", "import", "export",
+    "quality", "agreement",  # validated in test_quality_json.py (built from result objects)
 }  # fmt: skip
 
 

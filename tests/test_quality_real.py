@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 from llama_fixtures import llama_install, small_models, synthetic_models  # noqa: F401
 from quality_fixtures import CHUNKS, con, measuring  # noqa: F401
+from test_quality_json import validate
 
 from specreg.cli.main import cli
 from specreg.registry.quality import PURPOSE_QUALITY, list_quality
@@ -83,6 +84,7 @@ def test_the_command_prints_and_records(
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert (doc["version"], doc["kind"]) == ("1", "quality")
+    validate(doc)  # tests/schemas pins every field
     (point,) = doc["points"]
     assert point["task"] == "json" and point["ok"] and 0 < point["mean_kld"] < 0.1
     assert point["same_top"] > 0.8 and point["n_tokens"] == 126
