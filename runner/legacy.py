@@ -470,6 +470,7 @@ def measure_legacy(
     timeout: float = 780.0,
     eog_texts: Sequence[str] = (),
     warm_first: int | None = None,
+    built_from: tuple[str, ...] = (),
 ) -> Measurement:
     """Like `measure`, with one `tool` process per prompt and repeat, under the same protocol.
     Never raises for llama.cpp failures: they are returned."""
@@ -481,6 +482,7 @@ def measure_legacy(
         warmup=warm_text,
         process_per_sample=True,
         warm_first=warm_first,
+        built_from=built_from,
     )
     start = RunStart.now(
         tool, config=config, target=target, draft=draft, install=install, host=host,

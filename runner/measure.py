@@ -393,6 +393,7 @@ def measure(
     engine: str = ENGINE_SERVER,
     eog_texts: tuple[str, ...] = (),
     warm_first: int | None = None,
+    built_from: tuple[str, ...] = (),
 ) -> Measurement:
     """Run `config` on `workload` under the measurement protocol (`runner/protocol.py`). Never
     raises for llama.cpp failures: they are returned.
@@ -403,7 +404,9 @@ def measure(
     `llama-lookup`) to run instead of llama-server; those print text only, so they take
     neither, and `eog_texts` (the target's end-of-generation pieces) is cut from their text.
     `warm_first=N` measures the warm regime: the workload's distinct prompts once each, in
-    order, on one server, the prompts after the first N reported apart.
+    order, on one server, the prompts after the first N reported apart. `built_from` names
+    (sha256) the prompts whose text or output built state the run starts from, such as a
+    lookup cache: the workload must be held out from them (a `UsageError` otherwise).
     """
     if engine != ENGINE_SERVER:
         from specreg.runner import legacy  # legacy imports this module
@@ -430,6 +433,7 @@ def measure(
                 timeout=startup_timeout + request_timeout,
                 eog_texts=eog_texts,
                 warm_first=warm_first,
+                built_from=built_from,
             )
     warm_text = warmup_text(workload) if warmup else None
     protocol = plan_protocol(
@@ -438,6 +442,7 @@ def measure(
         contention_retries=contention_retries,
         warmup=warm_text,
         warm_first=warm_first,
+        built_from=built_from,
     )
     start = RunStart.now(
         "llama-server", config=config, target=target, draft=draft, install=install, host=host,

@@ -33,7 +33,7 @@ import hashlib
 import itertools
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +97,9 @@ class Protocol:
     keeps_state: bool  # the method keeps state across requests in this build
     state_source: str  # where the build says so (common/speculative.cpp)
     warm_first: int | None = None  # warm regime: prompts reported as the first ones
+    # sha256 of the prompts whose text or output built state the run starts from (a lookup
+    # cache, say): the workload is held out from them, or it would measure a replay
+    built_from: tuple[str, ...] = ()
     version: int = PROTOCOL_VERSION
 
     @property
@@ -116,6 +119,12 @@ class Protocol:
             "keeps_state": self.keeps_state,
             "state_source": self.state_source,
             "warm_first": self.warm_first,
+            "built_from_prompts": len(self.built_from),
+            "built_from_sha256": (
+                hashlib.sha256("".join(self.built_from).encode()).hexdigest()
+                if self.built_from
+                else None
+            ),
         }
 
 
@@ -136,8 +145,11 @@ def plan_protocol(
     warmup: str | None,
     process_per_sample: bool = False,
     warm_first: int | None = None,
+    built_from: Iterable[str] = (),
 ) -> Protocol:
-    """The protocol for `spec_type` on an engine; `warmup` is the warm-up text or None."""
+    """The protocol for `spec_type` on an engine; `warmup` is the warm-up text or None;
+    `built_from` the sha256 of prompts whose text or output built state the engine starts
+    with (a lookup cache), which the workload must not contain."""
     stateful = keeps_state(spec_type)
     if warm_first is not None:
         if process_per_sample:
@@ -160,7 +172,20 @@ def plan_protocol(
         keeps_state=stateful,
         state_source=state_source(spec_type),
         warm_first=warm_first,
+        built_from=tuple(sorted(set(built_from))),
     )
+
+
+def check_held_out(workload: Workload, built_from: Iterable[str]) -> None:
+    """Refuse to evaluate on a prompt that built the state the engine starts from: a lookup
+    cache built from a prompt's own output drafts that output back (a replay)."""
+    built = set(built_from)
+    again = [p.prompt_id for p in workload.prompts if p.sha256 in built]
+    if again:
+        raise UsageError(
+            f"{', '.join(again)} built the state this run starts from (a lookup cache, say): "
+            "evaluate on prompts held out from what built it"
+        )
 
 
 class Sampler(ABC):
@@ -259,6 +284,7 @@ def collect(
     """Every timed sample of `workload` under `protocol`. `finish` runs once after them, on a
     state that may have seen the workload, for untimed extras (reference probabilities, the
     probe of a divergence). Raises the engine's failure (`ServerFailed`) as it comes."""
+    check_held_out(workload, protocol.built_from)
     sessions = itertools.count()
     samples: dict[str, list[Sample]] = {p.prompt_id: [] for p in workload.prompts}
     again: dict[str, int] = {p.prompt_id: 0 for p in workload.prompts}

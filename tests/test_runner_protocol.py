@@ -185,3 +185,14 @@ def test_held_out_prompts_are_new_to_what_was_built() -> None:
         again.held_out(4)
     with pytest.raises(UsageError, match="between 1 and 3"):
         wl.held_out(4)
+
+
+def test_state_built_from_a_prompt_is_never_evaluated_on_it() -> None:
+    wl = workload(3)
+    built = [wl.prompts[1].sha256]  # e.g. a lookup cache made from prompt 1's output
+    with pytest.raises(UsageError, match="p1 built the state .* held out"):
+        run("ngram-cache", MemoryEngine(), wl=wl, built_from=built)
+    _, rest = wl.held_out(2)
+    protocol, got = run("ngram-cache", MemoryEngine(), wl=rest, built_from=built)
+    assert [g.prompt.prompt_id for g in got] == ["p2"]
+    assert protocol.to_json()["built_from_prompts"] == 1
