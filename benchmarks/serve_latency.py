@@ -60,12 +60,13 @@ def pct(values: list[float], q: float) -> float:
 
 
 class Serve:
-    def __init__(self, pins: tuple[str, ...], model: Path, bin_dir: Path):
+    def __init__(self, pins: tuple[str, ...], model: Path, bin_dir: Path, record: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [
             sys.executable, "-m", "specreg", "serve", str(model), *pins, "--port",
             str(self.port), "--threads", "1", "--ctx", "2048", "--llama-bin", str(bin_dir),
+            *(() if record else ("--no-record",)),
         ]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 180
@@ -190,6 +191,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--throughput-tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument(
+        "--no-record", action="store_true", help="serve without recording runs (its CPU cost)"
+    )
     args = ap.parse_args()
     install = find_llama()
     models = ensure_test_models(install.binary("llama-quantize"))
@@ -204,7 +208,7 @@ def main() -> None:
             n1, rss1, pss1 = memory(one)
         finally:
             one.stop()
-        two = Serve(TWO, model, install.bin_dir)
+        two = Serve(TWO, model, install.bin_dir, record=not args.no_record)
         try:
             n2, rss2, pss2 = memory(two)
             plain = next(b for b in two.backends() if "plain" in str(b["name"]))

@@ -18,7 +18,8 @@ from specreg.registry.runs import RunRecord, record_run
 
 log = logging.getLogger(__name__)
 
-FLUSH_INTERVAL_S = 1.0
+# Opening the registry costs ~15 ms of CPU and each run ~4 ms (DuckDB): batch them.
+FLUSH_INTERVAL_S = 2.0
 MAX_PENDING = 20000
 
 
