@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -207,31 +207,20 @@ class Service:
         return await call.forward(headers)
 
 
+@dataclass
 class _Call:
     """One request on its way through a backend."""
 
-    def __init__(
-        self,
-        service: Service,
-        route: Route,
-        backend: Backend,
-        cls: Classification,
-        body: dict[str, Any],
-        raw: bytes,
-        started: datetime,
-        t0: float,
-        path: str,
-    ):
-        self.service = service
-        self.route = route
-        self.backend = backend
-        self.cls = cls
-        self.body = body
-        self.raw = raw
-        self.started = started
-        self.t0 = t0
-        self.path = path
-        self.position = 0  # requests the backend's process had been sent before this one
+    service: Service
+    route: Route
+    backend: Backend
+    cls: Classification
+    body: dict[str, Any]
+    raw: bytes
+    started: datetime
+    t0: float
+    path: str
+    position: int = 0  # requests the backend's process had been sent before this one
 
     @property
     def client(self) -> aiohttp.ClientSession:
