@@ -4,6 +4,7 @@ Applied migrations are never edited: a schema change is a new function appended 
 `MIGRATIONS`. Numbers are owned by the part that needs the tables:
 1 scan (registry), 2 runs (runner), 3 audit (auditor), 4 scan: exact bytes of odd file
 names and the vocabulary codec (registry), 5 runs: measurement protocol and trust (runner),
+6 stacks and lookup caches (runner),
 7 quality (runner).
 """
 
@@ -16,6 +17,7 @@ import duckdb
 
 from specreg.errors import RegistryError
 from specreg.registry.calibration import m009_calibration
+from specreg.registry.lookup_caches import m006_stacks_and_lookup_caches
 
 Migration = Callable[[duckdb.DuckDBPyConnection], None]
 
@@ -448,6 +450,7 @@ MIGRATIONS: list[tuple[int, str, Migration]] = [
     (3, "audit tables", m003_audit),
     (4, "odd file names and vocabulary codec", m004_scan_bytes_and_codec),
     (5, "measurement protocol and trust of runs", m005_measurement_protocol),
+    (6, "speculative stacks and lookup caches", m006_stacks_and_lookup_caches),
     (7, "quality and agreement measurements", m007_quality),
     (9, "calibration curves and host bandwidth", m009_calibration),
 ]

@@ -53,6 +53,25 @@ NGRAM_TYPES: tuple[str, ...] = (
     "ngram-cache",
 )
 SPEC_TYPES: tuple[str, ...] = (SPEC_NONE, *DRAFT_MODEL_TYPES, SPEC_MTP, *NGRAM_TYPES)
+# Types that draft with the one draft context llama.cpp loads (-md, or the target's MTP heads).
+MODEL_DRAFTER_TYPES: tuple[str, ...] = (*DRAFT_MODEL_TYPES, SPEC_MTP)
+# The order `common_speculative_init` (common/speculative.cpp) tries the enabled types in, each
+# step, whatever order --spec-type lists them: prompt lookup first, a draft model as fallback.
+SPEC_PRIORITY: tuple[str, ...] = (
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+    "draft-simple",
+    "draft-eagle3",
+    SPEC_MTP,
+    "draft-dflash",
+    "draft-dspark",
+)
+# llama-server's ngram-cache drafts this many tokens, hard-coded (`create_state_ngram_cache`:
+# `n_draft = 8; // TODO get from config?`), so it has no K to tune; it never saves a cache.
+NGRAM_CACHE_DRAFT_MAX = 8
 
 
 class Method(str, Enum):

@@ -53,6 +53,7 @@ COMMAND_MODULES = {
     "serve": "serve_cmds",
     "doctor": "doctor_cmds",
     "calibrate": "doctor_cmds",
+    "lookup-cache": "lookup_cmds",
 }
 
 
