@@ -31,7 +31,7 @@ from specreg.runner.config import Config
 from specreg.runner.host import Host
 from specreg.runner.llama import LlamaInstall, last_line, run_text
 from specreg.runner.measure import Measurement, RunStart, prompt_result
-from specreg.runner.protocol import Engine, Sampler, collect, plan_protocol, warmup_text
+from specreg.runner.protocol import Engine, Sampler, collect, plan_protocol
 from specreg.runner.server import (
     Completion,
     ServerFailed,
@@ -474,19 +474,13 @@ def measure_legacy(
 ) -> Measurement:
     """Like `measure`, with one `tool` process per prompt and repeat, under the same protocol.
     Never raises for llama.cpp failures: they are returned."""
-    warm_text = warmup_text(workload) if warmup else None
     protocol = plan_protocol(
-        config.spec_type,
-        repeats=repeats,
-        contention_retries=contention_retries,
-        warmup=warm_text,
-        process_per_sample=True,
-        warm_first=warm_first,
-        built_from=built_from,
-    )
+        config.spec_type, workload, repeats=repeats, contention_retries=contention_retries,
+        warmup=warmup, process_per_sample=True, warm_first=warm_first, built_from=built_from,
+    )  # fmt: skip
     start = RunStart.now(
         tool, config=config, target=target, draft=draft, install=install, host=host,
-        workload=workload, n_predict=n_predict, repeats=repeats, engine=tool,
+        workload=workload, n_predict=n_predict, repeats=protocol.repeats, engine=tool,
     )  # fmt: skip
     log_path = start.log_path
     argv: tuple[str, ...] = (str(install.bin_dir / tool),)
@@ -501,9 +495,7 @@ def measure_legacy(
         except LlamaError as err:  # the binary is missing or does not answer --help
             raise ServerFailed("crash", f"cannot run {tool}", str(err), None) from err
         argv = tuple(engine.command(PROMPT_FILE, n_predict))
-        got = collect(
-            LegacyTool(engine), workload, protocol, host, n_predict=n_predict, warmup=warm_text
-        )
+        got = collect(LegacyTool(engine), workload, protocol, host, n_predict=n_predict)
     except ServerFailed as err:
         return start.finish(argv, (), None, failure=err, protocol=protocol)
     # The legacy tools have no plain mode: a finished run speculated (draft_n says how much).

@@ -35,7 +35,6 @@ from specreg.runner.protocol import (
     plan_protocol,
     repeat_figures,
     replay_flags,
-    warmup_text,
 )
 from specreg.runner.protocol import WARMUP_TOKENS as WARMUP_TOKENS
 from specreg.runner.protocol import collect as collect_samples
@@ -435,15 +434,10 @@ def measure(
                 warm_first=warm_first,
                 built_from=built_from,
             )
-    warm_text = warmup_text(workload) if warmup else None
     protocol = plan_protocol(
-        config.spec_type,
-        repeats=repeats,
-        contention_retries=contention_retries,
-        warmup=warm_text,
-        warm_first=warm_first,
-        built_from=built_from,
-    )
+        config.spec_type, workload, repeats=repeats, contention_retries=contention_retries,
+        warmup=warmup, warm_first=warm_first, built_from=built_from,
+    )  # fmt: skip
     start = RunStart.now(
         "llama-server", config=config, target=target, draft=draft, install=install, host=host,
         workload=workload, n_predict=n_predict, repeats=protocol.repeats, engine=ENGINE_SERVER,
@@ -481,7 +475,7 @@ def measure(
     try:
         got = collect_samples(
             server_engine, workload, protocol, host,
-            n_predict=n_predict, warmup=warm_text, finish=finish if needs_finish else None,
+            n_predict=n_predict, finish=finish if needs_finish else None,
         )  # fmt: skip
     except ServerFailed as err:
         argv = server_engine.argv or tuple(command)

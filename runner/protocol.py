@@ -97,6 +97,7 @@ class Protocol:
     keeps_state: bool  # the method keeps state across requests in this build
     state_source: str  # where the build says so (common/speculative.cpp)
     warm_first: int | None = None  # warm regime: prompts reported as the first ones
+    warmup_text: str | None = None  # the text itself (only its sha256 is recorded)
     # sha256 of the prompts whose text or output built state the run starts from (a lookup
     # cache, say): the workload is held out from them, or it would measure a replay
     built_from: tuple[str, ...] = ()
@@ -139,18 +140,20 @@ def state_source(spec_type: str) -> str:
 
 def plan_protocol(
     spec_type: str,
+    workload: Workload,
     *,
     repeats: int,
     contention_retries: int,
-    warmup: str | None,
+    warmup: bool = True,
     process_per_sample: bool = False,
     warm_first: int | None = None,
     built_from: Iterable[str] = (),
 ) -> Protocol:
-    """The protocol for `spec_type` on an engine; `warmup` is the warm-up text or None;
-    `built_from` the sha256 of prompts whose text or output built state the engine starts
-    with (a lookup cache), which the workload must not contain."""
+    """The protocol for `spec_type` on `workload` with an engine (llama-server, or a legacy
+    tool: `process_per_sample`). `built_from` names (sha256) the prompts whose text or output
+    built state the engine starts with, such as a lookup cache: the workload may not hold one."""
     stateful = keeps_state(spec_type)
+    text = warmup_text(workload) if warmup else None
     if warm_first is not None:
         if process_per_sample:
             raise UsageError(
@@ -167,11 +170,12 @@ def plan_protocol(
         isolation=isolation,
         repeats=repeats,
         contention_retries=contention_retries,
-        warmup_tokens=WARMUP_TOKENS if warmup else 0,
-        warmup_sha256=hashlib.sha256(warmup.encode()).hexdigest() if warmup else None,
+        warmup_tokens=WARMUP_TOKENS if text else 0,
+        warmup_sha256=hashlib.sha256(text.encode()).hexdigest() if text else None,
         keeps_state=stateful,
         state_source=state_source(spec_type),
         warm_first=warm_first,
+        warmup_text=text,
         built_from=tuple(sorted(set(built_from))),
     )
 
@@ -278,7 +282,6 @@ def collect(
     host: Host,
     *,
     n_predict: int,
-    warmup: str | None,
     finish: Callable[[Sampler, tuple[PromptSamples, ...]], None] | None = None,
 ) -> tuple[PromptSamples, ...]:
     """Every timed sample of `workload` under `protocol`. `finish` runs once after them, on a
@@ -290,7 +293,7 @@ def collect(
     again: dict[str, int] = {p.prompt_id: 0 for p in workload.prompts}
 
     def one_state() -> AbstractContextManager[_State]:
-        return _state(engine, sessions, warmup, protocol.warmup_tokens)
+        return _state(engine, sessions, protocol.warmup_text, protocol.warmup_tokens)
 
     def done() -> tuple[PromptSamples, ...]:
         return tuple(

@@ -80,12 +80,11 @@ def workload(n: int = 3) -> Workload:
 
 def run(spec_type: str, engine: MemoryEngine, *, repeats: int = 3, retries: int = 0, **kw):  # type: ignore[no-untyped-def]
     wl = kw.pop("wl", None) or workload()
-    warm = warmup_text(wl)
     protocol = plan_protocol(
-        spec_type, repeats=repeats, contention_retries=retries, warmup=warm,
+        spec_type, wl, repeats=repeats, contention_retries=retries,
         process_per_sample=engine.process_per_sample, **kw,
     )  # fmt: skip
-    return protocol, collect(engine, wl, protocol, HOST, n_predict=N, warmup=warm)
+    return protocol, collect(engine, wl, protocol, HOST, n_predict=N)
 
 
 def test_every_type_of_the_build_is_described_once() -> None:

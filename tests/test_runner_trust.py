@@ -20,7 +20,7 @@ import declare_fixtures as dfx
 import duckdb
 import pytest
 from click.testing import CliRunner
-from declare_fixtures import QWEN25_05B, Site
+from declare_fixtures import Site
 from recommender_fixtures import demo_model, prior_model  # noqa: F401
 
 from specreg.cli.main import cli
@@ -53,9 +53,6 @@ OLD_COLUMNS = (
     "draft_model_id", "k", "temperature", "task", "prompt_set", "n_predict", "repeats",
     "threads", "host_fingerprint", "tokens_per_s", "draft_n", "draft_n_accepted", "acceptance",
 )  # fmt: skip
-QWEN25_32B = (
-    "lmstudio-community/Qwen2.5-Coder-32B-Instruct-GGUF/Qwen2.5-Coder-32B-Instruct-Q4_K_M.gguf"
-)
 REPLAY_REASON = (
     "replay-affected: ngram-mod keeps state across requests and its repeats were measured on "
     "one llama-server, so from the second repeat on the server had seen the prompt and its answer"
@@ -200,18 +197,10 @@ def test_recommend_and_train_leave_untrusted_runs_out(old_registry, prior_model)
     assert json.loads(trained.output)["summary"]["n_local"] == 3
 
 
-def _ids(s: Site) -> tuple[str, str]:
-    from specreg.declare import deps
-
-    with opened(s.db) as con:
-        t = deps.model_at_path(con, s.models / QWEN25_32B)
-        d = deps.model_at_path(con, s.models / QWEN25_05B)
-    assert t is not None and d is not None
-    return t.model_id, d.model_id
-
-
 @pytest.mark.parametrize("trusted", [True, False])
 def test_propose_leaves_untrusted_runs_out(site: Site, trusted: bool) -> None:
+    from test_declare_propose import _ids  # the site's 32B target and 0.5B draft
+
     from specreg.declare.propose import make_proposal
 
     target, draft = _ids(site)
