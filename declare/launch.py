@@ -19,6 +19,7 @@ from specreg.declare import DIALECT_CURRENT, DIALECT_LEGACY, deps
 from specreg.declare.spec import DRAFT_MODEL_TYPES, PinnedConfig, RoleDecl, Spec
 from specreg.errors import UsageError
 from specreg.registry.queries import model_fs_paths
+from specreg.stacks import parse_stack
 
 # What a draft config runs with when draft_max is not declared, stated rather than implied
 # (`--spec-draft-n-max` defaults to 3 in the pinned build, `--draft-max` to 16 in older ones).
@@ -258,7 +259,8 @@ def _launch(
         )
     try:
         config = Config(
-            spec_type=types[0] if types else "none",
+            # the type a K applies to; the whole stack is the --spec-type value below
+            spec_type=parse_stack(types).primary if types else "none",
             k=k,
             p_min=cfg.draft_p_min,
             experts=cfg.experts,
@@ -270,7 +272,7 @@ def _launch(
     origins["-c"] = f"not declared: specreg.runner's default context ({config.ctx})"
     if len(types) > 1:
         # llama.cpp takes a comma list; runner.Config holds one type
-        argv[argv.index("--spec-type") + 1] = ",".join(types)
+        argv[argv.index("--spec-type") + 1] = parse_stack(types).spelled
     if port is not None:
         argv += ["--port", port]
         origins["--port"] = (

@@ -24,6 +24,7 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from specreg.declare import SPEC_FILENAME
 from specreg.errors import UsageError
+from specreg.stacks import StackError, parse_stack
 from specreg.terms import DRAFT_MODEL_TYPES, METHOD_OF, POLICIES, Method
 from specreg.terms import SPEC_TYPES as TERMS_SPEC_TYPES
 
@@ -106,6 +107,7 @@ class PinnedConfig:
     where: Where
     # line of each declared field, so every launch flag can say where it came from
     lines: Mapping[str, int | None] = field(default_factory=dict)
+    lookup_cache: str | None = None  # a `specreg lookup-cache` name, read by ngram-cache
 
     def field_where(self, name: str) -> Where:
         return Where(
@@ -432,6 +434,7 @@ CONFIG_KEYS = {
     "draft_max": "",
     "draft_p_min": "",
     "experts": "",
+    "lookup_cache": "",
     "evidence": "",
     "note": "",
 }
@@ -451,6 +454,8 @@ CONFIG_HINTS = (
     | {a: "acceptance is evidence.acceptance (a fraction)" for a in ACCEPTANCE_SPELLINGS}
     | {
         "lookup": "prompt lookup is spec_type: ngram-cache (or another ngram-* type)",
+        "lookup_cache_static": "spelled lookup_cache: NAME (see `specreg lookup-cache list`)",
+        "lcs": "spelled lookup_cache: NAME (see `specreg lookup-cache list`)",
         "override_key": "the key comes from the GGUF (expert_used_count); declare experts: N only",
         "tps": "speeds go in evidence.tokens_per_s",
     }
@@ -620,7 +625,15 @@ def _config(
 ) -> PinnedConfig:
     n = c.mapping(cn, task, dotted, CONFIG_KEYS, CONFIG_HINTS)
     if "spec_type" in n:
-        types = c.str_list(n, "spec_type", f"{dotted}.spec_type", choices=tuple(SPEC_TYPES))
+        raw = n["spec_type"]
+        if isinstance(raw, str) and "," in raw:  # llama.cpp's own spelling of a stack
+            types = tuple(t.strip() for t in raw.split(","))
+        else:
+            types = c.str_list(n, "spec_type", f"{dotted}.spec_type", choices=tuple(SPEC_TYPES))
+        try:
+            types = parse_stack(types).types or ("none",)
+        except StackError as err:
+            raise c.fail(n, "spec_type", f"{dotted}.spec_type", str(err)) from err
     else:
         types = ("draft-simple",) if "draft" in n else ("none",)
     needs_draft = [t for t in types if t in DRAFT_MODEL_TYPES]
@@ -636,6 +649,17 @@ def _config(
             f"a draft model needs a draft-* spec_type (draft-simple), got {', '.join(types)}",
         )
     draft = ref(n, "draft", f"{dotted}.draft") if "draft" in n else None
+    lookup_cache = None
+    if "lookup_cache" in n:
+        lookup_cache = c.string(n, "lookup_cache", f"{dotted}.lookup_cache")
+        if "ngram-cache" not in types:
+            raise c.fail(
+                n,
+                "lookup_cache",
+                f"{dotted}.lookup_cache",
+                "a lookup cache is read by ngram-cache only: add ngram-cache to spec_type "
+                f"(got {', '.join(types)})",
+            )
     draft_max = (
         c.integer(n, "draft_max", f"{dotted}.draft_max", 1, 256, "drafted tokens per step")
         if "draft_max" in n
@@ -702,6 +726,7 @@ def _config(
         draft_p_min=p_min,
         experts=experts,
         evidence=evidence,
+        lookup_cache=lookup_cache,
         where=c.where(cn, task, dotted),
         lines={k: key_line(n, k) for k in n},
     )

@@ -128,7 +128,7 @@ def test_llama_server_script_runs_exactly_the_argv_shown(site: Site, tmp_path: P
         "-c",
         "4096",
         "--spec-type",
-        "draft-simple,ngram-cache",
+        "ngram-cache,draft-simple",  # the order llama.cpp tries them
         "--spec-draft-model",
         str(site.models / QWEN3_DRAFT),
         "--spec-draft-n-max",
@@ -166,14 +166,14 @@ def test_legacy_dialect_uses_draft_max_and_skips_what_it_cannot_run(
     assert args[args.index("--draft-max") + 1] == "16"
     skipped = {s.role: s.reason for s in plan.skipped}
     assert skipped["frontdoor"].startswith(
-        "draft-simple, ngram-cache: this llama.cpp's server predates --spec-type"
+        "ngram-cache, draft-simple: this llama.cpp's server predates --spec-type"
     )
     assert skipped["worker_gemma"].startswith(
         "ngram-cache is not available in this llama.cpp's server"
     )
     script = export(site, "llama-server")
     assert run_function(script, "run_coder_escalation", tmp_path) == args
-    assert "# skipped frontdoor/default: draft-simple, ngram-cache" in script
+    assert "# skipped frontdoor/default: ngram-cache, draft-simple" in script
     # the models preset needs router mode, which legacy servers do not have
     code, _, err = run_cli(
         ["export", "--format", "models-preset", "--spec", str(site.spec), "--db", str(site.db)]
@@ -335,7 +335,7 @@ def test_models_preset_parses_with_llama_cpp_rules(site: Site, tmp_path: Path) -
         want = {f.preset_key: f.value for f in launch.flags}
         assert got == want
     front = sections["frontdoor"]
-    assert front["spec-draft-n-max"] == "16" and front["spec-type"] == "draft-simple,ngram-cache"
+    assert front["spec-draft-n-max"] == "16" and front["spec-type"] == "ngram-cache,draft-simple"
     assert front["override-kv"] == "qwen3moe.expert_used_count=int:6"
     # the origin of each key is the comment line above it
     lines = text.splitlines()

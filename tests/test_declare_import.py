@@ -81,7 +81,7 @@ def test_roles_drafts_and_expert_overrides(site: Site) -> None:
     assert cfg.experts == 6
     assert spec.model(cfg.draft).aliases == ("Qwen3-Coder-Instruct-DRAFT-0.75B-32k-Q4_0",)
     # lookup: true next to the draft becomes an n-gram type in the same comma list
-    assert cfg.spec_types == ("draft-simple", "ngram-cache")
+    assert cfg.spec_types == ("ngram-cache", "draft-simple")  # the order llama.cpp tries them
     ev = cfg.evidence
     assert (ev.tokens_per_s, ev.baseline_tokens_per_s, ev.date) == (47.11, 29.28, "2026-02-13")
     assert ev.source == "model_registry.yaml roles.frontdoor.performance (line 44)"
