@@ -5,7 +5,8 @@ click and rich (`python -c "import click, rich.console, rich.table"`); commands 
 registry also pay for DuckDB, so their floor adds `import duckdb`. Every command runs as the
 user runs it (a new process of the installed `specreg` entry point) on the demo collection,
 scanned, with the recommender's fit already cached. Rounds are interleaved (each round runs
-every command once) so a noisy neighbour hits all of them alike; the median is reported.
+every command once) so a noisy neighbour hits all of them alike. Goals are judged on the best
+round of each (other processes on a shared host only ever add time); medians are shown too.
 
 Goals (issue 21): `--help` and every `COMMAND --help` within 1.5x of the floor; `models`,
 `show`, `runs` within 1.5x of the floor with DuckDB; `recommend` with a cached fit under 1.5 s.
@@ -104,22 +105,22 @@ def main() -> None:
 
     med = {k: statistics.median(v) for k, v in times.items()}
     best = {k: min(v) for k, v in times.items()}
-    floor, floor_db = med["floor"], med["floor+duckdb"]
+    floor, floor_db = best["floor"], best["floor+duckdb"]
     load = os.getloadavg()[0]
     print(f"{os.cpu_count()} CPUs (load {load:.1f}), {args.rounds} interleaved rounds; ratios of")
-    print("medians (best in brackets: the quietest round)")
+    print("best rounds (medians in brackets)")
     print(
-        f"floor (python + click + rich):       {floor * 1000:5.0f} ms [{best['floor'] * 1000:.0f}]"
+        f"floor (python + click + rich):       {floor * 1000:5.0f} ms [{med['floor'] * 1000:.0f}]"
     )
     print(
         f"floor + duckdb (registry commands):  {floor_db * 1000:5.0f} ms "
-        f"[{best['floor+duckdb'] * 1000:.0f}]"
+        f"[{med['floor+duckdb'] * 1000:.0f}]"
     )
     print()
-    print(f"{'command':28} {'ms':>6} {'[best]':>7} {'vs floor':>9} {'vs +duckdb':>11}  goal")
+    print(f"{'command':28} {'ms':>6} {'[median]':>9} {'vs floor':>9} {'vs +duckdb':>11}  goal")
     missed = []
     for label, _, goal in cases:
-        t = med[label]
+        t = best[label]
         ratio, ratio_db = t / floor, t / floor_db
         if goal == "help":
             ok, want = ratio <= 1.5, "<= 1.5x floor"
@@ -130,11 +131,11 @@ def main() -> None:
         else:
             ok, want = True, ""
         mark = "" if not want else ("ok  " if ok else "MISS")
-        b = f"[{best[label] * 1000:.0f}]"
-        print(f"{label:28} {t * 1000:6.0f} {b:>7} {ratio:8.2f}x {ratio_db:10.2f}x  {mark} {want}")
+        m = f"[{med[label] * 1000:.0f}]"
+        print(f"{label:28} {t * 1000:6.0f} {m:>9} {ratio:8.2f}x {ratio_db:10.2f}x  {mark} {want}")
         if not ok:
             missed.append(label)
-    helps = [med[label] / floor for label, _, goal in cases if goal == "help"]
+    helps = [best[label] / floor for label, _, goal in cases if goal == "help"]
     print()
     print(f"--help family: {min(helps):.2f}x-{max(helps):.2f}x of the floor")
     print(f"goals missed: {', '.join(missed) if missed else 'none'}")
