@@ -22,6 +22,7 @@ KINDS = {
     "scan", "models", "model", "demo", "compat", "drafts", "audit", "graph", "recommendation",
     "train", "tune", "run", "runs", "verify", "report", "plan", "import", "export",
     "quality", "agreement",  # validated in test_quality_json.py (built from result objects)
+    "lookup-cache", "lookup-caches",  # validated in test_lookup_cache_json.py
 }  # fmt: skip
 
 
