@@ -395,4 +395,32 @@ def plan_routes(
             routes.append(
                 Route(target.name, task, b.name, config.label, choice.source, choice.reason)
             )
+    notes += [n for b in backends.values() if (n := ngram_cache_note(b))]
     return RouteTable(tuple(out_targets), tuple(routes), tuple(backends.values()), tuple(notes))
+
+
+def ngram_cache_note(backend: BackendSpec) -> str | None:
+    """The warning a long-lived ngram-cache backend needs (None for other types).
+
+    llama-server keeps ngram-cache's per-slot context cache and its length across requests and
+    adds a request's tokens only past that length (`common_speculative_impl_ngram_cache`:
+    `cache_size`), so after its first request it learns almost nothing new; a static cache
+    (--lookup-cache-static) is looked up on every step whatever the context cache holds.
+    """
+    if "ngram-cache" not in backend.config.spec_type.split(","):
+        return None
+    static = "--lookup-cache-static" in backend.flags
+    head = (
+        f"{backend.name} runs ngram-cache: llama-server keeps its per-slot context cache across "
+        "requests and adds a request's text only once it outgrows the longest earlier one, so "
+        "after the first request it drafts "
+    )
+    if static:
+        return head + (
+            "from its static lookup cache only (rebuild the cache as the workload changes: "
+            "`specreg lookup-cache build`)"
+        )
+    return head + (
+        "almost nothing; give it a workload cache (`specreg lookup-cache build`, then "
+        "lookup_cache: NAME in specreg.yaml) or serve ngram-mod"
+    )
