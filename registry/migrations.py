@@ -16,8 +16,6 @@ from collections.abc import Callable
 import duckdb
 
 from specreg.errors import RegistryError
-from specreg.registry.calibration import m009_calibration
-from specreg.registry.lookup_caches import m006_stacks_and_lookup_caches
 
 Migration = Callable[[duckdb.DuckDBPyConnection], None]
 
@@ -442,6 +440,20 @@ def m005_measurement_protocol(con: duckdb.DuckDBPyConnection) -> None:
                 [v1, "replay-affected: ", why, *stateful],
             )
     con.execute(f"UPDATE runs SET regime = 'first-encounter', protocol = ? WHERE {runner}", [v1])
+
+
+def m006_stacks_and_lookup_caches(con: duckdb.DuckDBPyConnection) -> None:
+    # Kept beside the store that owns the tables; imported only when a registry needs it, so
+    # read commands do not load those modules at start-up.
+    from specreg.registry.lookup_caches import m006_stacks_and_lookup_caches as migration
+
+    migration(con)
+
+
+def m009_calibration(con: duckdb.DuckDBPyConnection) -> None:
+    from specreg.registry.calibration import m009_calibration as migration
+
+    migration(con)
 
 
 MIGRATIONS: list[tuple[int, str, Migration]] = [
