@@ -292,3 +292,26 @@ def test_start_and_finish_replace_the_running_record(specreg_home: Path) -> None
         finish_run(con, run_id, rec)
         done = get_run(con, run_id)
         assert (done.status, done.tokens_per_s, done.owner) == ("ok", 5.0, None)
+
+
+def test_a_run_whose_later_repeats_accept_far_more_is_recorded_untrusted() -> None:
+    from test_runner_verify import PROMPT, completion, measurement
+
+    from specreg.runner.config import Config
+    from specreg.runner.measure import PromptResult
+    from specreg.runner.runs import to_record
+
+    tokens = tuple(range(64))
+    replayed = (completion(tokens, 100.0, 0, 0), completion(tokens, 150.0, 53, 53))
+    m = measurement(Config(spec_type="ngram-simple"), [PromptResult(PROMPT, replayed)])
+    record = to_record(m, "run", "t", None, task="code")
+    assert not record.trusted and not record.first_use_evidence
+    assert record.trust_reason == (
+        "replay-suspect: later repeats accepted far more than the first for the same prompt "
+        "(code-1: repeat 2 accepted 53 tokens, repeat 1 0)"
+    )
+    assert [f["draft_n_accepted"] for f in record.repeat_figures] == [0, 53]
+    assert record.prompts[0].samples_draft_n_accepted == (0, 53)
+    steady = (completion(tokens, 100.0, 8, 4), completion(tokens, 101.0, 8, 4))
+    ok = to_record(measurement(Config(), [PromptResult(PROMPT, steady)]), "run", "t", None)
+    assert ok.trusted and ok.trust_reason is None

@@ -343,8 +343,9 @@ def _print_run(r: RunRecord) -> None:
         out.print(f"  llama.cpp said: {r.llama_message or '-'}")
         out.print(f"  log: {r.log_path}")
         return
+    spread = "later prompts" if r.regime == "warm" else "repeats"
     out.print(
-        f"  {r.tokens_per_s_str} tok/s (repeats {_tps(r.tokens_per_s_lo)}-"
+        f"  {r.tokens_per_s_str} tok/s ({spread} {_tps(r.tokens_per_s_lo)}-"
         f"{_tps(r.tokens_per_s_hi)}), acceptance {r.acceptance_str} "
         f"({r.draft_n_accepted}/{r.draft_n} drafted)"
     )
