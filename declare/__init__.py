@@ -4,9 +4,11 @@ The names a command line needs before anything runs (option defaults and choices
 so `--help` does not load the YAML library or the registry.
 """
 
+from specreg.terms import DIALECT_CURRENT, DIALECT_LEGACY
+
 SPEC_FILENAME = "specreg.yaml"
-# specreg.yaml's names for llama.cpp's flag dialects (specreg.terms: spec-type, draft-max).
-DIALECT_CURRENT = "current"
-DIALECT_LEGACY = "legacy"
+
+__all__ = ["DIALECT_CURRENT", "DIALECT_LEGACY", "EXPORT_FORMATS", "SPEC_FILENAME"]
+
 # What `specreg export --format` writes.
 EXPORT_FORMATS = ("llama-server", "llama-swap", "models-preset")

@@ -15,7 +15,7 @@ from typing import Any
 
 import duckdb
 
-from specreg.terms import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE
+from specreg.terms import SPEC_FILE_DIALECTS
 
 
 @dataclass(frozen=True)
@@ -161,8 +161,7 @@ def measured_runs(
     return out
 
 
-# specreg.yaml's names for the runner's flag dialects (specreg.terms)
-DIALECT_NAMES = {"current": DIALECT_SPEC_TYPE, "legacy": DIALECT_DRAFT_MAX}
+DIALECT_NAMES = SPEC_FILE_DIALECTS
 
 
 def detect_dialect(bin_dir: Path | None) -> str | None:

@@ -25,12 +25,19 @@ from ruamel.yaml.error import MarkedYAMLError
 from specreg.declare import SPEC_FILENAME
 from specreg.errors import UsageError
 from specreg.stacks import StackError, parse_stack
-from specreg.terms import DRAFT_MODEL_TYPES, METHOD_OF, POLICIES, Method
+from specreg.terms import (
+    DIALECT_AUTO,
+    DRAFT_MODEL_TYPES,
+    METHOD_OF,
+    POLICIES,
+    SPEC_FILE_DIALECTS,
+    Method,
+)
 from specreg.terms import SPEC_TYPES as TERMS_SPEC_TYPES
 
 SPEC_VERSION = 1
 
-DIALECTS = ("auto", "current", "legacy")
+DIALECTS = (DIALECT_AUTO, *SPEC_FILE_DIALECTS)
 STORES = ("lmstudio", "huggingface", "llama-cpp", "ollama")
 # What a role may forbid (`forbid:`): a method of specreg.terms, or a draft head type of its own.
 _OWN_KIND = {"draft-eagle3": "eagle3", "draft-dflash": "dflash", "draft-dspark": "dspark"}

@@ -175,6 +175,14 @@ DIALECT_SPEC_TYPE = "spec-type"
 # --draft-p-min` tune it; n-gram speculation lives only in `llama-lookup`.
 DIALECT_DRAFT_MAX = "draft-max"
 DIALECTS: tuple[str, ...] = (DIALECT_SPEC_TYPE, DIALECT_DRAFT_MAX)
+# specreg.yaml's names for the two (`llama.dialect: current | legacy`, or auto), kept because
+# users' files already say them.
+DIALECT_CURRENT = "current"
+DIALECT_LEGACY = "legacy"
+SPEC_FILE_DIALECTS: dict[str, str] = {
+    DIALECT_CURRENT: DIALECT_SPEC_TYPE,
+    DIALECT_LEGACY: DIALECT_DRAFT_MAX,
+}
 # What specreg.yaml and `export --dialect` accept: a dialect, or the one of the found build.
 DIALECT_AUTO = "auto"
 DIALECT_CHOICES: tuple[str, ...] = (DIALECT_AUTO, *DIALECTS)
