@@ -3,20 +3,18 @@
 A calibration is llama-bench's time for one pass over 1, 2, 4, ... 32 tokens and for plain
 generation, per model, host fingerprint and thread count (registry/calibration.py). The cost
 model needs, per configuration: the target's verify cost at its K in single steps, the target's
-seconds per generated token, the draft's step relative to the target's, and how a draft's pass
-grows with the tokens it takes in after a verification. These are ratios of one tool's timings,
-so they hold whatever measured the baseline.
+seconds per generated token, the draft's step relative to the target's, and the draft's pass over
+the same K + 1 tokens (llama-server's draft-simple feeds the draft every batch the target
+decodes). These are ratios of one tool's timings, so they hold whatever measured the baseline.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import duckdb
-import numpy as np
 
 from specreg.registry.calibration import CalibrationRecord, list_calibrations
 
@@ -42,16 +40,17 @@ class Calibration:
             out["verify_ratio"] = float(t.verify_ratio(k))
         return out
 
-    def draft_fields(self, draft_id: str) -> dict[str, Any]:
-        """ConfigFacts fields of a draft: its step relative to the target's, its batch slope."""
+    def draft_fields(self, draft_id: str, k: int | None = None) -> dict[str, Any]:
+        """ConfigFacts fields of a draft: its step relative to the target's, and (given K) its
+        pass over the K + 1 tokens the target verifies (the draft mirrors every target batch)."""
         d = self.drafts.get(draft_id)
         t = self.target
-        if d is None or t is None or not d.gen_seconds or not t.gen_seconds:
+        if d is None or t is None or not d.gen_seconds or not t.gen_seconds or not d.batch:
             return {}
-        return {
-            "draft_step_ratio": float(d.gen_seconds / t.gen_seconds),
-            "draft_batch_slope": batch_slope(d),
-        }
+        out: dict[str, Any] = {"draft_step_ratio": float(d.gen_seconds / t.gen_seconds)}
+        if k:
+            out["draft_pass_ratio"] = float(d.verify_ratio(k))
+        return out
 
     @property
     def compute_bound_tps(self) -> float | None:
@@ -69,19 +68,6 @@ class Calibration:
         """Plain generation as llama-bench measured it."""
         t = self.target
         return 1.0 / t.gen_seconds if t is not None and t.gen_seconds else None
-
-
-def batch_slope(rec: CalibrationRecord, max_tokens: int = 8) -> float:
-    """Extra cost of each further token of a small batch, in single passes: the least-squares
-    slope of pass(n) / pass(1) over n - 1, through (1, 1), for n up to `max_tokens` (a draft
-    takes in the few tokens the last verification accepted)."""
-    one = rec.batch_seconds(1)
-    pts = [p for p in rec.batch if 1 < p.n_tokens <= max_tokens]
-    if one <= 0 or not pts:
-        return math.nan
-    x = np.array([p.n_tokens - 1.0 for p in pts])
-    y = np.array([p.seconds / one - 1.0 for p in pts])
-    return float(max(0.0, (x @ y) / (x @ x)))
 
 
 def load_calibration(

@@ -63,7 +63,10 @@ class ConfigFacts:
     verify_ratio: float = math.nan  # target: a pass over K + 1 tokens / a pass over 1 token
     target_step_s: float = math.nan  # target: seconds per plainly generated token
     draft_step_ratio: float = math.nan  # draft's seconds per generated token / the target's
-    draft_batch_slope: float = math.nan  # draft: each further token of a batch, in draft steps
+    draft_pass_ratio: float = math.nan  # draft: its pass over the K + 1 verified tokens / 1
+    # the target's output layer (vocabulary x embedding) as a share of its weights: a verify
+    # pass computes a logits row per position, llama-bench's passes only the last one
+    output_share: float = 0.0
 
     @property
     def target_read_gb(self) -> float:
@@ -121,7 +124,8 @@ FEATURES: tuple[str, ...] = (
     "verify_ratio",
     "target_step_s",
     "draft_step_ratio",
-    "draft_batch_slope",
+    "draft_pass_ratio",
+    "output_share",
     *(f"task_{t}" for t in TASK_SLOTS),
     *(f"arch_{f}" for f in ARCH_FAMILIES),
 )
@@ -160,7 +164,8 @@ def feature_row(c: ConfigFacts) -> list[float]:
         float(c.verify_ratio if c.method is not Method.NONE else math.nan),
         float(c.target_step_s),
         float(c.draft_step_ratio if draft else math.nan),
-        float(c.draft_batch_slope if draft else math.nan),
+        float(c.draft_pass_ratio if draft else math.nan),
+        float(c.output_share),
         *(float(task == t) for t in TASK_SLOTS),
         *(float(arch_slot(c.target_arch_family) == f) for f in ARCH_FAMILIES),
     ]

@@ -45,7 +45,16 @@ def target_fields(t: ModelRecord) -> dict[str, Any]:
         "target_is_moe": bool(t.is_moe),
         "target_is_hybrid": bool(t.is_hybrid or t.is_recurrent),
         "default_experts": int(t.expert_used_count or 0) if t.is_moe else 0,
+        "output_share": output_share(t),
     }
+
+
+def output_share(t: ModelRecord) -> float:
+    """The output layer (vocabulary x embedding) as a share of the weights a token reads."""
+    per_token = t.n_params_active or t.n_params
+    if not per_token or not t.n_tokens or not t.embedding_length:
+        return 0.0
+    return min(1.0, t.n_tokens * t.embedding_length / per_token)
 
 
 def draft_fields(d: ModelRecord, t: ModelRecord, tok_relation: str | None = None) -> dict[str, Any]:
@@ -129,7 +138,7 @@ def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[
         cal = calibrations[key]
         calibrated = cal.target_fields(int(r.k or 0) if method is not Method.NONE else None)
         if r.draft_model_id and method is Method.DRAFT:
-            calibrated.update(cal.draft_fields(r.draft_model_id))
+            calibrated.update(cal.draft_fields(r.draft_model_id, int(r.k or 0)))
         tf = target_fields(t)
         config = ConfigFacts(
             bandwidth_gbs=host.bandwidth_gbs,

@@ -527,9 +527,10 @@ def recommend(
     base = base.with_(**cal.target_fields())
     cands: list[tuple[ConfigFacts, ModelRecord | None]] = [(base, None)]
     for draft, relation in drafts:
-        drafted = {**draft_fields(draft, target, relation), **cal.draft_fields(draft.model_id)}
+        drafted = draft_fields(draft, target, relation)
         for k in K_GRID:
-            c = base.with_(method=Method.DRAFT, k=k, **drafted, **cal.target_fields(k))
+            calibrated = {**cal.target_fields(k), **cal.draft_fields(draft.model_id, k)}
+            c = base.with_(method=Method.DRAFT, k=k, **drafted, **calibrated)
             cands.append((c, draft))
     for k in NGRAM_K_GRID:
         c = base.with_(method=Method.NGRAM, k=k, ngram_n=NGRAM_MATCH_DEFAULT)

@@ -348,6 +348,48 @@ def _drafts_of(
     return [m for _, _, m in sorted(found, key=lambda f: f[:2])[:limit]]
 
 
+def calibrate_in(
+    con: duckdb.DuckDBPyConnection,
+    target: ModelRecord,
+    *,
+    install: LlamaInstall,
+    host: Host,
+    drafts: Sequence[str] = (),
+    auto_drafts: bool = True,
+    max_drafts: int = 3,
+    threads: int | None = None,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+    gen_tokens: int = GEN_TOKENS,
+    repetitions: int = REPETITIONS,
+    retries: int = 2,
+) -> CalibrationResult:
+    """Calibrate `target` and its drafts on this host into the open registry `con`."""
+    if repetitions < 1 or retries < 0 or (threads is not None and threads < 1):
+        raise UsageError("--repetitions and --threads must be at least 1, --retries at least 0")
+    t0 = time.monotonic()
+    install.binary(BENCH)  # a clear error before anything runs
+    models = [(target, ROLE_TARGET)] + [
+        (d, ROLE_DRAFT) for d in _drafts_of(con, target, drafts, auto_drafts, max_drafts)
+    ]
+    records: list[CalibrationRecord] = []
+    reruns = 0
+    for model, role in models:
+        rec, again = calibrate_model(
+            install,
+            host,
+            model,
+            role=role,
+            threads=threads,
+            batch_sizes=batch_sizes,
+            gen_tokens=gen_tokens,
+            repetitions=repetitions,
+            retries=retries,
+        )
+        reruns += again
+        records.append(replace(rec, calibration_id=record_calibration(con, rec)))
+    return CalibrationResult(host.fingerprint, tuple(records), time.monotonic() - t0, reruns)
+
+
 def calibrate_target(
     db_path: Path,
     target: str,
@@ -365,34 +407,21 @@ def calibrate_target(
     host: Host | None = None,
 ) -> CalibrationResult:
     """Calibrate TARGET and its drafts on this host and store the curves in the registry."""
-    if repetitions < 1 or retries < 0 or (threads is not None and threads < 1):
-        raise UsageError("--repetitions and --threads must be at least 1, --retries at least 0")
     from specreg.registry.db import opened
 
-    t0 = time.monotonic()
     install = install or find_llama(llama_bin)
-    install.binary(BENCH)  # a clear error before anything runs
-    host = host or detect_host()
     with opened(db_path) as con:
-        t = resolve_model(con, target)
-        models = [(t, ROLE_TARGET)] + [
-            (d, ROLE_DRAFT) for d in _drafts_of(con, t, drafts, auto_drafts, max_drafts)
-        ]
-    records: list[CalibrationRecord] = []
-    reruns = 0
-    for model, role in models:
-        rec, again = calibrate_model(
-            install,
-            host,
-            model,
-            role=role,
+        return calibrate_in(
+            con,
+            resolve_model(con, target),
+            install=install,
+            host=host or detect_host(),
+            drafts=drafts,
+            auto_drafts=auto_drafts,
+            max_drafts=max_drafts,
             threads=threads,
             batch_sizes=batch_sizes,
             gen_tokens=gen_tokens,
             repetitions=repetitions,
             retries=retries,
         )
-        reruns += again
-        with opened(db_path) as con:
-            records.append(replace(rec, calibration_id=record_calibration(con, rec)))
-    return CalibrationResult(host.fingerprint, tuple(records), time.monotonic() - t0, reruns)

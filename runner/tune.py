@@ -1,17 +1,26 @@
 """`specreg tune`: measure the likeliest configurations, refit, stop when the best is confirmed.
 
-The loop asks the recommender for a ranking, measures the top unmeasured option with the real
-llama-server (recorded like any run), refits on the new local evidence and asks again. Plain
-decoding is measured first (every speedup needs it, and it anchors this host), then the most
-promising K of every method/draft family once (a probe re-anchors that family's whole K curve,
-which the prior from another host may place wrongly), then the top predictions. It stops when
+Before the first run the target and its drafts are calibrated on this host when they are not
+yet (`specreg calibrate`: the verify cost of each K), so the first ranking already knows
+whether a verify pass is cheap here. The loop then asks the recommender for a ranking,
+measures the top unmeasured option with the real llama-server (recorded like any run), refits
+on the new local evidence and asks again. Plain decoding is measured first (every speedup needs
+it, and it anchors this host), then the most promising K of every method/draft family once (a
+probe re-anchors that family's whole K curve), then the top predictions. The search stops when
 the best measured configuration beats every unmeasured one's prediction (confirmed), or when
 the budget of runs is spent.
+
+Then it settles. Each run's repeats give an interval (slowest to fastest repeat); a candidate
+whose interval overlaps the best one's is a tie within the measured noise. Budget left over
+goes to interleaved repeats of the best and its closest rival (A, B, A, B: drifts of a shared
+host hit both), pooled into one interval each; what still overlaps is a tie, said so, and the
+cheaper configuration is picked (plain before n-gram before a draft model, then the smaller K).
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,16 +37,20 @@ from specreg.runner.config import SPEC_NONE, Config, server_command
 from specreg.runner.host import Host
 from specreg.runner.llama import LlamaInstall
 from specreg.runner.workload import Workload
+from specreg.terms import Method
 
 log = logging.getLogger(__name__)
 
 # A run of an option: measured tokens/s (None when it failed) and the recorded run id.
 RunOption = Callable[[Option], tuple[float | None, int | None]]
-# Predictions within this share of the best measured speed do not need measuring.
-CONFIRM_MARGIN = 0.0
+# Predictions within this share of the best measured speed do not need measuring (nor within
+# the best run's own spread, when that is wider): a run cannot tell them apart.
+CONFIRM_MARGIN = 0.03
+# Interleaved settling rounds of the two closest candidates, budget permitting.
+SETTLE_ROUNDS = 2
 # A family never measured is probed if its best prediction reaches this share of the best
-# measured speed: the prior may be off by that much on a new host.
-PROBE_RATIO = 0.5
+# measured speed: the prior's acceptance may be off by that much (the cost side is calibrated).
+PROBE_RATIO = 0.6
 
 
 def option_config(option: Option) -> Config:
@@ -108,10 +121,83 @@ class TuneStep:
     measured_tps: float | None
     run_id: int | None
     reason: str = ""  # why this option was measured next
+    measured_lo: float | None = None  # the run's slowest and fastest repeat
+    measured_hi: float | None = None
 
     @property
     def label(self) -> str:
         return self.option.label
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One option's runs pooled: the median of their medians, and the interval between the
+    median slowest and median fastest repeat (a single point when runs have one repeat)."""
+
+    option: Option
+    tps: float
+    lo: float
+    hi: float
+    n_runs: int
+
+    def overlaps(self, other: Measured) -> bool:
+        return self.hi >= other.lo and other.hi >= self.lo
+
+
+def cost_rank(o: Option) -> tuple[int, int, int]:
+    """Cheaper first: no extra model or memory, then n-gram, MTP heads, a draft model; all
+    experts before fewer; then the smaller K (less work thrown away on a rejection)."""
+    order = {Method.NONE: 0, Method.NGRAM: 1, Method.MTP: 2, Method.DRAFT: 3}
+    return (order.get(o.method, 4), 0 if o.experts is None else 1, o.k or 0)
+
+
+def pooled(steps: Sequence[TuneStep]) -> list[Measured]:
+    """The measured options, each with its runs pooled; best first."""
+    by_key: dict[tuple[object, ...], list[TuneStep]] = {}
+    for s in steps:
+        if s.measured_tps:
+            by_key.setdefault(_key(s.option), []).append(s)
+    out = []
+    for runs_of in by_key.values():
+        mids = [s.measured_tps or 0.0 for s in runs_of]
+        los = [s.measured_lo if s.measured_lo is not None else s.measured_tps for s in runs_of]
+        his = [s.measured_hi if s.measured_hi is not None else s.measured_tps for s in runs_of]
+        out.append(
+            Measured(
+                runs_of[-1].option,
+                statistics.median(mids),
+                statistics.median(x or 0.0 for x in los),
+                statistics.median(x or 0.0 for x in his),
+                len(runs_of),
+            )
+        )
+    return sorted(out, key=lambda m: -m.tps)
+
+
+def settle(steps: Sequence[TuneStep]) -> tuple[Measured | None, tuple[Measured, ...], str]:
+    """The pick among measured options: the fastest, unless others tie with it within the
+    measured noise (overlapping intervals), then the cheapest of the tie."""
+    ranked = pooled(steps)
+    if not ranked:
+        return None, (), "nothing measured"
+    top = ranked[0]
+    tied = tuple(m for m in ranked[1:] if m.overlaps(top))
+    if not tied:
+        return top, (), f"{top.option.label} is fastest beyond the measured noise"
+    pick = min((top, *tied), key=lambda m: cost_rank(m.option))
+    others = ", ".join(f"{m.option.label} {m.tps:.1f} [{m.lo:.1f}-{m.hi:.1f}]" for m in tied)
+    why = (
+        f"tie within the measured noise: {top.option.label} {top.tps:.1f} "
+        f"[{top.lo:.1f}-{top.hi:.1f}] t/s against {others}; picked the cheaper "
+        f"{pick.option.label}"
+    )
+    if pick is top:
+        why = (
+            f"tie within the measured noise: {top.option.label} {top.tps:.1f} "
+            f"[{top.lo:.1f}-{top.hi:.1f}] t/s against {others}; {top.option.label} is also the "
+            "cheapest"
+        )
+    return pick, tied, why
 
 
 @dataclass(frozen=True)
@@ -125,6 +211,8 @@ class TuneResult:
     confirmed: bool
     stop_reason: str
     n_candidates: int
+    pick_reason: str = ""
+    ties: tuple[str, ...] = ()  # labels of the options tied with the fastest
 
     @property
     def n_runs(self) -> int:
@@ -152,22 +240,19 @@ class TuneResult:
             "confirmed": self.confirmed,
             "stop_reason": self.stop_reason,
             "n_candidates": self.n_candidates,
+            "pick_reason": self.pick_reason,
+            "ties": list(self.ties),
         }
         return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
     @property
     def best(self) -> TuneStep | None:
-        """The measured option the final ranking puts first.
-
-        The final ranking combines each option's runs with the refitted prediction, so two
-        options whose single runs fall within noise of each other are told apart by what
-        the rest of the evidence (their family's acceptance, its other K) says.
-        """
-        ok = [s for s in self.steps if s.measured_tps]
-        if not ok:
+        """The pick: the fastest measured option, or the cheapest of those tied with it
+        within the measured noise (see `settle`); its latest run."""
+        pick, _, _ = settle(self.steps)
+        if pick is None:
             return None
-        ranked = {_key(o): o.tps for o in self.final.options}
-        return max(ok, key=lambda s: ranked.get(_key(s.option), s.measured_tps or 0.0))
+        return [s for s in self.steps if _key(s.option) == _key(pick.option)][-1]
 
     @property
     def baseline_tps(self) -> float | None:
@@ -211,7 +296,10 @@ def next_option(options: Sequence[Option], steps: Sequence[TuneStep]) -> tuple[O
     contenders = [o for o in unprobed if o.tps >= best_tps]
     if contenders:
         return max(contenders, key=lambda o: o.tps), "probe: predicted to beat the best measured"
-    if top.tps > best_tps * (1 + CONFIRM_MARGIN):
+    margin = CONFIRM_MARGIN
+    if best is not None and best.measured_hi and best_tps > 0:
+        margin = max(margin, best.measured_hi / best_tps - 1.0)
+    if top.tps > best_tps * (1 + margin):
         return top, "predicted to beat the best measured"
     ks = sorted(o.k for o in options if best and _family(o) == _family(best.option) and o.k)
     if best is not None and best.option.k in ks:
@@ -226,6 +314,19 @@ def next_option(options: Sequence[Option], steps: Sequence[TuneStep]) -> tuple[O
     return None, "best measured is bracketed and beats every prediction"
 
 
+def _step(
+    con: duckdb.DuckDBPyConnection, option: Option, run_option: RunOption, reason: str
+) -> TuneStep:
+    tps, run_id = run_option(option)
+    lo = hi = None
+    if run_id is not None:
+        from specreg.registry.runs import get_run
+
+        rec = get_run(con, run_id)
+        lo, hi = rec.tokens_per_s_lo, rec.tokens_per_s_hi
+    return TuneStep(option, tps, run_id, reason, lo, hi)
+
+
 def tune(
     con: duckdb.DuckDBPyConnection,
     target_ref: str,
@@ -237,11 +338,17 @@ def tune(
     budget: int = 6,
     refit: bool = True,
     on_step: Callable[[TuneStep], None] | None = None,
+    calibrate: Callable[[], object] | None = None,
 ) -> TuneResult:
-    """Measure, refit, re-rank until the best is confirmed or `budget` runs are spent.
+    """Measure, refit, re-rank until the best is confirmed or `budget` runs are spent, then
+    settle ties with the budget left (interleaved repeats of the two closest).
 
     `refit=False` keeps the model fitted at the start; each ranking still sees every run.
+    `calibrate` runs first (the runner's calibration of the target and its drafts when this
+    host has none: see `calibrate_if_missing`).
     """
+    if calibrate is not None:
+        calibrate()
     steps: list[TuneStep] = []
     # A small ensemble: the loop refits after every run, and this host's runs move the
     # ranking mostly through the recommender's local correction, not through the refit.
@@ -264,12 +371,29 @@ def tune(
             stop, confirmed = why, True
         if choice is None or len(steps) >= budget:
             break
-        tps, run_id = run_option(choice)
-        step = TuneStep(choice, tps, run_id, why)
+        step = _step(con, choice, run_option, why)
         steps.append(step)
-        log.info("tune: %s -> %s t/s", choice.label, tps)
+        log.info("tune: %s -> %s t/s", choice.label, step.measured_tps)
         if on_step is not None:
             on_step(step)
+    # settle: interleaved repeats of the fastest and its closest rival while they overlap
+    settled = False
+    for _ in range(SETTLE_ROUNDS):
+        ranked = pooled(steps)
+        if len(ranked) < 2 or not ranked[1].overlaps(ranked[0]) or len(steps) + 2 > budget:
+            break
+        for m, label in ((ranked[1], "settle: interleaved repeat of the closest rival"),
+                         (ranked[0], "settle: interleaved repeat of the fastest")):  # fmt: skip
+            step = _step(con, m.option, run_option, label)
+            steps.append(step)
+            settled = True
+            if on_step is not None:
+                on_step(step)
+    if settled:  # the final ranking sees the settling runs too
+        rec = open_advisor(con, host, model=advisor.model).recommend(
+            con, target_ref, task=task, policy=policy
+        )
+    _, tied, pick_reason = settle(steps)
     return TuneResult(
         target_name=rec.target_name,
         steps=tuple(steps),
@@ -277,4 +401,34 @@ def tune(
         confirmed=confirmed,
         stop_reason=stop,
         n_candidates=n_candidates,
+        pick_reason=pick_reason,
+        ties=tuple(m.option.label for m in tied),
     )
+
+
+def calibrate_if_missing(
+    con: duckdb.DuckDBPyConnection,
+    target: Path,
+    install: LlamaInstall,
+    host: Host,
+    *,
+    threads: int | None = None,
+    repetitions: int = 3,
+    gen_tokens: int = 64,
+) -> Callable[[], object]:
+    """A `calibrate` hook for `tune`: llama-bench curves of the target and its drafts on this
+    host, measured only when the registry has none for the target yet."""
+    from specreg.recommender.calibrated import load_calibration
+    from specreg.runner.calibrate import calibrate_in
+    from specreg.runner.runs import model_record
+
+    def run() -> object:
+        record = model_record(con, target)
+        if load_calibration(con, host.fingerprint, record.model_id).target is not None:
+            return None
+        return calibrate_in(
+            con, record, threads=threads, repetitions=repetitions, gen_tokens=gen_tokens,
+            install=install, host=host,
+        )  # fmt: skip
+
+    return run

@@ -7,7 +7,6 @@ import math
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import pytest
 from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
 from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
@@ -19,7 +18,7 @@ from specreg.recommender.local import draft_fields, target_fields
 from specreg.recommender.recommend import Option
 from specreg.registry.queries import get_model
 from specreg.registry.runs import RunRecord, record_run
-from specreg.runner.tune import tune
+from specreg.runner.tune import TuneStep, cost_rank, tune
 from specreg.terms import Method
 
 HOST = HostFacts(20.0, 2, "user", fingerprint="test-host")
@@ -85,20 +84,18 @@ def test_tune_stops_at_the_budget(demo_con) -> None:  # type: ignore[no-untyped-
 
 
 @pytest.mark.llama
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 5 open: with 3 runs (a quarter of 13) tune measures plain, ngram-mod K=8 and "
-    "K=16; the sweep's best is K=32 or K=16 (measured 118 vs 116 t/s, runs swing 10 %), so the "
-    "pick lands at 93-100 % of it; it runs every time and reports XPASS when it holds",
-)
-def test_tune_on_real_small_models_beats_a_quarter_of_the_sweep(
+def test_tune_on_real_small_models_picks_within_the_noise_of_the_best(
     specreg_home: Path, llama_install, small_models
 ) -> None:  # type: ignore[no-untyped-def]
-    """Exhaustive sweep of every candidate the recommender considers vs the tune loop."""
+    """Exhaustive sweep of every candidate the recommender considers against the tune loop:
+    the pick is within the noise interval of the sweep's best, using at most a quarter of the
+    grid's runs. Tune calibrates the host first (llama-bench), so the first ranking already
+    knows that a verify pass is expensive on these cores."""
     from specreg.registry.db import opened
+    from specreg.registry.runs import get_run
     from specreg.registry.scan import scan_paths
     from specreg.runner.host import detect_host
-    from specreg.runner.tune import llama_runner
+    from specreg.runner.tune import Measured, calibrate_if_missing, llama_runner, pooled
     from specreg.runner.workload import load_workload
 
     host = detect_host()
@@ -110,36 +107,49 @@ def test_tune_on_real_small_models_beats_a_quarter_of_the_sweep(
             con, llama_install, host, target, load_workload(("code",)).head(1),
             task="code", n_predict=64, repeats=3, threads=1,
         )  # fmt: skip
+        calibrate = calibrate_if_missing(
+            con, target, llama_install, host, threads=1, repetitions=2, gen_tokens=32
+        )
         from specreg.recommender.recommend import recommend
         from specreg.recommender.train import fit
 
+        calibrate()
         model = fit().predictor()
         n_sweep = len(recommend(con, str(target), model=model, host=facts, task="code").options)
-        budget = n_sweep // 4  # the budget is the claim: a quarter of the sweep's runs
+        budget = n_sweep // 4  # the claim: a quarter of the grid's runs
         result = tune(con, str(target), run, host=facts, task="code", budget=budget)
-        options = {o.label: o for o in result.final.options}
-        measured = {label: run(o)[0] for label, o in options.items()}
         assert result.best is not None and result.best.measured_tps
-        sweep_label = max((k for k, v in measured.items() if v), key=lambda k: measured[k] or 0)
-        tuned, best = [result.best.measured_tps], [measured[sweep_label] or 0.0]
-        if sweep_label != result.best.label:
-            # One run per point swings by 10 % on two shared cores, and the sweep's best is
-            # the maximum of 13 such runs (the winner's curse): settle the comparison with
-            # fresh interleaved runs of just the two contenders, medians against medians.
-            tuned, best = [], []
-            for _ in range(5):
-                tuned.append(run(options[result.best.label])[0] or 0.0)
-                best.append(run(options[sweep_label])[0] or 0.0)
-    assert len(measured) == n_sweep and result.n_runs <= math.floor(n_sweep / 4)
-    assert float(np.median(tuned)) >= 0.95 * float(np.median(best))
-    assert np.isfinite(best[0])
+
+        def measured(o: Option) -> TuneStep:
+            tps, run_id = run(o)
+            rec = get_run(con, run_id) if run_id is not None else None
+            lo = rec.tokens_per_s_lo if rec else None
+            hi = rec.tokens_per_s_hi if rec else None
+            return TuneStep(o, tps, run_id, "sweep", lo, hi)
+
+        options = {o.label: o for o in result.final.options}
+        sweep = {label: measured(o) for label, o in options.items()}
+        ranked = pooled(list(sweep.values()))
+        best = ranked[0]
+        pick = next(m for m in ranked if m.option.label == result.best.label)
+        if not pick.overlaps(best) and pick is not best:
+            # One run per point swings by 10 % on two shared cores and the sweep's best is the
+            # maximum of many such runs (the winner's curse): settle with interleaved repeats.
+            rounds: list[TuneStep] = []
+            for _ in range(4):
+                rounds += [measured(pick.option), measured(best.option)]
+            again = {m.option.label: m for m in pooled(rounds)}
+            pick, best = again[pick.option.label], again[best.option.label]
+    assert len(sweep) == n_sweep and result.n_runs <= math.floor(n_sweep / 4)
+    assert isinstance(best, Measured)
+    assert pick.tps >= best.tps or pick.overlaps(best), (result.pick_reason, pick, best)
 
 
 def test_next_option_brackets_a_peak_the_prediction_misplaced(demo_con, prior_model) -> None:  # type: ignore[no-untyped-def]
     """The prior puts the draft curve's peak at one K; this host's truth peaks two steps up."""
     from specreg.recommender.prior import load_prior
     from specreg.recommender.recommend import recommend
-    from specreg.runner.tune import TuneStep, next_option
+    from specreg.runner.tune import next_option
 
     target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
     rec = recommend(
@@ -167,3 +177,82 @@ def test_next_option_brackets_a_peak_the_prediction_misplaced(demo_con, prior_mo
     assert winner.option.k == true_peak and winner.option.draft_id == best_draft.draft_id
     assert len(steps) <= len(options) / 4
     assert steps[0].option.method is Method.NONE and "bracket" in steps[-1].reason
+
+
+def _opt(method: Method, k: int | None, tps: float, draft: str | None = None) -> Option:
+    return Option(
+        method=method, k=k, experts=None, temperature=0.0, draft_id=draft, draft_name=draft,
+        draft_path=None, expert_key=None, tps=tps, tps_lo=tps, tps_hi=tps, speedup=1.0,
+        speedup_lo=1.0, speedup_hi=1.0, acceptance=None, tokens_per_step=None, knobs=(),
+        why=(),
+    )  # fmt: skip
+
+
+def test_settle_calls_a_tie_within_noise_and_picks_the_cheaper() -> None:
+    from specreg.runner.tune import settle
+
+    plain = _opt(Method.NONE, None, 100.0)
+    ngram = _opt(Method.NGRAM, 16, 100.0)
+    draft = _opt(Method.DRAFT, 4, 100.0, "d")
+    steps = [
+        TuneStep(plain, 100.0, 1, "", 95.0, 104.0),
+        TuneStep(ngram, 101.0, 2, "", 96.0, 106.0),  # 1 % faster, well inside the noise
+        TuneStep(draft, 60.0, 3, "", 58.0, 61.0),
+    ]
+    pick, tied, why = settle(steps)
+    assert pick is not None and pick.option is plain
+    assert [m.option for m in tied] == [plain]  # tied with the fastest (ngram)
+    assert why.startswith("tie within the measured noise: ngram-mod K=16 101.0 [96.0-106.0] t/s")
+    assert why.endswith("picked the cheaper plain")
+
+
+def test_settle_keeps_a_clear_winner_and_pools_repeated_runs() -> None:
+    from specreg.runner.tune import pooled, settle
+
+    plain = _opt(Method.NONE, None, 100.0)
+    draft = _opt(Method.DRAFT, 4, 100.0, "d")
+    steps = [
+        TuneStep(plain, 100.0, 1, "", 98.0, 102.0),
+        TuneStep(draft, 130.0, 2, "", 120.0, 140.0),
+        TuneStep(draft, 126.0, 3, "", 121.0, 131.0),
+    ]
+    pick, tied, why = settle(steps)
+    assert pick is not None and pick.option is draft and tied == ()
+    assert why == "draft-simple d K=4 is fastest beyond the measured noise"
+    top = pooled(steps)[0]
+    assert (top.tps, top.lo, top.hi, top.n_runs) == (128.0, 120.5, 135.5, 2)
+
+
+def test_tune_settles_with_interleaved_runs_while_budget_lasts(demo_con) -> None:  # type: ignore[no-untyped-def]
+    """Runs that swing by +-5 %: the two closest candidates get interleaved repeats (rival,
+    fastest, rival, fastest) from the budget left, and what still overlaps is a tie won by
+    the cheaper configuration."""
+    target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
+    exact = _simulated_runner(demo_con, target)
+
+    def noisy(option: Option) -> tuple[float | None, int | None]:
+        tps, _ = exact(option)
+        assert tps is not None
+        rec = RunRecord(
+            kind="run", status="ok", started_at=datetime.now(timezone.utc), config={},
+            config_label=option.label, spec_type=option.spec_type,
+            target_model_id=target.model_id, draft_model_id=option.draft_id, k=option.k,
+            temperature=0.0, task="code", tokens_per_s=tps, tokens_per_s_lo=0.95 * tps,
+            tokens_per_s_hi=1.05 * tps, host_fingerprint=HOST.fingerprint,
+        )  # fmt: skip
+        return tps, record_run(demo_con, rec)
+
+    result = tune(demo_con, target.model_id, noisy, host=HOST, task="code", budget=12)
+    settling = [s for s in result.steps if s.reason.startswith("settle")]
+    assert len(settling) >= 2 and len(settling) % 2 == 0
+    assert [s.reason for s in settling[:2]] == [
+        "settle: interleaved repeat of the closest rival",
+        "settle: interleaved repeat of the fastest",
+    ]
+    assert result.n_runs <= 12
+    assert result.pick_reason.startswith("tie within the measured noise")
+    assert result.ties
+    best = result.best
+    assert best is not None
+    tied = [o for o in result.final.options if o.label in (*result.ties, best.label)]
+    assert min(cost_rank(o) for o in tied) == cost_rank(best.option)

@@ -230,7 +230,7 @@ def tune_cmd(
     from specreg.cli.advice import this_host
     from specreg.registry.db import opened
     from specreg.runner.llama import find_llama
-    from specreg.runner.tune import llama_runner, tune
+    from specreg.runner.tune import calibrate_if_missing, llama_runner, tune
     from specreg.runner.workload import load_workload
 
     host, facts = this_host(bandwidth)
@@ -244,6 +244,7 @@ def tune_cmd(
         result = tune(
             con, str(path), run_option, host=facts, task=task, policy=policy,
             budget=budget, on_step=None if as_json else _print_step,
+            calibrate=calibrate_if_missing(con, path, install, host),
         )  # fmt: skip
     if as_json:
         emit(result)
@@ -268,6 +269,8 @@ def _print_tune(r: TuneResult) -> None:
         sp = f" = {best.measured_tps / base:.2f}x plain" if base else ""
         state = "confirmed" if r.confirmed else "not confirmed (budget spent)"
         c.print(f"best: {clip(best.label)}: {best.measured_tps:.1f} t/s{sp}, {state}")
+    if r.pick_reason:
+        c.print(f"pick: {clip(r.pick_reason)}")
 
 
 COMMANDS = [recommend_cmd, train_cmd, tune_cmd]
