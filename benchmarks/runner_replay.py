@@ -20,6 +20,19 @@ the same JSON structure (distinct customers, items, addresses). On the prompts a
 Prints a markdown table (drafted, accepted, acceptance, tokens/s, ratio over plain, foreign
 CPU seconds during the timed requests) and the old protocol's per-repeat figures. Nothing is
 recorded in the registry.
+
+Measured 2026-11-23 on the 2-core EPYC (one thread, n_predict 96, other sessions' load: 11-38
+foreign CPU seconds per row, so the speeds are rough; the token counts are deterministic):
+
+| ngram-mod on prompts 11-20 | defaults (n-max 64) accepted/drafted, vs plain | n-max 16 |
+|---|---|---|
+| first encounter (fresh server per prompt) | 0/0, 1.02x | 0/0, 1.03x |
+| warm, after prompts 1-10 on one server | 11/320 (3 %), 0.81x | 46/160 (29 %), 0.93x |
+| replaying protocol (old runner, 3 repeats) | 48/960 (5 %), 0.86x | 1704/1864 (91 %), 1.18x |
+
+With n-max 16 the old protocol's repeats 2-3 accepted 844 of 892 drafted tokens each, its
+first repeat 16 of 80. With llama.cpp's defaults, ngram-mod resets its pool after five
+low-acceptance rounds (common/speculative.cpp), which also erases what a replay would draft.
 """
 
 from __future__ import annotations
