@@ -59,6 +59,10 @@ class PromptRecord:
     samples_draft_n_accepted: tuple[int, ...] = ()
     samples_session: tuple[int, ...] = ()  # which engine state (server process) answered
     samples_position: tuple[int, ...] = ()  # requests that state had answered before
+    # What a lookup cache can be built from (`specreg lookup-cache build --from-runs`).
+    prompt_text: str | None = None
+    output_text: str | None = None  # of the first sample
+    type_figures: dict[str, Any] | None = None  # a stack's figures per type, over the samples
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,10 @@ class RunRecord:
     trusted: bool = True  # False: kept, shown with `trust_reason`, never used as evidence
     trust_reason: str | None = None
     owner: str | None = None  # host:pid of the process measuring it (while `running`)
+    lookup_cache: str | None = None  # the `specreg lookup-cache` ngram-cache read, by name
+    lookup_cache_sha256: str | None = None  # ... and the content it had
+    # A stack's figures per type (runner/spec_stats.py): drafts and tokens drafted/accepted.
+    type_figures: dict[str, Any] | None = None
     run_id: int | None = None
     prompts: tuple[PromptRecord, ...] = field(default=())
 
@@ -191,7 +199,8 @@ class VerifiedRun:
         return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
 
-_JSON_RUN = {"config", "host", "protocol", "repeat_figures", "phase_figures"}
+_JSON_RUN = {"config", "host", "protocol", "repeat_figures", "phase_figures", "type_figures"}
+_JSON_PROMPT = {"divergence", "type_figures"}
 _PROMPT_ARRAYS = (
     "samples_tps",
     "foreign_cpu_s",
@@ -231,7 +240,7 @@ def _insert_prompts(con: duckdb.DuckDBPyConnection, run_id: int, run: RunRecord)
         pvalues: list[Any] = [run_id]
         for name in _PROMPT_COLUMNS:
             value = getattr(prompt, name)
-            if name == "divergence" and value is not None:
+            if name in _JSON_PROMPT and value is not None:
                 value = json.dumps(value, default=str)
             elif name in _PROMPT_ARRAYS:
                 value = list(value)
@@ -329,8 +338,9 @@ def _run_from_row(row: tuple[Any, ...], prompts: tuple[PromptRecord, ...] = ()) 
 
 def _prompt_from_row(row: tuple[Any, ...]) -> PromptRecord:
     data = dict(zip(_PROMPT_COLUMNS, row, strict=True))
-    if isinstance(data["divergence"], str):
-        data["divergence"] = json.loads(data["divergence"])
+    for name in _JSON_PROMPT:
+        if isinstance(data[name], str):
+            data[name] = json.loads(data[name])
     for name in _PROMPT_ARRAYS:
         data[name] = tuple(data[name] or ())
     return PromptRecord(**data)

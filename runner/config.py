@@ -13,6 +13,8 @@ from typing import Any
 
 from specreg.errors import UsageError
 from specreg.runner.host import Host
+from specreg.runner.spec_stats import STATS_VERBOSITY
+from specreg.stacks import K_FLAG, Stack, parse_stack
 
 # The vocabulary is specreg.terms'; these names are importable from here too.
 from specreg.terms import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, SPEC_MTP
@@ -29,8 +31,10 @@ DEFAULT_SEED = 42
 class Config:
     """What to run: the speculative method and its knobs, the MoE budget, the sampler."""
 
+    # One llama.cpp type or a stack of them (`ngram-mod,draft-simple`), kept in the order the
+    # build tries them (specreg.stacks).
     spec_type: str = SPEC_NONE
-    k: int | None = None  # max draft length (--spec-draft-n-max; ngram-mod: its n-max)
+    k: int | None = None  # max draft length of the stack's primary type (its K flag, K_FLAG)
     k_min: int | None = None
     p_min: float | None = None  # greedy drafting stops below this probability
     draft_threads: int | None = None
@@ -40,11 +44,28 @@ class Config:
     seed: int = DEFAULT_SEED
     ctx: int = DEFAULT_CTX
     threads: int | None = None  # None: one per physical core of the host
+    type_k: tuple[tuple[str, int], ...] = ()  # K of other types of a stack: (type, K)
+    lookup_cache: str | None = None  # a static lookup cache file, read by ngram-cache
 
     def __post_init__(self) -> None:
-        if self.spec_type not in SPEC_TYPES:
+        stack = parse_stack(self.spec_type)  # a StackError (usage) says the build's rule
+        object.__setattr__(self, "spec_type", stack.spelled)
+        for spec_type, k in self.type_k:
+            if not stack.has(spec_type):
+                raise UsageError(
+                    f"--type-k {spec_type}={k}: {spec_type} is not in the stack {stack.spelled}"
+                )
+            if K_FLAG.get(spec_type) is None:
+                raise UsageError(
+                    f"--type-k {spec_type}={k}: {spec_type} has no K in llama-server (ngram-cache "
+                    "drafts 8 tokens, hard-coded)"
+                )
+            if k < 1:
+                raise UsageError(f"--type-k {spec_type}={k}: K must be at least 1")
+        if self.lookup_cache is not None and not stack.uses_lookup_cache:
             raise UsageError(
-                f"unknown speculative type {self.spec_type!r}: use one of {', '.join(SPEC_TYPES)}"
+                f"a lookup cache is read by ngram-cache only: add ngram-cache to --spec-type "
+                f"(got {stack.spelled})"
             )
         if self.k is not None and self.k < 1:
             raise UsageError(f"--k must be at least 1, got {self.k}")
@@ -56,12 +77,23 @@ class Config:
             raise UsageError(f"--temp must be >= 0, got {self.temperature}")
 
     @property
+    def stack(self) -> Stack:
+        return parse_stack(self.spec_type)
+
+    @property
     def speculative(self) -> bool:
         return self.spec_type != SPEC_NONE
 
     @property
     def needs_draft(self) -> bool:
-        return self.spec_type in DRAFT_MODEL_TYPES
+        return self.stack.needs_draft_file
+
+    def k_of(self, spec_type: str) -> int | None:
+        """The K given for one type of the stack: `type_k`, else `k` for the primary type."""
+        given = dict(self.type_k)
+        if spec_type in given:
+            return given[spec_type]
+        return self.k if spec_type == self.stack.primary else None
 
     @property
     def behaviour_changing(self) -> bool:
@@ -79,6 +111,9 @@ class Config:
             parts.append(f"k={self.k}")
         if self.p_min is not None:
             parts.append(f"p_min={self.p_min:g}")
+        parts += [f"{t}:k={k}" for t, k in self.type_k]
+        if self.lookup_cache is not None:
+            parts.append(f"cache={Path(self.lookup_cache).stem}")
         if self.draft_threads is not None:
             parts.append(f"td={self.draft_threads}")
         if self.experts is not None:
@@ -95,7 +130,9 @@ class Config:
         return replace(self, **changes)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["type_k"] = dict(self.type_k)
+        return out
 
     def request_fields(self) -> dict[str, Any]:
         """The sampler part, sent with every /completion request."""
@@ -105,22 +142,26 @@ class Config:
 def _spec_type_flags(config: Config, draft_path: Path | None) -> list[str]:
     if not config.speculative:
         return []
-    flags = ["--spec-type", config.spec_type]
-    if config.needs_draft or config.spec_type == SPEC_MTP and draft_path is not None:
+    stack = config.stack
+    flags = ["--spec-type", stack.spelled]
+    if stack.needs_draft_file or stack.has(SPEC_MTP) and draft_path is not None:
         flags += ["--spec-draft-model", str(draft_path)]
-    if config.spec_type == "ngram-mod":
-        if config.k is not None:
-            k_min = config.k_min if config.k_min is not None else max(1, config.k // 4)
-            flags += ["--spec-ngram-mod-n-max", str(config.k), "--spec-ngram-mod-n-min", str(k_min)]
-    else:
-        if config.k is not None:
-            flags += ["--spec-draft-n-max", str(config.k)]
-        if config.k_min is not None:
-            flags += ["--spec-draft-n-min", str(config.k_min)]
+    for spec_type in stack.types:
+        k, flag = config.k_of(spec_type), K_FLAG.get(spec_type)
+        if spec_type == "ngram-mod" and k is not None:
+            own_min = config.k_min is not None and stack.primary == spec_type
+            k_min = config.k_min if own_min and config.k_min is not None else max(1, k // 4)
+            flags += ["--spec-ngram-mod-n-max", str(k), "--spec-ngram-mod-n-min", str(k_min)]
+        elif k is not None and flag is not None:
+            flags += [flag, str(k)]
+    if config.k_min is not None and stack.model_drafter is not None:
+        flags += ["--spec-draft-n-min", str(config.k_min)]
     if config.p_min is not None:
         flags += ["--spec-draft-p-min", f"{config.p_min:g}"]
     if config.draft_threads is not None:
         flags += ["--spec-draft-threads", str(config.draft_threads)]
+    if config.lookup_cache is not None:
+        flags += ["--lookup-cache-static", config.lookup_cache]
     return flags
 
 
@@ -197,6 +238,11 @@ def server_command(
         # llama.cpp logs an applied override ("validate_override: Using metadata override")
         # and the n_expert_used it loaded only from verbosity 4 (~30 more lines a request),
         # so the run's log can show that --experts reached the model.
-        *(["-lv", "4"] if config.experts is not None else []),
+        # A stack's per-type statistics are logged at the same verbosity (runner/spec_stats.py).
+        *(
+            ["-lv", str(STATS_VERBOSITY)]
+            if config.experts is not None or config.stack.stacked
+            else []
+        ),
         *server_argv(config, target_path, draft_path, dialect, host),
     ]

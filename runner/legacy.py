@@ -142,7 +142,7 @@ def generated_text(stdout: str, prompt: str, eog_texts: Sequence[str] = ()) -> t
 
 
 def legacy_tool(spec_type: str) -> str | None:
-    """The legacy binary that implements `spec_type`, if any."""
+    """The legacy binary that implements `spec_type`, if any (none runs a stack)."""
     if spec_type == "draft-simple":
         return SPECULATIVE
     if spec_type in NGRAM_TYPES:
@@ -255,6 +255,8 @@ def legacy_argv(
         argv += [flags.p_min, f"{config.p_min:g}"]
     if config.draft_threads is not None and tool == SPECULATIVE:
         argv += ["-td", str(config.draft_threads)]
+    if config.lookup_cache is not None and tool == LOOKUP:
+        argv += ["--lookup-cache-static", config.lookup_cache]
     argv += ["-f", str(prompt_file), "-n", str(n_predict)]
     argv += ["--temp", f"{config.temperature:g}", "--seed", str(config.seed)]
     argv += ["-t", str(config.threads or host.threads), "-c", str(config.ctx)]

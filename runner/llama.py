@@ -56,9 +56,11 @@ class LlamaInstall:
         return self.bin_dir / name
 
     def supports(self, spec_type: str) -> bool:
+        """Whether llama-server takes `spec_type` (one type, or every type of a stack)."""
+        types = [t for t in spec_type.split(",") if t] or ["none"]
         if self.dialect == DIALECT_SPEC_TYPE:
-            return spec_type in self.spec_types
-        return spec_type in ("none", "draft-simple")
+            return all(t in self.spec_types for t in types)
+        return len(types) == 1 and types[0] in ("none", "draft-simple")
 
 
 def _candidates(bin_dir: Path | None) -> list[tuple[str, Path]]:

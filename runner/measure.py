@@ -15,12 +15,13 @@ import statistics
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from specreg.home import specreg_home
+from specreg.runner import spec_stats
 from specreg.runner.config import Config, server_command
 from specreg.runner.host import Host
 from specreg.runner.llama import LlamaInstall
@@ -52,6 +53,8 @@ from specreg.terms import ENGINE_SERVER as ENGINE_SERVER
 log = logging.getLogger(__name__)
 
 N_PROBS = 5
+# How long a request's per-type statistics may take to reach the log after its response.
+TYPE_STATS_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,11 @@ class PromptResult:
     @property
     def draft_n_accepted(self) -> int:
         return sum(s.draft_n_accepted for s in self.samples)
+
+    @property
+    def type_figures(self) -> dict[str, spec_stats.TypeFigures]:
+        """A stack's figures per type over this prompt's samples (empty for one type)."""
+        return spec_stats.total(dict(s.type_figures) for s in self.samples)
 
     @property
     def stable(self) -> bool:
@@ -185,6 +193,11 @@ class Measurement:
     @property
     def acceptance(self) -> float | None:
         return self.draft_n_accepted / self.draft_n if self.draft_n else None
+
+    @property
+    def type_figures(self) -> dict[str, spec_stats.TypeFigures]:
+        """A stack's figures per type over the samples the run's figures stand for."""
+        return spec_stats.total(dict(s.type_figures) for s in self._headline())
 
 
 def logs_dir() -> Path:
@@ -316,7 +329,21 @@ class ServerSampler(Sampler):
         self.config = config
 
     def generate(self, text: str, n_predict: int) -> Completion:
-        return self.server.complete(_body(text, self.config, n_predict))
+        if not self.config.stack.stacked:
+            return self.server.complete(_body(text, self.config, n_predict))
+        before = spec_stats.finished(self.server.log_text())
+        got = self.server.complete(_body(text, self.config, n_predict))
+        return replace(got, type_figures=tuple(self._type_figures(before).items()))
+
+    def _type_figures(self, index: int) -> dict[str, spec_stats.TypeFigures]:
+        """This request's per-type lines: logged before the response was sent, written to the
+        log file by llama.cpp's logging thread a moment later."""
+        deadline = time.monotonic() + TYPE_STATS_WAIT_S
+        while True:
+            text = self.server.log_text()
+            if spec_stats.finished(text) > index or time.monotonic() > deadline:
+                return spec_stats.request_figures(text, index)
+            time.sleep(0.02)
 
 
 class ServerEngine(Engine):

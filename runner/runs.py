@@ -19,6 +19,7 @@ from pathlib import Path
 import duckdb
 
 from specreg.errors import ModelNotFound, UsageError
+from specreg.registry.lookup_caches import LookupCache
 from specreg.registry.queries import ModelRecord, resolve_model
 from specreg.registry.runs import (
     PromptRecord,
@@ -28,15 +29,18 @@ from specreg.registry.runs import (
     start_run,
 )
 from specreg.registry.scan import scan_paths
+from specreg.runner import spec_stats
 from specreg.runner.config import Config
 from specreg.runner.host import Host
 from specreg.runner.legacy import LOOKUP, choose_engine
 from specreg.runner.llama import LlamaInstall
+from specreg.runner.lookup_cache import usable_cache
 from specreg.runner.measure import Measurement, measure
 from specreg.runner.server import Completion
 from specreg.runner.verify import PromptVerdict, Verification, judge
 from specreg.runner.workload import Workload
-from specreg.terms import ENGINE_AUTO, ENGINE_SERVER, REGIME_FIRST
+from specreg.stacks import NGRAM_CACHE
+from specreg.terms import ENGINE_AUTO, ENGINE_SERVER, NGRAM_CACHE_DRAFT_MAX, REGIME_FIRST
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,9 @@ def _prompt_records(
                 stop_type=first.stop_type if first else None,
                 verdict=v.verdict if v else None,
                 divergence=v.to_json() if v else None,
+                prompt_text=p.prompt.text,
+                output_text=first.content if first else None,
+                type_figures=spec_stats.to_json(p.type_figures),
             )
         )
     return tuple(out)
@@ -138,6 +145,7 @@ def to_record(
     task: str | None = None,
     verification: Verification | None = None,
     baseline_run_id: int | None = None,
+    lookup_cache: LookupCache | None = None,
 ) -> RunRecord:
     c = m.config
     rng = m.tokens_per_s_range
@@ -207,6 +215,9 @@ def to_record(
         verdict=verification.verdict if verification else None,
         verdict_reason=verification.reason if verification else None,
         log_path=os.fspath(m.log_path),
+        lookup_cache=lookup_cache.name if lookup_cache else None,
+        lookup_cache_sha256=lookup_cache.sha256 if lookup_cache else None,
+        type_figures=spec_stats.to_json(m.type_figures),
         prompts=_prompt_records(m, verdicts),
     )
 
@@ -232,6 +243,7 @@ class Plan:
     notes: tuple[str, ...] = ()  # things the user should know before reading the numbers
     engine: str = ENGINE_SERVER  # for the config; baselines always run on llama-server
     warm_first: int | None = None  # warm regime: prompts after the first N reported apart
+    lookup_cache: LookupCache | None = None  # the workload cache ngram-cache reads
 
     @property
     def eog_texts(self) -> tuple[str, ...]:
@@ -255,23 +267,31 @@ def plan(
     contention_retries: int = 2,
     engine: str = ENGINE_AUTO,
     warm_first: int | None = None,
+    lookup_cache: str | None = None,
 ) -> Plan:
     """Everything a run needs, checked before anything starts. `warm_first=N` plans the warm
     regime: the workload's distinct prompts once each on one llama-server, the later ones
-    (after the first N) reported apart; it takes nothing else from `repeats`."""
+    (after the first N) reported apart; it takes nothing else from `repeats`. `lookup_cache`
+    names a `specreg lookup-cache` for ngram-cache: checked for the target's tokenizer family
+    and read as llama.cpp will read it, and refused for prompts whose own text built it."""
     if config.needs_draft and draft is None:
         raise UsageError(f"{config.spec_type} needs a draft model: pass --draft PATH")
     if draft is not None and not config.speculative:
         raise UsageError("--draft given without speculation: add --spec-type draft-simple")
+    if draft is not None and config.stack.model_drafter is None:
+        raise UsageError(
+            f"--draft given, but {config.spec_type} drafts without a model: add draft-simple to "
+            f"--spec-type (e.g. {config.spec_type},draft-simple)"
+        )
     chosen = choose_engine(install, config, engine)
     target_rec = model_record(con, target)
     draft_rec = model_record(con, draft) if draft is not None else None
-    if config.spec_type == "draft-mtp" and draft is None and not target_rec.has_mtp_tensors:
+    config, cache, notes = _stack_checks(con, config, chosen, target_rec, workload, lookup_cache)
+    if config.stack.has("draft-mtp") and draft is None and not target_rec.has_mtp_tensors:
         raise UsageError(
             f"{Path(target).name} has no MTP (NextN) layers, so draft-mtp cannot run on it: "
             "use a draft model or an n-gram method"
         )
-    notes = []
     if warm_first is not None:
         if chosen != ENGINE_SERVER:
             raise UsageError(
@@ -319,7 +339,53 @@ def plan(
         request_timeout=request_timeout,
         contention_retries=contention_retries,
         warm_first=warm_first,
+        lookup_cache=cache,
     )
+
+
+def _stack_checks(
+    con: duckdb.DuckDBPyConnection,
+    config: Config,
+    engine: str,
+    target: ModelRecord,
+    workload: Workload,
+    lookup_cache: str | None,
+) -> tuple[Config, LookupCache | None, list[str]]:
+    """A stack's and a lookup cache's checks before anything starts: the config with the
+    cache's file, the cache, and notes."""
+    stack = config.stack
+    notes = []
+    if stack.stacked:
+        notes.append(
+            f"{stack.spelled}: llama.cpp asks {', then '.join(stack.types)} for a draft each step "
+            "(the first that has one drafts); the run records each type's figures"
+        )
+    if engine == ENGINE_SERVER and stack.uses_lookup_cache and config.k_of(NGRAM_CACHE):
+        raise UsageError(
+            f"ngram-cache has no K in llama-server: it drafts {NGRAM_CACHE_DRAFT_MAX} tokens "
+            "(hard-coded); drop --k, or give it to another type of the stack with --type-k"
+        )
+    if lookup_cache is None:
+        return config, None, notes
+    if not stack.uses_lookup_cache:
+        raise UsageError(
+            f"--lookup-cache {lookup_cache}: a lookup cache is read by ngram-cache only; add "
+            f"ngram-cache to --spec-type (got {stack.spelled})"
+        )
+    cache, facts = usable_cache(con, lookup_cache, target)  # one line if it cannot be used
+    built_from = set(cache.prompt_sha256s)
+    replayed = [p.prompt_id for p in workload.prompts if p.sha256 in built_from]
+    if replayed:
+        raise UsageError(
+            f"{', '.join(replayed)}: the lookup cache {cache.name} holds this prompt and its "
+            "recorded output, so a run on it measures a replay; run prompts the cache was not "
+            "built from"
+        )
+    notes.append(
+        f"lookup cache {cache.name}: {facts.n_ngrams} n-grams from {cache.tokens_str} tokens "
+        f"of {cache.task} ({cache.sources_str}), tokenizer family {cache.tok_family}"
+    )
+    return config.with_(lookup_cache=cache.path), cache, notes
 
 
 def _measure(p: Plan, config: Config, draft: Path | None, **kw: object) -> Measurement:
@@ -403,7 +469,11 @@ def run(con: duckdb.DuckDBPyConnection, p: Plan) -> RunOutcome:
     with _recording(con, _started(p, "run", p.config, p.draft)) as rec:
         m = _measure(p, p.config, p.draft_path, engine=p.engine, warm_first=p.warm_first)
         draft_id = p.draft.model_id if p.draft else None
-        rec.done(to_record(m, "run", p.target.model_id, draft_id, task=p.task))
+        rec.done(
+            to_record(
+                m, "run", p.target.model_id, draft_id, task=p.task, lookup_cache=p.lookup_cache
+            )
+        )
     return RunOutcome(rec.run_id, m)
 
 
@@ -430,6 +500,7 @@ def verify(con: duckdb.DuckDBPyConnection, p: Plan) -> VerifyOutcome:
                 task=p.task,
                 verification=result,
                 baseline_run_id=base_rec.run_id,
+                lookup_cache=p.lookup_cache,
             )
         )
     return VerifyOutcome(base_rec.run_id, rec.run_id, result)

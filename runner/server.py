@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from specreg.errors import LlamaError
+from specreg.runner.spec_stats import TypeFigures
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +227,8 @@ class Completion:
     wall_s: float
     foreign_cpu_s: float | None
     probs: tuple[TokenProbs, ...] = ()
+    # A stack's figures per type, from llama.cpp's statistics lines (runner/spec_stats.py).
+    type_figures: tuple[tuple[str, TypeFigures], ...] = ()
 
     @property
     def tokens_per_s(self) -> float:

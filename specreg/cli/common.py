@@ -245,9 +245,48 @@ class TaskChoice(click.Choice):
         return task
 
 
+class SpecStack(click.ParamType):
+    """--spec-type: one llama.cpp speculative type or a comma list of them (a stack), checked by
+    the pinned build's rules (specreg.stacks); the command gets it in the order llama.cpp tries
+    the types, and stderr says so when that differs from what was typed."""
+
+    name = "type[,type...]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from specreg.stacks import StackError, parse_stack, reordered
+
+        try:
+            stack = parse_stack(str(value))
+        except StackError as err:
+            self.fail(str(err), param, ctx)
+        if reordered(str(value), stack):
+            err_console().print(f"note: llama.cpp tries the types in this order: {stack.spelled}")
+        return stack.spelled
+
+
+class TypeK(click.ParamType):
+    """--type-k TYPE=N: the K of one type of a stack."""
+
+    name = "type=k"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value
+        name, _, k = str(value).partition("=")
+        if not name or not k.isdigit() or int(k) < 1:
+            self.fail(
+                f"{value!r}: write TYPE=K with K of at least 1, e.g. ngram-mod=16", param, ctx
+            )
+        return name.strip(), int(k)
+
+
 MODEL = ModelRef()
 TEMPERATURE = FiniteFloat(0.0)
 PARAM_COUNT = ParamCount()
+SPEC_STACK = SpecStack()
+TYPE_K = TypeK()
 
 
 # --- which llama.cpp's rules -------------------------------------------------------------

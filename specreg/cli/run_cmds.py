@@ -10,7 +10,9 @@ import click
 
 from specreg.cli.common import (
     MODEL,
+    SPEC_STACK,
     TEMPERATURE,
+    TYPE_K,
     FiniteFloat,
     TaskChoice,
     console,
@@ -51,9 +53,24 @@ def _run_options(func: F) -> F:
         click.option("--draft", type=MODEL, help="Draft model: a path, an id prefix or a name."),
         click.option(
             "--spec-type",
-            type=click.Choice(SPEC_TYPES),
+            type=SPEC_STACK,
             default=None,
-            help="Speculative method (default: draft-simple with --draft, else none).",
+            help="Speculative type, or a comma list llama.cpp tries in its order (a stack: "
+            "ngram-mod,draft-simple). Default: draft-simple with --draft, ngram-cache with "
+            f"--lookup-cache, else none. Types: {', '.join(SPEC_TYPES)}.",
+        ),
+        click.option(
+            "--type-k",
+            "type_k",
+            type=TYPE_K,
+            multiple=True,
+            help="K of one type of a stack, e.g. ngram-mod=16 (--k is the model drafter's).",
+        ),
+        click.option(
+            "--lookup-cache",
+            default=None,
+            metavar="NAME",
+            help="A workload cache (`specreg lookup-cache list`) for ngram-cache.",
         ),
         click.option(
             "--k", type=_POSITIVE, default=None, help="Max draft length (--spec-draft-n-max)."
@@ -129,7 +146,9 @@ def _plan(con: duckdb.DuckDBPyConnection, kw: dict[str, Any]) -> Plan:
     from specreg.runner.llama import find_llama
     from specreg.runner.workload import load_workload
 
-    spec_type = kw["spec_type"] or ("draft-simple" if kw["draft"] else "none")
+    implied = [t for t, on in (("ngram-cache", kw["lookup_cache"]), ("draft-simple", kw["draft"]))
+               if on]  # fmt: skip
+    spec_type = kw["spec_type"] or ",".join(implied) or "none"
     if spec_type == "none" and (kw["k"] is not None or kw["p_min"] is not None):
         raise UsageError("--k and --p-min need speculation: add --draft or --spec-type")
     config = Config(
@@ -142,6 +161,7 @@ def _plan(con: duckdb.DuckDBPyConnection, kw: dict[str, Any]) -> Plan:
         seed=kw["seed"],
         ctx=kw["ctx"],
         threads=kw["threads"],
+        type_k=tuple(kw["type_k"]),
     )
     tasks = tuple(dict.fromkeys(kw["tasks"])) or ("code",)
     workload = load_workload(tasks, kw["prompts_file"]).head(kw["max_prompts"])
@@ -161,6 +181,7 @@ def _plan(con: duckdb.DuckDBPyConnection, kw: dict[str, Any]) -> Plan:
         contention_retries=kw["retries"],
         engine=kw["engine"],
         warm_first=kw.get("warm"),
+        lookup_cache=kw["lookup_cache"],
     )
     for note in planned.notes:
         err_console().print(f"note: {note}")
@@ -349,6 +370,14 @@ def _print_run(r: RunRecord) -> None:
         f"{_tps(r.tokens_per_s_hi)}), acceptance {r.acceptance_str} "
         f"({r.draft_n_accepted}/{r.draft_n} drafted)"
     )
+    if r.lookup_cache:
+        out.print(f"  lookup cache: {r.lookup_cache} ({(r.lookup_cache_sha256 or '?')[:12]})")
+    for spec_type, f in (r.type_figures or {}).items():
+        acc = f.get("acceptance")
+        out.print(
+            f"  {spec_type}: {f.get('drafts')} drafts, {f.get('accepted')}/{f.get('drafted')} "
+            f"tokens accepted ({'-' if acc is None else f'{acc:.0%}'})"
+        )
     for name, f in (r.phase_figures or {}).items():
         out.print(
             f"  {name} prompts: {_tps(f.get('tokens_per_s'))} tok/s, "
