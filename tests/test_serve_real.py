@@ -36,6 +36,8 @@ PINS = ("--pin", "code=ngram-mod:8", "--pin", "default=none")
 CODE = "Write a Python function that returns the sum of a list of integers."
 PROSE = "Write a short poem about the sea at night."
 STARTUP_S = 180.0
+# Long enough to be decoding when the backend is killed: greedy and no end-of-generation stop.
+LONG = {"prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
 
 
 @dataclass
@@ -327,7 +329,7 @@ def test_a_crashed_backend_gives_502_naming_it_and_is_restarted(
                 request = asyncio.ensure_future(
                     client.post(
                         "/v1/completions",
-                        json={"prompt": "Once upon a time", "max_tokens": 1500},
+                        json=LONG,
                         headers={"X-Specreg-Task": "prose"},
                     )
                 )
@@ -353,7 +355,7 @@ def test_a_crashed_backend_gives_502_naming_it_and_is_restarted(
         assert _chat(s.url, PROSE, tokens=4)
 
         # Streaming: the status line has gone out, so the crash arrives as a last event.
-        body = {"prompt": "Once upon a time", "max_tokens": 1500, "stream": True}
+        body = {**LONG, "stream": True}
         events = []
         with httpx.stream(
             "POST", f"{s.url}/v1/completions", json=body, timeout=120,
