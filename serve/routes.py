@@ -185,10 +185,6 @@ def pinned_config(
 ) -> tuple[Config, ModelRecord | None]:
     """The runner's configuration for a configuration pinned in specreg.yaml, and its draft."""
     types = [t for t in cfg.spec_types if t != SPEC_NONE]
-    if len(types) > 1:
-        raise UsageError(
-            f"{cfg.where}: serve runs one speculative type per backend, got {', '.join(types)}"
-        )
     draft: ModelRecord | None = None
     k = cfg.draft_max
     if cfg.draft is not None:
@@ -198,11 +194,18 @@ def pinned_config(
             raise UsageError(f"{cfg.field_where('draft')}: the draft is not in the registry")
         if k is None:
             k = DEFAULT_DRAFT_MAX[DIALECT_CURRENT]  # stated, not left to the build's default
+    cache_path = None
+    if cfg.lookup_cache is not None:
+        from specreg.runner.lookup_cache import usable_cache
+
+        # the family and the file are checked before any backend starts (llama.cpp would abort)
+        cache_path = usable_cache(con, cfg.lookup_cache, target)[0].path
     config = Config(
-        spec_type=types[0] if types else SPEC_NONE,
+        spec_type=",".join(types) or SPEC_NONE,  # a stack runs in one backend
         k=k,
         p_min=cfg.draft_p_min,
         experts=cfg.experts,
+        lookup_cache=cache_path,
     )
     return with_expert_key(config, target), draft
 

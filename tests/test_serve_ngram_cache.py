@@ -1,9 +1,18 @@
+# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """A served ngram-cache backend comes with what its per-slot context cache does to it on a
 long-lived llama-server (it stops learning after the first request) and the remedy."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+from pathlib import Path
+
+from llama_fixtures import llama_install, small_models  # noqa: F401
+from test_lookup_cache_file import write_cache
+
 from specreg.runner.config import Config
+from specreg.runner.llama import LlamaInstall
+from specreg.runner.small_models import SmallModels
 from specreg.serve.routes import BackendSpec, Target, ngram_cache_note
 
 
@@ -38,3 +47,64 @@ def test_with_a_static_cache_it_keeps_drafting_from_that_cache() -> None:
 def test_other_types_need_no_note() -> None:
     assert ngram_cache_note(backend("ngram-mod")) is None
     assert ngram_cache_note(backend("none")) is None
+
+
+SPEC = """\
+version: 1
+models:
+  {model_id}:
+    path: {path}
+    aliases: [smollm2]
+roles:
+  assistant:
+    target: smollm2
+    configs:
+      json:
+        spec_type: ngram-mod,ngram-cache
+        lookup_cache: orders
+      code:
+        spec_type: ngram-cache
+"""
+
+
+def test_a_pinned_stack_with_a_workload_cache_is_served_in_one_backend(
+    tmp_path: Path, specreg_home: Path, llama_install: LlamaInstall, small_models: SmallModels
+) -> None:
+    from specreg.declare.spec import load_spec
+    from specreg.recommender.advisor import open_advisor
+    from specreg.recommender.host import HostFacts
+    from specreg.registry.db import opened
+    from specreg.registry.lookup_caches import LookupCache, record_cache
+    from specreg.runner.host import detect_host
+    from specreg.runner.lookup_cache import tokenizer_family
+    from specreg.runner.runs import model_record
+    from specreg.serve.routes import plan_routes
+
+    path = small_models.smollm2.path
+    cache_file = write_cache(tmp_path / "orders.lcs", [([1, 2], [(3, 2)]), ([2, 3], [(4, 1)])])
+    with opened(specreg_home / "registry.duckdb") as con:
+        rec = model_record(con, path)
+        record_cache(
+            con,
+            LookupCache(
+                name="orders", path=str(cache_file), n_bytes=cache_file.stat().st_size,
+                sha256="0" * 64, task="json", tok_fingerprint=rec.tok_fingerprint or "",
+                tok_family=tokenizer_family(rec), n_vocab=rec.n_tokens, model_id=rec.model_id,
+                model_path=str(path), n_tokens=5, n_ngrams=2, n_chars=10, sources=(),
+                prompt_sha256s=(), llama_version=None, llama_bin_dir=None, argv=(),
+                built_at=datetime.now(timezone.utc),
+            ),
+        )  # fmt: skip
+        spec_file = tmp_path / "specreg.yaml"
+        spec_file.write_text(SPEC.format(model_id=rec.model_id, path=path))
+        advisor = open_advisor(con, HostFacts(30.0, 2, "user"))
+        spec = load_spec(spec_file)[0]
+        table = plan_routes(con, llama_install, detect_host(), advisor, [], spec=spec, threads=1)
+    json_backend = table.backend(table.route("smollm2", "json").backend)
+    flags = json_backend.flags
+    assert flags[flags.index("--spec-type") + 1] == "ngram-mod,ngram-cache"
+    assert flags[flags.index("--lookup-cache-static") + 1] == str(cache_file)
+    notes = [n for n in table.notes if "runs ngram-cache" in n]
+    assert len(notes) == 2  # the cache backend and the bare ngram-cache one
+    assert any(n.startswith(json_backend.name) and "static lookup cache only" in n for n in notes)
+    assert any("drafts almost nothing" in n for n in notes)
