@@ -1,4 +1,10 @@
-"""The host a run happens on: its fingerprint and the process settings llama.cpp needs there."""
+"""The host a run happens on: its fingerprint and the process settings llama.cpp needs there.
+
+`SPECREG_HOST_FACTS` (a JSON object of `Host` fields, e.g. `{"hostname": "alpha", "cpu_model":
+"lab host alpha"}`) states facts that detection would get wrong or cannot see: several worker
+processes standing in for hosts on one machine (a lab, the Ray tests), or a container that hides
+the real CPU. The fingerprint follows the stated facts.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,12 @@ import os
 import platform
 import re
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+
+from specreg.errors import UsageError
+
+ENV_HOST_FACTS = "SPECREG_HOST_FACTS"
 
 
 @dataclass(frozen=True)
@@ -105,9 +115,39 @@ def _numa_nodes(sys_root: Path) -> int:
     return max(1, len(nodes))
 
 
+def stated_facts(text: str | None) -> dict[str, str | int | None]:
+    """The `Host` fields a `SPECREG_HOST_FACTS` value states, checked field by field."""
+    if not text:
+        return {}
+    kinds = {f.name: f.type for f in fields(Host)}  # "int", "str" or "str | None"
+    try:
+        facts = json.loads(text)
+    except ValueError as err:
+        raise UsageError(
+            f"{ENV_HOST_FACTS} is not JSON ({err}): give an object of host facts"
+        ) from err
+    if not isinstance(facts, dict):
+        raise UsageError(f'{ENV_HOST_FACTS} must be a JSON object such as {{"hostname": "a"}}')
+    for name, value in facts.items():
+        kind = kinds.get(name)
+        if kind is None:
+            raise UsageError(
+                f"{ENV_HOST_FACTS} names {name!r}, which is no host fact: use {', '.join(kinds)}"
+            )
+        if kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        else:
+            ok = isinstance(value, str) or (value is None and "None" in str(kind))
+        if not ok:
+            want = "a positive integer" if kind == "int" else "a string"
+            raise UsageError(f"{ENV_HOST_FACTS}: {name} must be {want}")
+    return facts
+
+
 def detect_host(proc: Path = Path("/proc"), sys_root: Path = Path("/sys")) -> Host:
+    """This machine's facts, with those `SPECREG_HOST_FACTS` states in their place."""
     model, physical, logical = _cpuinfo(proc)
-    return Host(
+    host = Host(
         hostname=platform.node(),
         cpu_model=model,
         physical_cores=physical,
@@ -117,3 +157,5 @@ def detect_host(proc: Path = Path("/proc"), sys_root: Path = Path("/sys")) -> Ho
         numactl=shutil.which("numactl"),
         system=f"{platform.system()} {platform.release()}",
     )
+    stated = stated_facts(os.environ.get(ENV_HOST_FACTS))
+    return replace(host, **stated) if stated else host  # type: ignore[arg-type]
