@@ -18,8 +18,7 @@ import duckdb
 from specreg.declare import DIALECT_CURRENT, DIALECT_LEGACY, deps
 from specreg.declare.spec import DRAFT_MODEL_TYPES, PinnedConfig, RoleDecl, Spec
 from specreg.errors import UsageError
-from specreg.registry.queries import model_fs_paths
-from specreg.stacks import parse_stack
+from specreg.registry.queries import get_model, model_fs_paths
 
 # What a draft config runs with when draft_max is not declared, stated rather than implied
 # (`--spec-draft-n-max` defaults to 3 in the pinned build, `--draft-max` to 16 in older ones).
@@ -181,6 +180,25 @@ def _baseline(role: RoleDecl) -> PinnedConfig:
     )
 
 
+def _lookup_cache(
+    con: duckdb.DuckDBPyConnection, spec: Spec, role: RoleDecl, cfg: PinnedConfig
+) -> tuple[str, str]:
+    """The file of the pinned lookup cache and where it came from; skipped with the reason
+    when the target's tokenizer family differs or the file would make llama-server abort."""
+    from specreg.runner.lookup_cache import usable_cache
+
+    assert cfg.lookup_cache is not None
+    decl = spec.model(role.target)
+    target = get_model(con, decl.id) if decl is not None else None
+    if target is None:
+        raise _Skip(f"lookup_cache: {role.target} is not in the registry (run `specreg plan`)")
+    try:
+        cache, _ = usable_cache(con, cfg.lookup_cache, target)
+    except UsageError as err:
+        raise _Skip(f"lookup_cache: {err}") from err
+    return cache.path, f"registry lookup cache {cache.name} ({cache.tok_family}, {cache.task})"
+
+
 def _pairs(argv: Sequence[str]) -> list[tuple[str, str | None]]:
     out: list[tuple[str, str | None]] = []
     i = 0
@@ -257,22 +275,23 @@ def _launch(
             f"{', '.join(types)}: this llama.cpp's server predates --spec-type and runs only a "
             "draft model; use llama.cpp from 2026 or later, or pin one draft config"
         )
+    cache_path = None
+    if cfg.lookup_cache is not None:
+        cache_path, cache_why = _lookup_cache(con, spec, role, cfg)
+        origins["--lookup-cache-static"] = f"{cfg.field_where('lookup_cache')} -> {cache_why}"
     try:
         config = Config(
-            # the type a K applies to; the whole stack is the --spec-type value below
-            spec_type=parse_stack(types).primary if types else "none",
+            spec_type=",".join(types) or "none",  # a stack, in the order llama.cpp tries it
             k=k,
             p_min=cfg.draft_p_min,
             experts=cfg.experts,
             expert_key=expert_key,
+            lookup_cache=cache_path,
         )
         argv = server_argv(config, path, draft_path, deps.DIALECT_NAMES[dialect], host)
     except UsageError as err:
         raise _Skip(str(err)) from err
     origins["-c"] = f"not declared: specreg.runner's default context ({config.ctx})"
-    if len(types) > 1:
-        # llama.cpp takes a comma list; runner.Config holds one type
-        argv[argv.index("--spec-type") + 1] = parse_stack(types).spelled
     if port is not None:
         argv += ["--port", port]
         origins["--port"] = (

@@ -1,14 +1,19 @@
+# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """specreg.yaml pins stacks and lookup caches: a comma list or a YAML list, kept in the order
 llama.cpp tries the types, refused with the build's rule and the file's line when it would not
 run as written."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from llama_fixtures import llama_install, small_models  # noqa: F401
+from test_lookup_cache_file import write_cache
 
 from specreg.declare.spec import SpecFileError, load_spec
+from specreg.runner.small_models import SmallModels
 
 SPEC = """\
 version: 1
@@ -80,4 +85,64 @@ def test_a_lookup_cache_needs_ngram_cache(tmp_path: Path) -> None:
     assert line == (
         f"{tmp_path / 'specreg.yaml'}:16: roles.coder.configs.json.lookup_cache: a lookup cache "
         "is read by ngram-cache only: add ngram-cache to spec_type (got ngram-mod)"
+    )
+
+
+EXPORT_SPEC = """\
+version: 1
+llama:
+  dialect: current
+  threads: 1
+models:
+  {model_id}:
+    path: {path}
+    aliases: [smollm2]
+roles:
+  assistant:
+    target: smollm2
+    configs:
+      json:
+        spec_type: ngram-cache,ngram-mod
+        lookup_cache: orders
+"""
+
+
+def test_export_renders_the_stack_and_the_cache_with_their_origins(
+    tmp_path: Path, specreg_home: Path, small_models: SmallModels
+) -> None:
+    from specreg.declare.launch import build
+    from specreg.registry.db import opened
+    from specreg.registry.lookup_caches import LookupCache, record_cache
+    from specreg.runner.lookup_cache import tokenizer_family
+    from specreg.runner.runs import model_record
+
+    path = small_models.smollm2.path
+    cache_file = write_cache(tmp_path / "orders.lcs", [([1, 2], [(3, 2)])])
+    spec_file = tmp_path / "specreg.yaml"
+    with opened(specreg_home / "registry.duckdb") as con:
+        rec = model_record(con, path)
+        cache = LookupCache(
+            name="orders", path=str(cache_file), n_bytes=cache_file.stat().st_size,
+            sha256="0" * 64, task="json", tok_fingerprint=rec.tok_fingerprint or "",
+            tok_family=tokenizer_family(rec), n_vocab=rec.n_tokens, model_id=rec.model_id,
+            model_path=str(path), n_tokens=3, n_ngrams=1, n_chars=9, sources=(),
+            prompt_sha256s=(), llama_version=None, llama_bin_dir=None, argv=(),
+            built_at=datetime.now(timezone.utc),
+        )  # fmt: skip
+        record_cache(con, cache)
+        spec_file.write_text(EXPORT_SPEC.format(model_id=rec.model_id, path=path))
+        plan = build(con, load_spec(spec_file)[0], port=None)
+        (launch,) = plan.launches
+        argv = launch.argv
+        assert argv[argv.index("--spec-type") + 1] == "ngram-mod,ngram-cache"
+        assert argv[argv.index("--lookup-cache-static") + 1] == str(cache_file)
+        origin = next(f.origin for f in launch.flags if f.flag == "--lookup-cache-static")
+        assert origin.startswith("roles.assistant.configs.json.lookup_cache (specreg.yaml:")
+        assert "-> registry lookup cache orders (smollm:" in origin
+        # a cache that would make llama-server abort is not exported
+        cache_file.write_bytes(cache_file.read_bytes()[:-4])
+        plan = build(con, load_spec(spec_file)[0], port=None)
+    assert not plan.launches
+    assert plan.skipped[0].reason.startswith(
+        f"lookup_cache: lookup cache {cache_file} is truncated"
     )
