@@ -5,7 +5,7 @@ Applied migrations are never edited: a schema change is a new function appended 
 1 scan (registry), 2 runs (runner), 3 audit (auditor), 4 scan: exact bytes of odd file
 names and the vocabulary codec (registry), 5 runs: measurement protocol and trust (runner),
 6 stacks and lookup caches (runner),
-7 quality (runner).
+7 quality (runner), 9 calibration (runner), 10 run ids across registries (runner, Ray/exchange).
 """
 
 from __future__ import annotations
@@ -456,6 +456,16 @@ def m009_calibration(con: duckdb.DuckDBPyConnection) -> None:
     migration(con)
 
 
+def m010_run_uuid(con: duckdb.DuckDBPyConnection) -> None:
+    # run_id is a local sequence: two hosts' registries both have a run 7. A run's identity
+    # across registries (Ray workers' results, `runs export|import`) is a UUID minted by the
+    # registry that records it first and carried unchanged wherever the run is copied.
+    con.execute("ALTER TABLE runs ADD COLUMN run_uuid VARCHAR")
+    # No unique index: DuckDB refuses ALTER TABLE on an indexed table, which later migrations
+    # (and tests rebuilding an old schema) need; the writers check the id (registry/exchange).
+    con.execute("UPDATE runs SET run_uuid = CAST(uuid() AS VARCHAR)")
+
+
 MIGRATIONS: list[tuple[int, str, Migration]] = [
     (1, "scan tables", m001_scan),
     (2, "runs tables", m002_runs),
@@ -465,6 +475,7 @@ MIGRATIONS: list[tuple[int, str, Migration]] = [
     (6, "speculative stacks and lookup caches", m006_stacks_and_lookup_caches),
     (7, "quality and agreement measurements", m007_quality),
     (9, "calibration curves and host bandwidth", m009_calibration),
+    (10, "run ids unique across registries", m010_run_uuid),
 ]
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 import socket
-from dataclasses import dataclass, field, fields
+import uuid
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -132,6 +133,9 @@ class RunRecord:
     lookup_cache_sha256: str | None = None  # ... and the content it had
     # A stack's figures per type (runner/spec_stats.py): drafts and tokens drafted/accepted.
     type_figures: dict[str, Any] | None = None
+    # The run's identity in every registry (run_id is local): minted when first recorded,
+    # kept when a run is copied to another registry (Ray results, `runs import`).
+    run_uuid: str | None = None
     run_id: int | None = None
     prompts: tuple[PromptRecord, ...] = field(default=())
 
@@ -218,6 +222,10 @@ _RUN_SELECT = ", ".join(
 _PROMPT_COLUMNS = [f.name for f in fields(PromptRecord)]
 
 
+def new_run_uuid() -> str:
+    return str(uuid.uuid4())
+
+
 def owner() -> str:
     """Who is measuring: this host and process."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -253,6 +261,8 @@ def _insert_prompts(con: duckdb.DuckDBPyConnection, run_id: int, run: RunRecord)
 
 
 def _insert_run(con: duckdb.DuckDBPyConnection, run: RunRecord) -> int:
+    if run.run_uuid is None:
+        run = replace(run, run_uuid=new_run_uuid())
     placeholders = ", ".join("?" for _ in _RUN_COLUMNS)
     row = con.execute(
         f"INSERT INTO {RUNS} ({', '.join(_RUN_COLUMNS)}) VALUES ({placeholders}) RETURNING run_id",
@@ -288,9 +298,11 @@ def start_run(con: duckdb.DuckDBPyConnection, run: RunRecord) -> int:
 
 
 def finish_run(con: duckdb.DuckDBPyConnection, run_id: int, run: RunRecord) -> None:
-    """Replace the `running` record `run_id` with the finished run and its prompts."""
-    columns = [c for c in _RUN_COLUMNS if c != "started_at"]
-    values = [v for c, v in zip(_RUN_COLUMNS, _run_values(run), strict=True) if c != "started_at"]
+    """Replace the `running` record `run_id` with the finished run and its prompts (its
+    start time and run_uuid stay as recorded)."""
+    kept = ("started_at", "run_uuid")
+    columns = [c for c in _RUN_COLUMNS if c not in kept]
+    values = [v for c, v in zip(_RUN_COLUMNS, _run_values(run), strict=True) if c not in kept]
     sets = ", ".join(f"{c} = ?" for c in columns)
     with transaction(con):
         con.execute(f"UPDATE {RUNS} SET {sets} WHERE run_id = ?", [*values, run_id])
