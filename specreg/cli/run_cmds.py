@@ -247,31 +247,125 @@ def verify_cmd(**kw: Any) -> None:
         raise click.exceptions.Exit(1)
 
 
-@click.command("runs")
-@click.argument("run_id", type=int, required=False)
+class _RunsGroup(click.Group):
+    """`runs` lists, `runs ID` shows one run, `runs export|import FILE` carry runs between
+    registries: an argument that is a run id, not a subcommand, goes to the hidden `show`."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] not in self.commands and args[0].isdigit():
+            return "show", _run_show_cmd, args
+        return super().resolve_command(ctx, args)
+
+
+@click.group(
+    "runs",
+    cls=_RunsGroup,
+    invoke_without_command=True,
+    subcommand_metavar="[RUN_ID | export FILE | import FILE]",
+)
 @click.option("--failed", is_flag=True, help="Only failed runs.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @db_option
 @json_option
+@click.pass_context
 def runs_cmd(
-    run_id: int | None, failed: bool, limit: int, db_path: Path | None, as_json: bool
+    ctx: click.Context, failed: bool, limit: int, db_path: Path | None, as_json: bool
 ) -> None:
-    """List recorded runs, newest first, or show one run with its prompts."""
+    """List recorded runs, newest first; `runs RUN_ID` shows one run with its prompts;
+    `runs export FILE` / `runs import FILE` merge registries of other hosts (parquet)."""
     from specreg.registry.db import opened
-    from specreg.registry.runs import RunList, get_run, list_runs
+    from specreg.registry.runs import RunList, list_runs
 
+    if ctx.invoked_subcommand is not None:
+        return
     status = "failed" if failed else None
     with opened(resolve_db(db_path), read_only=True) as con:
-        if run_id is not None:
-            found = RunList((get_run(con, run_id),))
-        else:
-            found = RunList(tuple(list_runs(con, status=status, limit=limit, with_prompts=as_json)))
+        found = RunList(tuple(list_runs(con, status=status, limit=limit, with_prompts=as_json)))
     if as_json:
         emit(found)
-    elif run_id is not None:
-        _print_run(found.runs[0])
     else:
         _print_runs(found.runs)
+
+
+def _parent_option(ctx: click.Context, name: str, value: Any) -> Any:
+    """An option given before the subcommand (`runs --db X 5`) unless given after it."""
+    parent = ctx.parent.params.get(name) if ctx.parent is not None else None
+    return value or parent
+
+
+@click.command("show")
+@click.argument("run_id", type=int)
+@db_option
+@json_option
+@click.pass_context
+def _run_show_cmd(ctx: click.Context, run_id: int, db_path: Path | None, as_json: bool) -> None:
+    """One recorded run with its prompts."""
+    from specreg.registry.db import opened
+    from specreg.registry.runs import RunList, get_run
+
+    db_path = _parent_option(ctx, "db_path", db_path)
+    with opened(resolve_db(db_path), read_only=True) as con:
+        found = RunList((get_run(con, run_id),))
+    if _parent_option(ctx, "as_json", as_json):
+        emit(found)
+    else:
+        _print_run(found.runs[0])
+
+
+@runs_cmd.command("export")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@db_option
+@json_option
+def runs_export_cmd(file: Path, db_path: Path | None, as_json: bool) -> None:
+    """Write every finished run, with its prompts and host fingerprint, to FILE (parquet,
+    replaced if it exists), for `specreg runs import` on another host's registry."""
+    from specreg.cli.advice import this_host
+    from specreg.registry.db import opened
+    from specreg.registry.exchange import export_runs
+
+    host, facts = this_host(None)
+    bandwidth = {"bandwidth_gbs": facts.bandwidth_gbs, "bandwidth_source": facts.source}
+    with opened(resolve_db(db_path), read_only=True) as con:
+        result = export_runs(con, file, host_fingerprint=host.fingerprint, host_facts=bandwidth)
+    if as_json:
+        emit(result)
+        return
+    hosts = ", ".join(f"{fp} ({n})" for fp, n in result.hosts) or "-"
+    console().print(f"exported {result.n_runs} runs ({result.n_prompts} prompts) to {file}")
+    console().print(f"  hosts: {hosts}")
+    if result.n_running:
+        console().print(f"  left out {result.n_running} run(s) still recorded as running")
+
+
+@runs_cmd.command("import")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@db_option
+@json_option
+def runs_import_cmd(file: Path, db_path: Path | None, as_json: bool) -> None:
+    """Add the runs of FILE (written by `specreg runs export`) that this registry does not
+    hold yet, by run id across registries; importing a file again adds nothing."""
+    from specreg.registry.db import opened
+    from specreg.registry.exchange import import_runs
+
+    with opened(resolve_db(db_path)) as con:
+        result = import_runs(con, file)
+    if as_json:
+        emit(result)
+        return
+    out = console()
+    out.print(
+        f"imported {result.n_new} new runs from {file} ({result.n_known} already here, "
+        f"{result.n_prompts} prompts)"
+    )
+    for fp, n in result.hosts:
+        out.print(f"  host {fp}: {n} runs")
+    if result.unknown_models:
+        out.print(
+            f"  {len(result.unknown_models)} model id(s) are not in this registry: scan the "
+            "model folders here (`specreg scan DIR`) so recommend can use these runs"
+        )
 
 
 @click.group("llama")
