@@ -32,6 +32,7 @@ from specreg.recommender.evaluate import (
     CONSTANT_KS,
     RegretReport,
     SweepScore,
+    fit_on,
     grouped_cv,
     leave_family_out,
     score_sweep,
@@ -165,10 +166,7 @@ def main() -> None:
     est = SpeculationRegressor(n_members=args.members, random_state=0)
     t0 = time.perf_counter()
     lfo = leave_family_out(est, data, load_sweep_series())
-    full = SpeculationRegressor(n_members=args.members, random_state=0).fit(
-        data.X, data.y, sample_weight=data.weight, groups=data.groups,
-        acceptance=data.acceptance, series=data.series,
-    )  # fmt: skip
+    full = fit_on(est, data)
     held = holdout_report(full)
     out: dict[str, Any] = {
         "leave_family_out": as_json(lfo),

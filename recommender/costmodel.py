@@ -236,9 +236,8 @@ def predict_tps(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(tokens/s, per-token acceptance) from the cost model alone.
 
-    A draft step (llama-server's draft-simple): the target verifies K + 1 tokens in one pass,
-    the draft decodes the same batch (it mirrors every target batch, output on the last
-    token only), then decodes one token for each of the K it drafts. An n-gram step drafts
+    A draft step: the target verifies K + 1 tokens in one pass and the draft drafts K (see
+    the comment below for the two builds' ways of feeding the draft). An n-gram step drafts
     with probability q and costs a plain step when it does not; an MTP head costs a small
     share of a target step per token."""
     ratio = column(X, "experts_ratio")
@@ -252,18 +251,21 @@ def predict_tps(
     e = expected_tokens_per_step(a, k)
     verify = verify_ratio(X, p)
     t_d = draft_step_seconds(X, p, t_target)
-    # the draft mirrors the verified batch (one pass), then decodes a token per drafted one;
-    # calibrated rows add what a drafted token costs beyond a llama-bench generation step (the
-    # prior's fitted draft efficiency already holds it)
+    # Calibrated rows (this host, the pinned build's llama-server): the draft mirrors the
+    # verified batch (one pass over K + 1 tokens), then decodes a token per drafted one, each
+    # costing more than a llama-bench generation step. Modelled rows follow the build the prior
+    # was measured with (7371): the draft takes in the accepted tokens (a pass over about E),
+    # then drafts the rest of its K; the fitted draft efficiency holds the per-token costs.
     mirrored = column(X, "draft_pass_ratio")
     calibrated = np.isfinite(mirrored)
     draft_share = compute_share(X, p, column(X, "draft_bpw"), column(X, "draft_params_b"))
-    mirror = np.where(calibrated, mirrored, pass_ratio(k + 1.0, draft_share))
-    per_token = np.where(calibrated, 1.0 + DRAFT_TOKEN_OVERHEAD, 1.0)
+    per_step = np.where(
+        calibrated,
+        mirrored + k * (1.0 + DRAFT_TOKEN_OVERHEAD),
+        pass_ratio(e, draft_share) + np.maximum(k - 1.0, 0.0),
+    )
     draft_seconds = np.where(
-        draft,
-        t_d * (mirror + k * per_token),
-        np.where(mtp, MTP_STEP_FRACTION * t_target * k, 0.0),
+        draft, t_d * per_step, np.where(mtp, MTP_STEP_FRACTION * t_target * k, 0.0)
     )
     q = np.where(ngram, ngram_draft_rate(X, p), 1.0)
     tokens = np.where(speculating, (1.0 - q) + q * e, 1.0)

@@ -69,6 +69,21 @@ def training_set(observations: Sequence[Observation], *, local_weight: float = 4
 CONSTANT_KS: tuple[int, ...] = (4, 8, 16, 24, 32, 48)
 
 
+def fit_on(
+    estimator: SpeculationRegressor, data: TrainingSet, rows: np.ndarray | None = None
+) -> SpeculationRegressor:
+    """A fresh clone of `estimator` fitted on `rows` of `data` (a boolean mask; all if None)."""
+    keep = np.ones(len(data.y), dtype=bool) if rows is None else rows
+    return clone(estimator).fit(
+        data.X[keep],
+        data.y[keep],
+        sample_weight=data.weight[keep],
+        groups=data.groups[keep],
+        acceptance=data.acceptance[keep],
+        series=data.series[keep],
+    )
+
+
 def rule_of_thumb_k(target_params_b: float) -> int:
     """The user's rule: K=16 for 70B-class targets, K=24 for 32B-class, K=8 for 7B-class."""
     if target_params_b >= 60:
@@ -198,15 +213,7 @@ def leave_family_out(
         names = [n for n in names if n in sweep_by_name]
         if not names:
             continue
-        train = ~test
-        model = clone(estimator).fit(
-            data.X[train],
-            data.y[train],
-            sample_weight=data.weight[train],
-            groups=data.groups[train],
-            acceptance=data.acceptance[train],
-            series=data.series[train],
-        )
+        model = fit_on(estimator, data, ~test)
         for name in names:
             rows = np.flatnonzero(data.series == name)
             scores.append(
@@ -300,15 +307,7 @@ def grouped_cv(
         if not spec.any() and not has_series:
             continue
         folds += 1
-        train = ~test
-        model = clone(estimator).fit(
-            data.X[train],
-            data.y[train],
-            sample_weight=data.weight[train],
-            groups=data.groups[train],
-            acceptance=data.acceptance[train],
-            series=data.series[train],
-        )
+        model = fit_on(estimator, data, ~test)
         idx = np.flatnonzero(spec)
         if len(idx):
             lo, mid, hi = model.predict_interval(data.X[idx])
