@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -278,6 +279,20 @@ def record_run(con: duckdb.DuckDBPyConnection, run: RunRecord) -> int:
         run_id = _insert_run(con, run)
         _insert_prompts(con, run_id, run)
     return run_id
+
+
+def record_runs(con: duckdb.DuckDBPyConnection, runs: Sequence[RunRecord]) -> list[int]:
+    """Store finished runs in one transaction (all or none); return their new run_ids.
+
+    One commit for a batch instead of one per run: serve writes production traffic this way.
+    """
+    ids = []
+    with transaction(con):
+        for run in runs:
+            run_id = _insert_run(con, run)
+            _insert_prompts(con, run_id, run)
+            ids.append(run_id)
+    return ids
 
 
 def start_run(con: duckdb.DuckDBPyConnection, run: RunRecord) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specreg.errors import RegistryError
 from specreg.registry.db import opened
-from specreg.registry.runs import RunRecord, record_run
+from specreg.registry.runs import RunRecord, record_runs
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +70,16 @@ class RunRecorder:
             self._pending.clear()
         if not batch:
             return
-        done = 0
         try:
             with opened(self.db_path) as con:
-                for run in batch:
-                    record_run(con, run)
-                    done += 1
+                record_runs(con, batch)  # one transaction: the batch lands whole or not at all
         except RegistryError as err:
             self.last_error = str(err)
             log.warning("runs not written yet (%s): retrying", err)
             with self._lock:
-                self._pending.extendleft(reversed(batch[done:]))
-        self.written += done
+                self._pending.extendleft(reversed(batch))
+            return
+        self.written += len(batch)
 
     def _loop(self) -> None:
         # Writing a run costs DuckDB a few ms of CPU: on a busy host that must come out of idle
