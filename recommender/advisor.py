@@ -46,6 +46,7 @@ class Advisor:
         policy: str = POLICY_QUALITY,
         temperature: float = 0.0,
         max_kld: float | None = None,
+        spec_type: str | None = None,
     ) -> Recommendation:
         return recommend(
             con,
@@ -57,6 +58,7 @@ class Advisor:
             temperature=temperature,
             observations=self.observations,
             max_kld=max_kld,
+            spec_type=spec_type,
         )
 
 

@@ -67,6 +67,10 @@ class ConfigFacts:
     # the target's output layer (vocabulary x embedding) as a share of its weights: a verify
     # pass computes a logits row per position, llama-bench's passes only the last one
     output_share: float = 0.0
+    # Beyond one type per method (not features: the model scores the method; recommend keeps
+    # each as a K curve of its own, moved only by this host's runs of it; recommender/stacks.py)
+    stack: str = ""  # llama.cpp's --spec-type when it is not the method's default type
+    lookup_cache: str = ""  # the `specreg lookup-cache` ngram-cache reads
 
     @property
     def target_read_gb(self) -> float:

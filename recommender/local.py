@@ -21,7 +21,8 @@ from specreg.recommender.host import HostFacts
 from specreg.recommender.prior import Observation
 from specreg.registry.queries import ModelRecord, get_model
 from specreg.registry.runs import RunRecord, list_runs
-from specreg.terms import METHOD_OF, Method, arch_family
+from specreg.stacks import NGRAM_CACHE, StackError, stack_of
+from specreg.terms import DEFAULT_TYPE_OF, NGRAM_CACHE_DRAFT_MAX, Method, arch_family
 
 # llama.cpp's ngram-mod default match length (common/common.h of the pinned build)
 NGRAM_MATCH_DEFAULT = 4
@@ -111,10 +112,16 @@ def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[
     out = []
     calibrations: dict[tuple[str, str | None, int | None], Calibration] = {}
     for r in mine:
-        method = METHOD_OF.get(r.spec_type)
-        t = model(r.target_model_id)
-        if method is None or t is None:
+        try:
+            stack = stack_of(r.spec_type)
+        except StackError:  # a type this specreg does not know
             continue
+        method = stack.method
+        t = model(r.target_model_id)
+        if t is None:
+            continue
+        # ngram-cache's K is llama-server's hard-coded draft length
+        k = r.k or (NGRAM_CACHE_DRAFT_MAX if stack.primary == NGRAM_CACHE else 0)
         base_run = by_id.get(r.baseline_run_id) if r.baseline_run_id else None
         if base_run is not None and base_run.tokens_per_s:
             baseline = float(base_run.tokens_per_s)
@@ -136,16 +143,16 @@ def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[
                 con, host.fingerprint, t.model_id, drafts, threads=r.threads
             )
         cal = calibrations[key]
-        calibrated = cal.target_fields(int(r.k or 0) if method is not Method.NONE else None)
+        calibrated = cal.target_fields(k if method is not Method.NONE else None)
         if r.draft_model_id and method is Method.DRAFT:
-            calibrated.update(cal.draft_fields(r.draft_model_id, int(r.k or 0)))
+            calibrated.update(cal.draft_fields(r.draft_model_id, k))
         tf = target_fields(t)
         config = ConfigFacts(
             bandwidth_gbs=host.bandwidth_gbs,
             physical_cores=host.physical_cores,
             **tf,
             method=method,
-            k=int(r.k or 0),
+            k=k,
             experts=int(r.experts or tf["default_experts"]),
             temperature=float(r.temperature or 0.0),
             task=_run_task(r),
@@ -153,6 +160,9 @@ def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[
             baseline_tps=baseline,
             **draft,
             **calibrated,
+            # a stack or another type than the method's default is a K curve of its own
+            stack="" if stack.spelled == DEFAULT_TYPE_OF[method] else stack.spelled,
+            lookup_cache=r.lookup_cache or "",
         )
         out.append(
             Observation(

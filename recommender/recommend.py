@@ -9,6 +9,7 @@ ranks them. "Do not speculate" and "no compatible draft" are answers like any ot
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +45,10 @@ from specreg.recommender.local import NGRAM_MATCH_DEFAULT, draft_fields, target_
 from specreg.recommender.predictor import SpeedPredictor
 from specreg.recommender.prior import Observation
 from specreg.recommender.quality import QualityCost, expert_cost, load_quality
+from specreg.recommender.stacks import shown, stack_candidates
+from specreg.registry.lookup_caches import LookupCache, list_caches
 from specreg.registry.queries import ModelRecord, get_model, resolve_model
+from specreg.stacks import Stack, parse_stack
 from specreg.terms import (
     DEFAULT_TYPE_OF,
     POLICIES,
@@ -119,10 +123,13 @@ class Option:
     acceptance_source: str = ACC_PREDICTED  # run measured | agreement measured | predicted
     agreement: MeasuredAgreement | None = None  # `specreg agree`, when it set the acceptance
     quality: QualityCost | None = None  # what a behaviour-changing option costs in output
+    stack: str | None = None  # llama.cpp's --spec-type when not the method's default type
+    lookup_cache: str | None = None  # the workload cache ngram-cache reads, by name ...
+    lookup_cache_path: str | None = None  # ... and its file
 
     @property
     def spec_type(self) -> str:
-        return DEFAULT_TYPE_OF[self.method]
+        return self.stack or DEFAULT_TYPE_OF[self.method]
 
     @property
     def lossless(self) -> bool:
@@ -135,6 +142,8 @@ class Option:
             parts.append(self.draft_name)
         if self.k is not None:
             parts.append(f"K={self.k}")
+        if self.lookup_cache:
+            parts.append(f"cache={self.lookup_cache}")
         if self.experts is not None:
             parts.append(f"experts={self.experts}")
         if any(k.name == "temperature" for k in self.knobs):
@@ -291,12 +300,16 @@ def _evidence(c: ConfigFacts, pool: Sequence[Observation]) -> tuple[Evidence, ..
 
 
 def _config_key(c: ConfigFacts) -> tuple[object, ...]:
-    return (c.method, c.k, c.experts, round(c.draft_gb, 3), round(c.temperature, 3))
+    return (
+        c.method, c.k, c.experts, round(c.draft_gb, 3), round(c.temperature, 3), c.stack,
+        c.lookup_cache,
+    )  # fmt: skip
 
 
 def _k_curve(c: ConfigFacts) -> tuple[object, ...]:
-    """The options that differ only in K: one method, draft and expert count."""
-    return (c.method, round(c.draft_gb, 3), c.experts)
+    """The options that differ only in K: one method (or stack, or cache), draft and expert
+    count."""
+    return (c.method, round(c.draft_gb, 3), c.experts, c.stack, c.lookup_cache)
 
 
 def _acceptance_shift(X: np.ndarray, params: CostParams, measured: np.ndarray) -> float:
@@ -477,6 +490,7 @@ def recommend(
     temperature: float = 0.0,
     observations: Sequence[Observation] = (),
     max_kld: float | None = None,
+    spec_type: str | None = None,
 ) -> Recommendation:
     """Rank configurations for `target_ref` on `host` for `task` under `policy`.
 
@@ -484,8 +498,12 @@ def recommend(
     this host's runs of a candidate, to pull its prediction towards what was measured.
     Measured draft agreement (`specreg agree`) replaces the predicted acceptance of pairs
     without runs. max_kld: leave out behaviour-changing options whose quality cost (measured,
-    else predicted) is above this mean KL divergence.
+    else predicted) is above this mean KL divergence. Stacks and workload lookup caches are
+    candidates of their own, listed where this host's runs of them predict a win
+    (recommender/stacks.py); spec_type: only that type or stack (and plain decoding), listed
+    whether it wins or not.
     """
+    requested = parse_stack(spec_type) if spec_type else None
     if policy not in POLICIES:
         raise UsageError(f"unknown policy {policy!r}: use {' or '.join(POLICIES)}")
     task = canonical_task(task)
@@ -538,6 +556,12 @@ def recommend(
     if (target.nextn_predict_layers or 0) > 0:
         for k in MTP_K_GRID:
             cands.append((base.with_(method=Method.MTP, k=k, **cal.target_fields(k)), None))
+    caches = _usable_caches(con, target, task)
+    cands += stack_candidates(
+        list(cands), caches, base, cal.target_fields,
+        ngram_n=NGRAM_MATCH_DEFAULT, ngram_ks=NGRAM_K_GRID, requested=requested,
+    )  # fmt: skip
+    cache_of = {c.name: c for c in caches}
     reduced: list[int] = []
     if policy == POLICY_SPEED and target.is_moe and tf["default_experts"] > 1:
         de = tf["default_experts"]
@@ -582,6 +606,7 @@ def recommend(
     z = math.log(hi[0] / mid[0]) / sigma[0] if sigma[0] > 0 else 1.2816
 
     options: list[Option] = []
+    facts: list[tuple[ConfigFacts, str | None, bool]] = []  # per option: facts, draft, runs
     for i, (c, d) in enumerate(cands):
         changes_output = c.behaviour_changing or c.temperature != temperature
         allowed = policy == POLICY_SPEED or not changes_output
@@ -602,6 +627,10 @@ def recommend(
             why = agreement_why(why, used, c.k)
         if cost is not None:
             why = (*why, f"quality cost: {cost.label}")
+        ran = [o for o in local if _k_curve(o.config) == _k_curve(c)] if c.stack else []
+        if c.stack:
+            why = (_stack_why(c, cache_of.get(c.lookup_cache), ran), *why)
+        facts.append((c, d.model_id if d else None, bool(ran)))
         options.append(
             Option(
                 method=c.method,
@@ -622,14 +651,24 @@ def recommend(
                 tokens_per_step=float(expected_tokens_per_step(a, c.k)) if a is not None else None,
                 knobs=_knobs(c, d.display_name if d else None, temperature),
                 why=why,
-                evidence=_evidence(c, pool),
+                evidence=_run_evidence(ran) if ran else _evidence(c, pool),
                 measured_tps=float(np.median(meas)) if meas else None,
                 n_measured=len(meas),
                 acceptance_source=adjusted.sources[i],
                 agreement=adjusted.used[i],
                 quality=cost,
+                stack=c.stack or None,
+                lookup_cache=c.lookup_cache or None,
+                lookup_cache_path=cache_of[c.lookup_cache].path if c.lookup_cache else None,
             )
         )
+    keep = shown([(c, did, o.tps, ran) for (c, did, ran), o in zip(facts, options, strict=True)],
+                 requested)  # fmt: skip
+    options = [o for o, k in zip(options, keep, strict=True) if k]
+    if requested is not None:
+        options = [
+            o for o in options if o.spec_type == requested.spelled or o.method is Method.NONE
+        ]
     options.sort(key=lambda o: -o.tps)
     spec = [o for o in options if o.method is not Method.NONE or o.experts is not None]
     speculate = bool(spec) and spec[0].tps >= MIN_GAIN * plain_tps
@@ -644,6 +683,8 @@ def recommend(
         options.sort(key=lambda o: (o.method is not Method.NONE or o.experts is not None, -o.tps))
     if not drafts:
         advice.append(_no_draft_advice(target, base, model, task))
+    if requested is not None and not any(o.spec_type == requested.spelled for o in options):
+        advice.append(_no_candidate(requested, target, task))
     advice.extend(_agreement_advice(options))
     if over_budget:
         advice.append(
@@ -676,6 +717,83 @@ def recommend(
         n_considered=len(cands),
         considered_experts=tuple(reduced),
     )
+
+
+def _usable_caches(
+    con: duckdb.DuckDBPyConnection, target: ModelRecord, task: str
+) -> list[LookupCache]:
+    """Workload caches of the target's tokenizer family for `task` whose file is as built (the
+    run checks every record before llama-server reads it)."""
+    if not target.tok_fingerprint:
+        return []
+    out = []
+    for cache in list_caches(con, tok_fingerprint=target.tok_fingerprint, task=task):
+        try:
+            if os.stat(cache.path).st_size == cache.n_bytes:
+                out.append(cache)
+        except OSError:
+            continue
+    return out
+
+
+def _stack_why(c: ConfigFacts, cache: LookupCache | None, ran: Sequence[Observation]) -> str:
+    """What a stack or cache option is, and what its prediction rests on."""
+    runs = ", ".join(o.row_id for o in sorted(ran, key=_run_number))
+    basis = (
+        f"moved by this host's runs of it ({runs})"
+        if ran
+        else "no runs of it here: scored as its method alone"
+    )
+    if c.lookup_cache and cache is not None:
+        return (
+            f"ngram-cache reads the workload cache {cache.name} ({cache.tokens_str} tokens of "
+            f"{cache.task}, {cache.sources_str}; tokenizer family {cache.tok_family}) and drafts "
+            f"up to {c.k} tokens (hard-coded in llama-server); {basis}"
+        )
+    stack = parse_stack(c.stack)
+    if stack.stacked:
+        return (
+            f"{stack.spelled}: llama.cpp asks {', then '.join(stack.types)} for a draft each "
+            f"step; scored as {stack.types[-1]}, {basis}"
+        )
+    return f"{stack.spelled}: scored as {c.method.value} lookup, {basis}"
+
+
+def _run_evidence(ran: Sequence[Observation]) -> tuple[Evidence, ...]:
+    """This host's runs of a stack or cache, newest first: the evidence it is listed on."""
+    out = []
+    for o in sorted(ran, key=_run_number, reverse=True)[:N_EVIDENCE]:
+        acc = f", {o.acceptance:.0%} of drafted accepted" if o.acceptance is not None else ""
+        sp = o.speedup
+        out.append(
+            Evidence(
+                row_id=o.row_id,
+                source=o.source,
+                summary=f"{o.note}, {o.config.task}{acc}",
+                tps=o.tps,
+                speedup=None if math.isnan(sp) else sp,
+            )
+        )
+    return tuple(out)
+
+
+def _run_number(o: Observation) -> int:
+    """A local run's id (row ids are `run:N`), for ordering runs by age."""
+    tail = o.row_id.rpartition(":")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
+def _no_candidate(requested: Stack, target: ModelRecord, task: str) -> str:
+    if requested.needs_draft_file:
+        why = "no compatible draft model in the registry"
+    elif requested.uses_lookup_cache:
+        why = (
+            f"no lookup cache for {task} in the target's tokenizer family: build one with "
+            "`specreg lookup-cache build`"
+        )
+    else:
+        why = f"{target.display_name} cannot run it"
+    return f"no candidate for --spec-type {requested.spelled}: {why}"
 
 
 ROOFLINE_VERIFY_K = 4

@@ -61,6 +61,7 @@ def option_config(option: Option) -> Config:
         experts=option.experts,
         expert_key=option.expert_key,
         temperature=option.temperature,
+        lookup_cache=option.lookup_cache_path,
     )
 
 
@@ -108,6 +109,7 @@ def llama_runner(
             task=task,
             n_predict=n_predict,
             repeats=repeats,
+            lookup_cache=option.lookup_cache,
         )
         out = runs.run(con, p)
         return out.measurement.tokens_per_s, out.run_id
@@ -339,13 +341,15 @@ def tune(
     refit: bool = True,
     on_step: Callable[[TuneStep], None] | None = None,
     calibrate: Callable[[], object] | None = None,
+    spec_type: str | None = None,
 ) -> TuneResult:
     """Measure, refit, re-rank until the best is confirmed or `budget` runs are spent, then
     settle ties with the budget left (interleaved repeats of the two closest).
 
     `refit=False` keeps the model fitted at the start; each ranking still sees every run.
     `calibrate` runs first (the runner's calibration of the target and its drafts when this
-    host has none: see `calibrate_if_missing`).
+    host has none: see `calibrate_if_missing`). `spec_type`: tune only that type or stack
+    (against plain decoding).
     """
     if calibrate is not None:
         calibrate()
@@ -364,7 +368,7 @@ def tune(
                 if refit
                 else open_advisor(con, host, model=advisor.model)
             )
-        rec = advisor.recommend(con, target_ref, task=task, policy=policy)
+        rec = advisor.recommend(con, target_ref, task=task, policy=policy, spec_type=spec_type)
         n_candidates = len(rec.options)
         choice, why = next_option(rec.options, steps)
         if choice is None:

@@ -10,6 +10,7 @@ import click
 
 from specreg.cli.common import (
     MODEL,
+    SPEC_STACK,
     TEMPERATURE,
     FiniteFloat,
     TaskChoice,
@@ -45,6 +46,13 @@ def _common(func: F) -> F:
             default=POLICY_QUALITY,
             show_default=True,
             help="quality: lossless knobs only; speed: may change outputs (fewer experts).",
+        ),
+        click.option(
+            "--spec-type",
+            type=SPEC_STACK,
+            default=None,
+            help="Only this speculative type or stack (e.g. ngram-mod,draft-simple), listed "
+            "against plain decoding whether or not it is predicted to win.",
         ),
         click.option(
             "--bandwidth",
@@ -96,6 +104,7 @@ def recommend_cmd(
     target: str,
     task: str,
     policy: str,
+    spec_type: str | None,
     bandwidth: float | None,
     llama_bin: Path | None,
     db_path: Path | None,
@@ -121,8 +130,9 @@ def recommend_cmd(
     with opened(resolve_db(db_path)) as con:
         resolve_model(con, target)  # an unknown target fails before the model is fitted
         rec = open_advisor(con, facts).recommend(
-            con, target, task=task, policy=policy, temperature=temp, max_kld=budget
-        )
+            con, target, task=task, policy=policy, temperature=temp, max_kld=budget,
+            spec_type=spec_type,
+        )  # fmt: skip
     commands = command_lines(rec, host, users_llama(llama_bin), top)
     if as_json:
         emit_document(rec.to_json(commands, top))
@@ -215,6 +225,7 @@ def tune_cmd(
     target: str,
     task: str,
     policy: str,
+    spec_type: str | None,
     bandwidth: float | None,
     llama_bin: Path | None,
     db_path: Path | None,
@@ -244,7 +255,7 @@ def tune_cmd(
         result = tune(
             con, str(path), run_option, host=facts, task=task, policy=policy,
             budget=budget, on_step=None if as_json else _print_step,
-            calibrate=calibrate_if_missing(con, path, install, host),
+            calibrate=calibrate_if_missing(con, path, install, host), spec_type=spec_type,
         )  # fmt: skip
     if as_json:
         emit(result)
