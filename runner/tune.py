@@ -309,7 +309,14 @@ def next_option(options: Sequence[Option], steps: Sequence[TuneStep]) -> tuple[O
         near = {ks[j] for j in (i - 1, i + 1) if 0 <= j < len(ks)}
         neighbours = [o for o in pending if _family(o) == _family(best.option) and o.k in near]
         if neighbours:
-            return max(neighbours, key=lambda o: o.tps), "bracket the best K"
+            # Predictions within a few % of each other do not say which side is higher; a
+            # best that measured above its prediction accepts more than predicted, and more
+            # acceptance moves the peak to longer K (below, to shorter).
+            up = best_tps >= best.option.tps
+            top_pred = max(o.tps for o in neighbours)
+            close = [o for o in neighbours if o.tps >= top_pred / (1 + CONFIRM_MARGIN)]
+            pick = max(close, key=lambda o: (o.k or 0) if up else -(o.k or 0))
+            return pick, "bracket the best K"
     long_shots = [o for o in unprobed if o.tps >= PROBE_RATIO * best_tps]
     if long_shots:
         return max(long_shots, key=lambda o: o.tps), "probe: one run for an untried family"
