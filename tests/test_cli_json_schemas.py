@@ -23,6 +23,7 @@ KINDS = {
     "train", "tune", "run", "runs", "verify", "report", "plan", "import", "export",
     "quality", "agreement",  # validated in test_quality_json.py (built from result objects)
     "lookup-cache", "lookup-caches",  # validated in test_lookup_cache_json.py
+    "serve-routes",
 }  # fmt: skip
 
 
@@ -45,6 +46,7 @@ def validate(doc: dict[str, Any]) -> None:
         ["recommend", TARGET, "--json"],
         ["recommend", TARGET, "--policy", "speed", "--json"],
         ["runs", "--json"],
+        ["serve", TARGET, "--dry-run", "--json"],
     ],
     ids=" ".join,
 )
