@@ -54,6 +54,7 @@ COMMAND_MODULES = {
     "doctor": "doctor_cmds",
     "calibrate": "doctor_cmds",
     "lookup-cache": "lookup_cmds",
+    "sweep": "sweep_cmds",
 }
 
 

@@ -1,0 +1,693 @@
+"""`specreg sweep`: the exhaustive comparison, every point of a grid measured for real.
+
+The grid is written as axes, each `AXIS=VALUE,VALUE,...`, separated by spaces or `;` (one
+`--grid` option may hold several, and `--grid` may be repeated):
+
+    spec=none,ngram-mod,draft-simple k=2,4,8 draft=smollm2-q8,smollm2-q4 experts=2,4
+
+- `spec`: speculative types; a stack is written with `+` (`ngram-mod+draft-simple`), since `,`
+  separates values. `none` is plain decoding.
+- `k`: draft lengths: integers, or a range `A..B` (step 1) / `A..B:S` (step S), inclusive.
+- `draft`: draft models (a path, an id prefix or a name), for the types that need a draft file.
+- `experts`: MoE experts used per token.
+
+Points are the cross product, less what would repeat a measurement: plain decoding ignores `k`
+and `draft`, n-gram types and MTP ignore `draft`, a type without a K in llama-server
+(ngram-cache) ignores `k`. Plain decoding is always measured (a speedup needs it), once per host:
+on Ray it runs on every host that takes part, first, so every point's speedup is against plain
+decoding on the host that measured it.
+
+A point becomes a `Job`: everything one measurement needs, models named by registry id and path,
+so any host can run it (`run_job`), resolving the models in its own registry (scanning the same
+path if it has not seen the model yet). The caller records each run as `running` before it
+starts and completes it with the host's record (runner/distributed.py for Ray, `LocalHost`
+here): a host never writes the caller's registry.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+import duckdb
+
+from specreg.errors import SpecregError, UsageError
+from specreg.registry.queries import ModelRecord, get_model, model_fs_paths
+from specreg.registry.runs import (
+    STATUS_FAILED,
+    STATUS_OK,
+    RunRecord,
+    finish_run,
+    get_run,
+    interrupt_run,
+    new_run_uuid,
+    start_run,
+)
+from specreg.runner.config import Config
+from specreg.runner.host import Host
+from specreg.runner.llama import LlamaInstall
+from specreg.runner.workload import Workload
+from specreg.stacks import K_FLAG, parse_stack
+from specreg.terms import ENGINE_AUTO, SPEC_NONE
+
+log = logging.getLogger(__name__)
+
+AXES = ("spec", "k", "draft", "experts")
+GRID_EXAMPLE = "--grid 'spec=none,ngram-mod,draft-simple k=2,4 draft=MODEL'"
+KIND_SWEEP = "sweep"  # the runs' kind in the registry
+_RANGE = re.compile(r"^(\d+)\.\.(\d+)(?::(\d+))?$")
+
+
+# -- the grid ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The axes of a sweep as written (drafts as the user named them)."""
+
+    spec_types: tuple[str, ...]  # stacks as llama.cpp spells them (comma list, its order)
+    ks: tuple[int | None, ...] = (None,)  # None: the build's default K
+    drafts: tuple[str, ...] = ()
+    experts: tuple[int | None, ...] = (None,)
+
+    @property
+    def text(self) -> str:
+        """The grid written back in its own syntax."""
+        parts = ["spec=" + ",".join(s.replace(",", "+") for s in self.spec_types)]
+        if self.ks != (None,):
+            parts.append("k=" + ",".join(str(k) for k in self.ks))
+        if self.drafts:
+            parts.append("draft=" + ",".join(self.drafts))
+        if self.experts != (None,):
+            parts.append("experts=" + ",".join(str(e) for e in self.experts))
+        return " ".join(parts)
+
+
+def _ints(axis: str, values: list[str]) -> tuple[int, ...]:
+    out: list[int] = []
+    for value in values:
+        found = _RANGE.match(value)
+        if found:
+            lo, hi, step = int(found[1]), int(found[2]), int(found[3] or 1)
+            if lo > hi or step < 1:
+                raise UsageError(f"grid {axis}={value}: a range is LOW..HIGH or LOW..HIGH:STEP")
+            out += range(lo, hi + 1, step)
+        elif value.isdigit() and int(value) >= 1:
+            out.append(int(value))
+        else:
+            raise UsageError(
+                f"grid {axis}={value}: give whole numbers of at least 1, or a range such as 2..8"
+            )
+    return tuple(dict.fromkeys(out))
+
+
+def parse_grid(specs: Sequence[str]) -> Grid:
+    """The grid of one or more `--grid` values (see the module's docstring for the syntax)."""
+    axes: dict[str, list[str]] = {}
+    for spec in specs:
+        for item in re.split(r"[\s;]+", spec.strip()):
+            if not item:
+                continue
+            name, eq, values = item.partition("=")
+            name = name.strip().lower()
+            if not eq or name not in AXES:
+                raise UsageError(
+                    f"grid term {item!r}: write AXIS=VALUE,VALUE with AXIS one of "
+                    f"{', '.join(AXES)} ({GRID_EXAMPLE})"
+                )
+            if name in axes:
+                raise UsageError(f"grid axis {name} is given twice: list all its values once")
+            listed = [v.strip() for v in values.split(",") if v.strip()]
+            if not listed:
+                raise UsageError(f"grid axis {name} has no values ({GRID_EXAMPLE})")
+            axes[name] = listed
+    drafts = tuple(dict.fromkeys(axes.get("draft", [])))
+    if "spec" not in axes:
+        if not drafts:
+            raise UsageError(f"the grid names no speculative type: add spec=... ({GRID_EXAMPLE})")
+        axes["spec"] = ["draft-simple"]
+    spec_types = tuple(dict.fromkeys(parse_stack(s.split("+")).spelled for s in axes["spec"]))
+    return Grid(
+        spec_types=spec_types,
+        ks=_ints("k", axes["k"]) if "k" in axes else (None,),
+        drafts=drafts,
+        experts=_ints("experts", axes["experts"]) if "experts" in axes else (None,),
+    )
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration of the sweep; `draft` for the types that read a draft file."""
+
+    config: Config
+    draft: ModelRecord | None = None
+
+    @property
+    def plain(self) -> bool:
+        return not self.config.speculative and self.config.experts is None
+
+    @property
+    def label(self) -> str:
+        draft = f" draft={Path(self.draft.path).name}" if self.draft is not None else ""
+        return f"{self.config.label}{draft}"
+
+
+def grid_points(grid: Grid, drafts: Sequence[ModelRecord], base: Config) -> tuple[Point, ...]:
+    """The grid's points, plain decoding first; what would repeat a measurement is left out."""
+    points: list[Point] = [Point(base.with_(spec_type=SPEC_NONE))]
+    for experts in grid.experts:
+        for spec_type in grid.spec_types:
+            stack = parse_stack(spec_type)
+            if not stack.speculative:
+                points.append(Point(base.with_(spec_type=SPEC_NONE, experts=experts)))
+                continue
+            ks = grid.ks if K_FLAG.get(stack.primary) else (None,)
+            if stack.needs_draft_file and not drafts:
+                raise UsageError(
+                    f"spec={spec_type.replace(',', '+')} needs a draft model: add draft=MODEL "
+                    "to the grid"
+                )
+            for draft in drafts if stack.needs_draft_file else (None,):
+                for k in ks:
+                    config = base.with_(spec_type=stack.spelled, k=k, experts=experts)
+                    points.append(Point(config, draft))
+    return tuple(dict.fromkeys(points))
+
+
+# -- one measurement, on whichever host runs it -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """One measurement as any host can run it: models by registry id and the caller's path
+    (a host that has not seen a model scans the same path, and checks it is the same model)."""
+
+    run_uuid: str
+    label: str
+    config: Config
+    target_id: str
+    target_path: str
+    draft_id: str | None
+    draft_path: str | None
+    workload: Workload
+    task: str | None
+    n_predict: int
+    repeats: int
+    contention_retries: int = 2
+    startup_timeout: float = 180.0
+    request_timeout: float = 600.0
+    kind: str = KIND_SWEEP
+    host: str | None = None  # a host name this job must run on (a host's plain baseline)
+    avoid: tuple[str, ...] = ()  # host names it failed on (a retry goes elsewhere)
+    attempt: int = 1
+    retry_of: str | None = None  # run_uuid of the failed attempt this one retries
+
+    def again(self, avoid: str) -> Job:
+        """The same measurement as a new run (a new run_uuid), anywhere but `avoid`."""
+        return replace(
+            self, run_uuid=new_run_uuid(), attempt=self.attempt + 1, retry_of=self.run_uuid,
+            avoid=(*self.avoid, avoid),
+        )  # fmt: skip
+
+    def fits(self, host_name: str) -> bool:
+        """Whether this job may run on `host_name`."""
+        return self.host in (None, host_name) and host_name not in self.avoid
+
+    def started(self, host: Host | dict[str, Any] | None, host_name: str | None) -> RunRecord:
+        """The `running` record the caller writes before the job starts."""
+        facts = host.to_json() if isinstance(host, Host) else dict(host or {})
+        if host_name is not None:
+            facts["name"] = host_name
+        return RunRecord(
+            kind=self.kind,
+            status="running",
+            started_at=datetime.now(timezone.utc),
+            config={**self.config.to_json(), "engine": ENGINE_AUTO},
+            config_label=self.config.label,
+            spec_type=self.config.spec_type,
+            target_model_id=self.target_id,
+            draft_model_id=self.draft_id,
+            target_path=self.target_path,
+            draft_path=self.draft_path,
+            k=self.config.k,
+            experts=self.config.experts,
+            temperature=self.config.temperature,
+            host_fingerprint=str(facts["fingerprint"]) if "fingerprint" in facts else None,
+            host=facts or None,
+            task=self.task,
+            prompt_set=self.workload.name,
+            n_predict=self.n_predict,
+            repeats=self.repeats,
+            run_uuid=self.run_uuid,
+        )
+
+    def failed(
+        self, started: RunRecord, error_kind: str, error: str, seconds: float | None = None
+    ) -> RunRecord:
+        """The record of this job when it could not run, or its host died under it."""
+        return replace(
+            started, status=STATUS_FAILED, error_kind=error_kind, error=error, seconds=seconds
+        )
+
+
+def _locate(con: duckdb.DuckDBPyConnection, model_id: str, path: str, host: str) -> Path:
+    """A model's file on this host: from this host's registry by id, else the caller's path
+    scanned here (it must be the same model)."""
+    from specreg.runner.runs import model_record
+
+    if get_model(con, model_id) is not None:
+        for found in model_fs_paths(con, model_id):
+            if Path(found).is_file():
+                return Path(found)
+    if not Path(path).is_file():
+        raise UsageError(
+            f"model {model_id[:12]} is not in {host}'s registry and {path} is not there: scan "
+            "the model folders on that host, or mount them at the same path"
+        )
+    record = model_record(con, Path(path))
+    if record.model_id != model_id:
+        raise UsageError(
+            f"{path} on {host} is a different model ({record.model_id[:12]}, not "
+            f"{model_id[:12]}): give that host the same file"
+        )
+    return Path(path)
+
+
+def run_job(
+    job: Job,
+    registry: AbstractContextManager[duckdb.DuckDBPyConnection],
+    install: LlamaInstall,
+    host: Host,
+    *,
+    host_facts: dict[str, Any] | None = None,
+) -> RunRecord:
+    """Measure `job` on this host and return its record (never written here: the caller
+    records it). `registry` opens this host's registry, for the models; it is closed before
+    llama.cpp starts. A job this host cannot run (a model it lacks, a configuration its build
+    rejects) is a failed record saying why."""
+    from specreg.runner.measure import measure
+    from specreg.runner.runs import plan, to_record
+
+    started = job.started(host, None)
+    facts = {**(started.host or {}), **(host_facts or {})}
+    started = replace(started, host=facts)
+    t0 = time.monotonic()
+    try:
+        with registry as con:
+            target = _locate(con, job.target_id, job.target_path, host.hostname)
+            draft = (
+                _locate(con, job.draft_id, job.draft_path, host.hostname)
+                if job.draft_id and job.draft_path
+                else None
+            )
+            p = plan(
+                con, install, host, target, draft, job.config, job.workload, task=job.task,
+                n_predict=job.n_predict, repeats=job.repeats,
+                startup_timeout=job.startup_timeout, request_timeout=job.request_timeout,
+                contention_retries=job.contention_retries,
+            )  # fmt: skip
+    except SpecregError as err:
+        return job.failed(started, "host-setup", str(err), time.monotonic() - t0)
+    m = measure(
+        p.install, p.host, p.config, p.target_path, p.draft_path, p.workload,
+        n_predict=p.n_predict, repeats=p.repeats, startup_timeout=p.startup_timeout,
+        request_timeout=p.request_timeout, contention_retries=p.contention_retries,
+        eog_texts=p.eog_texts, engine=p.engine,
+    )  # fmt: skip
+    record = to_record(m, job.kind, job.target_id, job.draft_id, task=job.task)
+    return replace(record, run_uuid=job.run_uuid, host={**(record.host or {}), **facts})
+
+
+# -- where jobs run ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A job and what the caller recorded for it."""
+
+    job: Job
+    run_id: int
+    host_name: str | None
+    record: RunRecord  # as recorded (finished, failed or interrupted)
+
+
+class Hosts(Protocol):
+    """Where a sweep's jobs run: this machine, or a Ray cluster (runner/distributed.py)."""
+
+    def names(self) -> tuple[str, ...]: ...
+
+    def run(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        jobs: Sequence[Job],
+        *,
+        retry_elsewhere: bool,
+        on_run: Callable[[Outcome], None] | None,
+    ) -> tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]:
+        """Run `jobs` (a job naming a host runs there), record each in `con`; return the
+        outcomes, the jobs no host could run, and hosts taken out of the sweep with why."""
+        ...
+
+
+class LocalHost:
+    """This machine: jobs one after another, in this process."""
+
+    def __init__(self, install: LlamaInstall, host: Host):
+        self.install = install
+        self.host = host
+
+    def names(self) -> tuple[str, ...]:
+        return (self.host.hostname,)
+
+    def run(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        jobs: Sequence[Job],
+        *,
+        retry_elsewhere: bool,
+        on_run: Callable[[Outcome], None] | None,
+    ) -> tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]:
+        del retry_elsewhere  # one host: nowhere else to go
+        outcomes = []
+        for job in jobs:
+            run_id = start_run(con, job.started(self.host, None))
+            try:
+                record = run_job(job, nullcontext(con), self.install, self.host)
+            except BaseException as err:
+                interrupt_run(con, run_id, f"stopped before it finished ({type(err).__name__})")
+                raise
+            finish_run(con, run_id, record)
+            outcome = Outcome(job, run_id, self.host.hostname, record)
+            outcomes.append(outcome)
+            if on_run is not None:
+                on_run(outcome)
+        return tuple(outcomes), (), {}
+
+
+# -- the sweep --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One recorded run of the sweep, with its speedup over plain decoding on its host."""
+
+    label: str
+    run_id: int
+    run_uuid: str
+    host_name: str | None
+    host_fingerprint: str | None
+    status: str
+    error_kind: str | None
+    error: str | None
+    tokens_per_s: float | None
+    acceptance: float | None
+    speedup: float | None  # over this sweep's plain run on the same host
+    attempt: int = 1
+    retry_of: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import plain
+
+        return dict(plain(self))
+
+
+@dataclass(frozen=True)
+class SweepHost:
+    name: str | None
+    fingerprint: str | None
+    runs: int
+    failed: int
+    dropped: str | None = None  # why the sweep stopped sending this host jobs
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    JSON_KIND = "sweep"
+    JSON_VERSION = "1"
+
+    target_name: str
+    target_id: str
+    grid: str
+    n_points: int
+    runs: tuple[SweepRun, ...]
+    not_run: tuple[str, ...]  # labels of points no host could run
+    hosts: tuple[SweepHost, ...]
+    seconds: float
+    ray_address: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Every point has a successful run."""
+        done = {r.label for r in self.runs if r.status == STATUS_OK}
+        return not self.not_run and all(r.label in done for r in self.runs)
+
+    def best(self) -> dict[str | None, SweepRun]:
+        """The fastest successful run per host fingerprint."""
+        out: dict[str | None, SweepRun] = {}
+        for r in self.runs:
+            if r.status != STATUS_OK or r.tokens_per_s is None:
+                continue
+            held = out.get(r.host_fingerprint)
+            if held is None or (held.tokens_per_s or 0) < r.tokens_per_s:
+                out[r.host_fingerprint] = r
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        payload = {
+            "target": self.target_name,
+            "target_id": self.target_id,
+            "grid": self.grid,
+            "n_points": self.n_points,
+            "ok": self.ok,
+            "runs": self.runs,
+            "not_run": list(self.not_run),
+            "hosts": self.hosts,
+            "best": [
+                {
+                    "host_fingerprint": fp,
+                    "label": r.label,
+                    "run_id": r.run_id,
+                    "tokens_per_s": r.tokens_per_s,
+                    "speedup": r.speedup,
+                }
+                for fp, r in self.best().items()
+            ],  # fmt: skip
+            "seconds": self.seconds,
+            "ray_address": self.ray_address,
+        }
+        return document(self.JSON_KIND, self.JSON_VERSION, payload)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A sweep resolved and checked before anything runs."""
+
+    target: ModelRecord
+    target_path: Path
+    grid: Grid
+    points: tuple[Point, ...]
+    workload: Workload
+    task: str | None
+    n_predict: int
+    repeats: int
+    contention_retries: int = 2
+    startup_timeout: float = 180.0
+    notes: tuple[str, ...] = field(default=())
+
+    JSON_KIND = "sweep-plan"
+    JSON_VERSION = "1"
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        payload = {
+            "target": self.target.display_name,
+            "target_id": self.target.model_id,
+            "grid": self.grid.text,
+            "points": [
+                {
+                    "label": pt.label,
+                    "config": pt.config.to_json(),
+                    "draft_id": pt.draft.model_id if pt.draft else None,
+                }
+                for pt in self.points
+            ],  # fmt: skip
+            "prompts": [pr.prompt_id for pr in self.workload.prompts],
+            "n_predict": self.n_predict,
+            "repeats": self.repeats,
+        }
+        return document(self.JSON_KIND, self.JSON_VERSION, payload)
+
+    def jobs(self, host_names: Sequence[str]) -> list[Job]:
+        """One job per point; plain decoding once per host (pinned) when there are several."""
+        out = []
+        for point in self.points:
+            job = Job(
+                run_uuid=new_run_uuid(),
+                label=point.label,
+                config=point.config,
+                target_id=self.target.model_id,
+                target_path=str(self.target_path),
+                draft_id=point.draft.model_id if point.draft else None,
+                draft_path=str(point.draft.path) if point.draft else None,
+                workload=self.workload,
+                task=self.task,
+                n_predict=self.n_predict,
+                repeats=self.repeats,
+                contention_retries=self.contention_retries,
+                startup_timeout=self.startup_timeout,
+            )
+            if point.plain and len(host_names) > 1:
+                out += [replace(job, run_uuid=new_run_uuid(), host=h) for h in host_names]
+            else:
+                out.append(job)
+        return out
+
+
+def plan_sweep(
+    con: duckdb.DuckDBPyConnection,
+    target: Path,
+    grid: Grid,
+    workload: Workload,
+    *,
+    resolve: Callable[[duckdb.DuckDBPyConnection, str], Path],
+    base: Config | None = None,
+    task: str | None = None,
+    n_predict: int = 64,
+    repeats: int = 3,
+    contention_retries: int = 2,
+    startup_timeout: float = 180.0,
+) -> SweepPlan:
+    """The sweep of `grid` on `target`, models resolved in the caller's registry (`resolve`:
+    a path, an id prefix or a name to a file)."""
+    from specreg.runner.runs import model_record
+
+    record = model_record(con, target)
+    drafts = [model_record(con, resolve(con, ref)) for ref in grid.drafts]
+    points = grid_points(grid, drafts, base or Config())
+    return SweepPlan(
+        target=record,
+        target_path=Path(target).resolve(),
+        grid=grid,
+        points=points,
+        workload=workload,
+        task=task,
+        n_predict=n_predict,
+        repeats=repeats,
+        contention_retries=contention_retries,
+        startup_timeout=startup_timeout,
+    )
+
+
+@contextmanager
+def sweep_hosts(
+    ray_address: str | None,
+    names: Sequence[str] = (),
+    *,
+    llama_bin: Path | None = None,
+    retry_elsewhere: bool = False,
+) -> Iterator[Hosts]:
+    """Where a sweep runs: this machine, or the hosts of the Ray cluster at `ray_address`
+    (all of them, or those `names` names), connected for the block."""
+    if ray_address is None:
+        if names or retry_elsewhere:
+            flag = "--host" if names else "--retry-elsewhere"
+            raise UsageError(f"{flag} is about the hosts of a Ray cluster: add --ray ADDRESS")
+        from specreg.runner.host import detect_host
+        from specreg.runner.llama import find_llama
+
+        yield LocalHost(find_llama(llama_bin), detect_host())
+        return
+    from specreg.runner.distributed import RayHosts
+
+    with RayHosts(ray_address, names) as hosts:
+        yield hosts
+
+
+def _sweep_runs(
+    con: duckdb.DuckDBPyConnection, outcomes: Iterable[Outcome]
+) -> tuple[SweepRun, ...]:
+    recorded = [(o, get_run(con, o.run_id)) for o in outcomes]
+    plain: dict[str | None, list[float]] = {}
+    for _, r in recorded:
+        if r.spec_type == SPEC_NONE and r.experts is None and r.status == STATUS_OK:
+            plain.setdefault(r.host_fingerprint, []).append(float(r.tokens_per_s or 0.0))
+    out = []
+    for o, r in recorded:
+        base = plain.get(r.host_fingerprint)
+        speedup = (
+            r.tokens_per_s / statistics.median(base)
+            if base and r.tokens_per_s and r.status == STATUS_OK
+            else None
+        )
+        out.append(
+            SweepRun(
+                label=o.job.label,
+                run_id=o.run_id,
+                run_uuid=o.job.run_uuid,
+                host_name=o.host_name or (r.host or {}).get("name"),
+                host_fingerprint=r.host_fingerprint,
+                status=r.status,
+                error_kind=r.error_kind,
+                error=r.error,
+                tokens_per_s=r.tokens_per_s,
+                acceptance=r.acceptance,
+                speedup=speedup,
+                attempt=o.job.attempt,
+                retry_of=o.job.retry_of,
+            )
+        )
+    return tuple(out)
+
+
+def sweep(
+    con: duckdb.DuckDBPyConnection,
+    p: SweepPlan,
+    hosts: Hosts,
+    *,
+    retry_elsewhere: bool = False,
+    ray_address: str | None = None,
+    on_run: Callable[[Outcome], None] | None = None,
+) -> SweepResult:
+    """Measure every point of `p` on `hosts`; every run recorded in `con` as it ends."""
+    t0 = time.monotonic()
+    jobs = p.jobs(hosts.names())
+    outcomes, not_run, dropped = hosts.run(
+        con, jobs, retry_elsewhere=retry_elsewhere, on_run=on_run
+    )
+    runs = _sweep_runs(con, outcomes)
+    by_host: dict[tuple[str | None, str | None], list[SweepRun]] = {}
+    for r in runs:
+        by_host.setdefault((r.host_name, r.host_fingerprint), []).append(r)
+    summary = [
+        SweepHost(
+            name, fp, len(rs), sum(r.status != STATUS_OK for r in rs), dropped.get(name or "")
+        )
+        for (name, fp), rs in by_host.items()
+    ]
+    summary += [
+        SweepHost(name, None, 0, 0, why)
+        for name, why in dropped.items()
+        if name not in {h.name for h in summary}
+    ]
+    return SweepResult(
+        target_name=p.target.display_name,
+        target_id=p.target.model_id,
+        grid=p.grid.text,
+        n_points=len(p.points),
+        runs=runs,
+        not_run=tuple(j.label for j in not_run),
+        hosts=tuple(summary),
+        seconds=time.monotonic() - t0,
+        ray_address=ray_address,
+    )
