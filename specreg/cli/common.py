@@ -292,6 +292,16 @@ TYPE_K = TypeK()
 # --- which llama.cpp's rules -------------------------------------------------------------
 
 
+def llama_bin_option(func: F) -> F:
+    """`--llama-bin DIR`: the llama.cpp to run (the usual search order otherwise)."""
+    return click.option(
+        "--llama-bin",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Folder with llama.cpp's binaries (default: $SPECREG_LLAMA_BIN, PATH, the cache).",
+    )(func)
+
+
 def build_option(func: F) -> F:
     func = click.option(
         "--llama-bin",

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 import click
 
-from specreg.cli.common import console, db_option, emit, json_option, resolve_db
+from specreg.cli.common import (
+    console,
+    db_option,
+    emit,
+    json_option,
+    llama_bin_option,
+    resolve_db,
+)
 from specreg.errors import EXIT_FINDINGS
 
 if TYPE_CHECKING:
@@ -16,18 +22,6 @@ if TYPE_CHECKING:
     from specreg.runner.doctor import DoctorReport
 
 _MARK = {"ok": "ok", "finding": "FINDING", "info": "info", "unknown": "?"}
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _llama_bin_option(func: F) -> F:
-    return click.option(
-        "--llama-bin",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=None,
-        help="Folder with llama.cpp's binaries (default: $SPECREG_LLAMA_BIN, PATH, the cache).",
-    )(func)
 
 
 @click.command()
@@ -39,7 +33,7 @@ def _llama_bin_option(func: F) -> F:
     "bandwidth with, when dmidecode cannot tell).",
 )
 @click.option("--no-bandwidth", is_flag=True, help="Skip the bandwidth measurement (about 1 s).")
-@_llama_bin_option
+@llama_bin_option
 @db_option
 @json_option
 def doctor(
@@ -117,7 +111,7 @@ def _print_doctor(report: DoctorReport) -> None:
     show_default=True,
     help="Measure a test again up to N times when other processes took CPU during it.",
 )
-@_llama_bin_option
+@llama_bin_option
 @db_option
 @json_option
 def calibrate(
