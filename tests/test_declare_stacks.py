@@ -5,12 +5,11 @@ run as written."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from llama_fixtures import llama_install, small_models  # noqa: F401
-from test_lookup_cache_file import write_cache
+from test_lookup_cache_file import cache_record, write_cache
 
 from specreg.declare.spec import SpecFileError, load_spec
 from specreg.runner.small_models import SmallModels
@@ -112,8 +111,7 @@ def test_export_renders_the_stack_and_the_cache_with_their_origins(
 ) -> None:
     from specreg.declare.launch import build
     from specreg.registry.db import opened
-    from specreg.registry.lookup_caches import LookupCache, record_cache
-    from specreg.runner.lookup_cache import tokenizer_family
+    from specreg.registry.lookup_caches import record_cache
     from specreg.runner.runs import model_record
 
     path = small_models.smollm2.path
@@ -121,14 +119,7 @@ def test_export_renders_the_stack_and_the_cache_with_their_origins(
     spec_file = tmp_path / "specreg.yaml"
     with opened(specreg_home / "registry.duckdb") as con:
         rec = model_record(con, path)
-        cache = LookupCache(
-            name="orders", path=str(cache_file), n_bytes=cache_file.stat().st_size,
-            sha256="0" * 64, task="json", tok_fingerprint=rec.tok_fingerprint or "",
-            tok_family=tokenizer_family(rec), n_vocab=rec.n_tokens, model_id=rec.model_id,
-            model_path=str(path), n_tokens=3, n_ngrams=1, n_chars=9, sources=(),
-            prompt_sha256s=(), llama_version=None, llama_bin_dir=None, argv=(),
-            built_at=datetime.now(timezone.utc),
-        )  # fmt: skip
+        cache = cache_record("orders", cache_file, rec)
         record_cache(con, cache)
         spec_file.write_text(EXPORT_SPEC.format(model_id=rec.model_id, path=path))
         plan = build(con, load_spec(spec_file)[0], port=None)
@@ -138,7 +129,7 @@ def test_export_renders_the_stack_and_the_cache_with_their_origins(
         assert argv[argv.index("--lookup-cache-static") + 1] == str(cache_file)
         origin = next(f.origin for f in launch.flags if f.flag == "--lookup-cache-static")
         assert origin.startswith("roles.assistant.configs.json.lookup_cache (specreg.yaml:")
-        assert "-> registry lookup cache orders (smollm:" in origin
+        assert origin.endswith("-> registry lookup cache orders (test:orders, json)")
         # a cache that would make llama-server abort is not exported
         cache_file.write_bytes(cache_file.read_bytes()[:-4])
         plan = build(con, load_spec(spec_file)[0], port=None)

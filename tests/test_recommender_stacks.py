@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
-from test_lookup_cache_file import write_cache
+from test_lookup_cache_file import cache_record, write_cache
 
 from specreg.recommender.host import REFERENCE_HOST
 from specreg.recommender.local import local_observations
@@ -102,13 +102,9 @@ def test_a_draft_stack_is_listed_when_runs_here_show_it_wins(demo_con, prior_mod
 
 def _cache(con: duckdb.DuckDBPyConnection, target: ModelRecord, tmp_path: Path) -> LookupCache:
     path = write_cache(tmp_path / "code.lcs", [([1, 2], [(3, 2)]), ([2, 3], [(4, 1)])])
-    cache = LookupCache(
-        name="my-code", path=str(path), n_bytes=path.stat().st_size, sha256="0" * 64,
-        task="code", tok_fingerprint=target.tok_fingerprint or "", tok_family="qwen2:x",
-        n_vocab=target.n_tokens, model_id=target.model_id, model_path=target.path,
-        n_tokens=5, n_ngrams=2, n_chars=10, sources=(), prompt_sha256s=(), llama_version=None,
-        llama_bin_dir=None, argv=(), built_at=datetime.now(timezone.utc),
-    )  # fmt: skip
+    cache = dataclasses.replace(
+        cache_record("my-code", path, target, task="code"), tok_family="qwen2:x"
+    )
     record_cache(con, cache)
     return cache
 

@@ -4,11 +4,10 @@ long-lived llama-server (it stops learning after the first request) and the reme
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 
 from llama_fixtures import llama_install, small_models  # noqa: F401
-from test_lookup_cache_file import write_cache
+from test_lookup_cache_file import cache_record, write_cache
 
 from specreg.runner.config import Config
 from specreg.runner.llama import LlamaInstall
@@ -74,9 +73,8 @@ def test_a_pinned_stack_with_a_workload_cache_is_served_in_one_backend(
     from specreg.recommender.advisor import open_advisor
     from specreg.recommender.host import HostFacts
     from specreg.registry.db import opened
-    from specreg.registry.lookup_caches import LookupCache, record_cache
+    from specreg.registry.lookup_caches import record_cache
     from specreg.runner.host import detect_host
-    from specreg.runner.lookup_cache import tokenizer_family
     from specreg.runner.runs import model_record
     from specreg.serve.routes import plan_routes
 
@@ -84,17 +82,7 @@ def test_a_pinned_stack_with_a_workload_cache_is_served_in_one_backend(
     cache_file = write_cache(tmp_path / "orders.lcs", [([1, 2], [(3, 2)]), ([2, 3], [(4, 1)])])
     with opened(specreg_home / "registry.duckdb") as con:
         rec = model_record(con, path)
-        record_cache(
-            con,
-            LookupCache(
-                name="orders", path=str(cache_file), n_bytes=cache_file.stat().st_size,
-                sha256="0" * 64, task="json", tok_fingerprint=rec.tok_fingerprint or "",
-                tok_family=tokenizer_family(rec), n_vocab=rec.n_tokens, model_id=rec.model_id,
-                model_path=str(path), n_tokens=5, n_ngrams=2, n_chars=10, sources=(),
-                prompt_sha256s=(), llama_version=None, llama_bin_dir=None, argv=(),
-                built_at=datetime.now(timezone.utc),
-            ),
-        )  # fmt: skip
+        record_cache(con, cache_record("orders", cache_file, rec))
         spec_file = tmp_path / "specreg.yaml"
         spec_file.write_text(SPEC.format(model_id=rec.model_id, path=path))
         advisor = open_advisor(con, HostFacts(30.0, 2, "user"))
