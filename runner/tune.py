@@ -348,6 +348,7 @@ def tune(
     refit: bool = True,
     on_step: Callable[[TuneStep], None] | None = None,
     calibrate: Callable[[], object] | None = None,
+    agree: Callable[[], object] | None = None,
     spec_type: str | None = None,
 ) -> TuneResult:
     """Measure, refit, re-rank until the best is confirmed or `budget` runs are spent, then
@@ -355,11 +356,16 @@ def tune(
 
     `refit=False` keeps the model fitted at the start; each ranking still sees every run.
     `calibrate` runs first (the runner's calibration of the target and its drafts when this
-    host has none: see `calibrate_if_missing`). `spec_type`: tune only that type or stack
-    (against plain decoding).
+    host has none: see `calibrate_if_missing`), then `agree` (the drafts' measured agreement
+    on this task where the registry has none: see `agree_if_missing`), so the first ranking
+    already knows the verify cost and each draft's acceptance, and no run is spent on a draft
+    that agreement says cannot win. `spec_type`: tune only that type or stack (against plain
+    decoding).
     """
     if calibrate is not None:
         calibrate()
+    if agree is not None:
+        agree()
     steps: list[TuneStep] = []
     # A small ensemble: the loop refits after every run, and this host's runs move the
     # ranking mostly through the recommender's local correction, not through the refit.
@@ -441,5 +447,38 @@ def calibrate_if_missing(
             con, record, threads=threads, repetitions=repetitions, gen_tokens=gen_tokens,
             install=install, host=host,
         )  # fmt: skip
+
+    return run
+
+
+def agree_if_missing(
+    con: duckdb.DuckDBPyConnection,
+    target: Path,
+    install: LlamaInstall,
+    host: Host,
+    task: str,
+    *,
+    threads: int | None = None,
+) -> Callable[[], object]:
+    """An `agree` hook for `tune`: teacher-forced agreement (`specreg agree`) of every
+    compatible draft that has none recorded for `task` yet, seconds per draft instead of a
+    speculative run each. Returns the AgreementResult, or None when nothing was missing."""
+    from specreg.registry.quality import agreement_by_draft
+    from specreg.runner.agreement import AgreementPlan, agreement_drafts, measure_agreement
+    from specreg.runner.quality import Measuring
+    from specreg.runner.runs import model_record
+
+    def run() -> object:
+        record = model_record(con, target)
+        measured = agreement_by_draft(con, record.model_id)
+        missing = tuple(
+            d
+            for d in agreement_drafts(con, record, ())
+            if not any(r.task == task for r in measured.get(d.model_id, ()))
+        )
+        if not missing:
+            return None
+        plan = AgreementPlan(record, Path(target).resolve(), missing, (task,), 0.0)
+        return measure_agreement(con, Measuring(install, host, threads=threads), plan)
 
     return run

@@ -185,3 +185,22 @@ def test_recommend_stops_ranking_the_random_draft_once_agreement_is_measured(
     ruled_out = [a for a in rec.advice if a.startswith("measured agreement rules out")]
     assert ruled_out and "0% per token measured by `specreg agree`" in ruled_out[0]
     assert any("0% per token measured" in w for w in after[0].why)
+
+
+def test_tune_measures_missing_agreement_once_before_any_run(
+    con, llama_install, small_models: SmallModels
+) -> None:
+    from specreg.registry.scan import scan_paths
+    from specreg.runner.tune import agree_if_missing
+
+    target = small_models.smollm2.path
+    q4 = small_models.draft("smollm2", "Q4_0").path
+    scan_paths(con, [target, q4])
+    hook = agree_if_missing(con, target, llama_install, detect_host(), "json", threads=1)
+
+    first = hook()
+    rows = list_quality(con, purpose=PURPOSE_AGREEMENT)
+    assert first is not None and {Path(p.draft_path).name for p in first.points} >= {q4.name}
+    assert rows and all(r.task == "json" and r.ok for r in rows)
+    assert hook() is None  # recorded agreement is reused: no second measurement
+    assert len(list_quality(con, purpose=PURPOSE_AGREEMENT)) == len(rows)

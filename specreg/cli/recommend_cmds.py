@@ -23,7 +23,7 @@ from specreg.cli.common import (
     resolve_db,
     resolve_model_path,
 )
-from specreg.terms import POLICIES, POLICY_QUALITY
+from specreg.terms import POLICIES, POLICY_QUALITY, canonical_task
 from specreg.text import clip
 
 if TYPE_CHECKING:
@@ -241,7 +241,7 @@ def tune_cmd(
     from specreg.cli.advice import this_host
     from specreg.registry.db import opened
     from specreg.runner.llama import find_llama
-    from specreg.runner.tune import calibrate_if_missing, llama_runner, tune
+    from specreg.runner.tune import agree_if_missing, calibrate_if_missing, llama_runner, tune
     from specreg.runner.workload import load_workload
 
     host, facts = this_host(bandwidth)
@@ -255,7 +255,9 @@ def tune_cmd(
         result = tune(
             con, str(path), run_option, host=facts, task=task, policy=policy,
             budget=budget, on_step=None if as_json else _print_step,
-            calibrate=calibrate_if_missing(con, path, install, host), spec_type=spec_type,
+            calibrate=calibrate_if_missing(con, path, install, host),
+            agree=agree_if_missing(con, path, install, host, canonical_task(task)),
+            spec_type=spec_type,
         )  # fmt: skip
     if as_json:
         emit(result)
