@@ -22,7 +22,9 @@ under one run id (Ray's own task retries are off): nothing is lost or recorded t
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -136,9 +138,14 @@ class RayHosts:
         self.hosts: tuple[RayHost, ...] = ()
         self._ray: Any = None
         self._job: Any = None
+        self._stdout: contextlib.redirect_stdout[Any] = contextlib.redirect_stdout(sys.stderr)
 
     def __enter__(self) -> RayHosts:
         ray = import_ray()
+        # Ray's driver prints the cluster's error messages ("A worker died ...") on stdout from
+        # a thread of its own; stdout carries --json, and each such failure is recorded as a
+        # run anyway: while connected, Ray's prints go to stderr.
+        self._stdout.__enter__()
         try:
             ray.init(
                 address=self.address,
@@ -147,6 +154,7 @@ class RayHosts:
                 logging_level=logging.WARNING,
             )
         except Exception as err:  # noqa: BLE001 - Ray raises several types for one cause
+            self._stdout.__exit__(None, None, None)
             raise UsageError(
                 f"cannot join the Ray cluster at {self.address}: {_first_line(err)} (give the "
                 "head's address, HOST:PORT, as `ray start --head` printed it)"
@@ -155,7 +163,7 @@ class RayHosts:
         try:
             self.hosts = self._discover()
         except BaseException:
-            ray.shutdown()
+            self.__exit__()
             raise
         return self
 
@@ -163,6 +171,7 @@ class RayHosts:
         if self._ray is not None:
             self._ray.shutdown()
             self._ray = None
+            self._stdout.__exit__(None, None, None)
 
     def _discover(self) -> tuple[RayHost, ...]:
         ray = self._ray
