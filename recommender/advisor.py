@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from specreg.recommender.host import HostFacts
-from specreg.recommender.local import local_observations
+from specreg.recommender.local import local_observations, other_host_observations
 from specreg.recommender.predictor import SpeedPredictor
 from specreg.recommender.prior import Observation, load_prior
 from specreg.recommender.recommend import Recommendation, recommend
@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 class Advisor:
     """A fitted model, the host it predicts for, and the evidence it cites.
 
-    observations: the shipped prior plus this host's usable local runs, in that order.
+    observations: the shipped prior, this host's usable local runs and other hosts' runs
+    (source `other-host`, with their own host's facts), in that order.
     """
 
     host: HostFacts
@@ -77,11 +78,13 @@ def open_advisor(
     cached. With `model`: that fitted model as it is, next to the current evidence.
     """
     local = local_observations(con, host)
+    # other hosts' runs inform the fit as prior rows do, with their own host's facts
+    evidence = [*local, *other_host_observations(con, host)]
     if model is None:
         if estimator is not None:
-            model = fit(local, estimator).predictor()
+            model = fit(evidence, estimator).predictor()
         else:
             trained = load_trained()
-            model = trained[0] if trained else cached_fit(local)
-    observations: Sequence[Observation] = (*load_prior().observations, *local)
+            model = trained[0] if trained else cached_fit(evidence)
+    observations: Sequence[Observation] = (*load_prior().observations, *evidence)
     return Advisor(host=host, model=model, observations=tuple(observations), n_local=len(local))

@@ -5,6 +5,13 @@
 recorded runs on this host into `Observation`s that the model is refitted on and that
 `recommend` cites as evidence; runs that are no evidence of first use (`first_use_evidence`:
 replay-affected, flagged, or a warm server's figure of a stateful method) are left out here.
+
+Runs measured on other hosts (Ray results, `specreg runs import`) keep their host apart:
+`other_host_observations` gives them their own host's facts (its bandwidth and cores, its
+calibration, its plain baseline) and the source `other-host`, so they enter the fit as a prior
+row does (what the model shares across hosts: the effect of bandwidth, cores, sizes, K) and are
+never this host's measured evidence (weighted, cited and pulled towards as `local` only).
+A run whose host's bandwidth is unknown is left out: this host's would misplace it.
 """
 
 from __future__ import annotations
@@ -79,21 +86,66 @@ def _run_task(run: RunRecord) -> str:
     return run.task or "chat"
 
 
-def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[Observation]:
-    """This host's successful runs with a measured speed, as observations."""
-    if host.fingerprint is None:
-        return []
+SOURCE_LOCAL = "local"
+SOURCE_OTHER_HOST = "other-host"
+
+
+def _evidence_runs(con: duckdb.DuckDBPyConnection) -> list[RunRecord]:
+    """Successful runs with a measured speed that are evidence of first use."""
     try:
         runs = list_runs(con, status="ok")
     except duckdb.Error:  # a registry without the runs tables has no local evidence
         return []
     # Runs whose figures are no evidence of first use (replays of a method that keeps state,
     # warm-server figures of such a method) stay in the registry but teach the model nothing.
-    mine = [
-        r
-        for r in runs
-        if r.host_fingerprint == host.fingerprint and r.tokens_per_s and r.first_use_evidence
-    ]
+    return [r for r in runs if r.tokens_per_s and r.first_use_evidence]
+
+
+def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[Observation]:
+    """This host's successful runs with a measured speed, as observations."""
+    if host.fingerprint is None:
+        return []
+    mine = [r for r in _evidence_runs(con) if r.host_fingerprint == host.fingerprint]
+    return _observations(con, mine, host, SOURCE_LOCAL)
+
+
+def _other_host(con: duckdb.DuckDBPyConnection, fp: str, runs: list[RunRecord]) -> HostFacts | None:
+    """Another host's facts from its runs (the bandwidth a Ray host or an export attached),
+    else its bandwidth measured by `specreg doctor` in this registry; None when unknown."""
+    from specreg.registry.calibration import latest_bandwidth
+
+    facts = [r.host or {} for r in runs]
+    cores = next((int(f["physical_cores"]) for f in facts if f.get("physical_cores")), None)
+    bandwidth = next((float(f["bandwidth_gbs"]) for f in facts if f.get("bandwidth_gbs")), None)
+    if bandwidth is None:
+        try:
+            measured = latest_bandwidth(con, fp)
+        except duckdb.Error:  # a registry without the calibration tables
+            measured = None
+        bandwidth = measured.read_gbs if measured is not None else None
+    if bandwidth is None or cores is None:
+        return None
+    return HostFacts(bandwidth, cores, "recorded", fp)
+
+
+def other_host_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[Observation]:
+    """Other hosts' successful runs, each with its own host's facts, as prior-like rows."""
+    by_host: dict[str, list[RunRecord]] = {}
+    for r in _evidence_runs(con):
+        if r.host_fingerprint and r.host_fingerprint != host.fingerprint:
+            by_host.setdefault(r.host_fingerprint, []).append(r)
+    out: list[Observation] = []
+    for fp, runs in sorted(by_host.items()):
+        facts = _other_host(con, fp, runs)
+        if facts is not None:
+            out += _observations(con, runs, facts, SOURCE_OTHER_HOST)
+    return out
+
+
+def _observations(
+    con: duckdb.DuckDBPyConnection, mine: list[RunRecord], host: HostFacts, source: str
+) -> list[Observation]:
+    """`mine` (runs of the one host `host` describes) as observations from `source`."""
     by_id = {r.run_id: r for r in mine}
     # plain runs per target: the baseline of that target on this host
     plain: dict[str, list[float]] = {}
@@ -168,10 +220,10 @@ def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[
             Observation(
                 config=config,
                 tps=float(r.tokens_per_s or 0),
-                source="local",
+                source=source,
                 row_id=f"run:{r.run_id}",
                 group=t.model_id,
-                host=host.fingerprint,
+                host=host.fingerprint or "",
                 acceptance=r.acceptance,
                 note=r.config_label,
             )

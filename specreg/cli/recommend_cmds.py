@@ -186,13 +186,13 @@ def _print_recommendation(rec: Recommendation, commands: Sequence[str], top: int
 def train_cmd(no_cv: bool, bandwidth: float | None, db_path: Path | None, as_json: bool) -> None:
     """Refit the speed model on the shipped prior and this host's runs; print CV error."""
     from specreg.cli.advice import this_host
-    from specreg.recommender.local import local_observations
+    from specreg.recommender.local import local_observations, other_host_observations
     from specreg.recommender.train import train
     from specreg.registry.db import opened
 
     host, facts = this_host(bandwidth)
     with opened(resolve_db(db_path), read_only=True) as con:
-        local = local_observations(con, facts)
+        local = [*local_observations(con, facts), *other_host_observations(con, facts)]
     _, summary, report = train(local, host=host.fingerprint, with_cv=not no_cv)
     if as_json:
         emit(summary)
