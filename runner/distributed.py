@@ -29,13 +29,20 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
 from specreg.errors import UsageError
 from specreg.registry.runs import RunRecord, finish_run, interrupt_run, start_run
 from specreg.runner.sweep import Job, Outcome
+
+if TYPE_CHECKING:
+    from specreg.recommender.host import HostFacts
+    from specreg.recommender.recommend import Option
+    from specreg.runner.tune import TuneResult, TuneStep
+    from specreg.runner.workload import Workload
 
 log = logging.getLogger(__name__)
 
@@ -295,3 +302,101 @@ class RayHosts:
                     log.warning("cannot cancel the job on %s: %s", host.name, cancel_err)
                 interrupt_run(con, run_id, f"stopped before it finished ({type(err).__name__})")
             raise
+
+
+# -- tune on a Ray host -----------------------------------------------------------------------
+
+
+def tune_host(hosts: RayHosts, name: str | None) -> tuple[RayHost, HostFacts]:
+    """The one host `tune` answers for, and its facts as the recommender sees them."""
+    from specreg.recommender.host import HostFacts
+
+    if name is None:
+        if len(hosts.hosts) != 1:
+            raise UsageError(
+                f"tune answers for one host: add --host NAME (one of {', '.join(hosts.names())})"
+            )
+        chosen = hosts.hosts[0]
+    else:
+        chosen = hosts.host(name)
+    bandwidth = chosen.facts.get("bandwidth_gbs")
+    facts = HostFacts(
+        float(bandwidth) if bandwidth else 0.0,
+        int(chosen.facts.get("physical_cores") or 1),
+        str(chosen.facts.get("bandwidth_source") or "recorded"),
+        chosen.fingerprint,
+        note=f"Ray host {chosen.name}",
+    )
+    return chosen, facts
+
+
+def ray_runner(
+    con: duckdb.DuckDBPyConnection,
+    hosts: RayHosts,
+    host: RayHost,
+    target: Path,
+    workload: Workload,
+    *,
+    task: str | None,
+    n_predict: int = 64,
+    repeats: int = 3,
+    threads: int | None = None,
+) -> Callable[[Option], tuple[float | None, int | None]]:
+    """tune's `run_option` on the Ray host `host`: each option measured there, recorded here.
+    A lookup cache is a file of this registry: such options are not sent (no run)."""
+    from specreg.registry.runs import new_run_uuid
+    from specreg.runner.runs import model_record
+    from specreg.runner.tune import option_config
+
+    target_id = model_record(con, target).model_id
+
+    def run_option(option: Option) -> tuple[float | None, int | None]:
+        if option.lookup_cache:
+            log.warning("%s reads a lookup cache of this registry: not run on %s", option.label,
+                        host.name)  # fmt: skip
+            return None, None
+        job = Job(
+            run_uuid=new_run_uuid(), label=option.label,
+            config=option_config(option).with_(threads=threads), target_id=target_id,
+            target_path=str(target), draft_id=option.draft_id, draft_path=option.draft_path,
+            workload=workload, task=task, n_predict=n_predict, repeats=repeats, kind="run",
+            host=host.name,
+        )  # fmt: skip
+        (outcome,), _, _ = hosts.run(con, [job], retry_elsewhere=False, on_run=None)
+        record = outcome.record
+        return (record.tokens_per_s if record.status == "ok" else None), outcome.run_id
+
+    return run_option
+
+
+def tune_on_ray(
+    con: duckdb.DuckDBPyConnection,
+    target: Path,
+    address: str,
+    host_name: str | None,
+    *,
+    task: str,
+    policy: str,
+    budget: int,
+    n_predict: int,
+    repeats: int,
+    spec_type: str | None = None,
+    on_step: Callable[[TuneStep], None] | None = None,
+) -> TuneResult:
+    """`specreg tune --ray`: tune for one host of the cluster, every run measured there and
+    recorded here; the recommender predicts for that host (its fingerprint, bandwidth and
+    cores), so its runs are its local evidence. Calibration and agreement, which run
+    llama.cpp on this machine, are left out."""
+    from specreg.runner.tune import tune
+    from specreg.runner.workload import load_workload
+
+    with RayHosts(address, (host_name,) if host_name else ()) as hosts:
+        host, facts = tune_host(hosts, host_name)
+        run_option = ray_runner(
+            con, hosts, host, target, load_workload((task,)), task=task, n_predict=n_predict,
+            repeats=repeats,
+        )  # fmt: skip
+        return tune(
+            con, str(target), run_option, host=facts, task=task, policy=policy, budget=budget,
+            on_step=on_step, spec_type=spec_type,
+        )  # fmt: skip

@@ -198,3 +198,27 @@ def test_a_worker_killed_mid_run_is_a_failed_run_and_the_sweep_finishes_elsewher
     assert len({r.run_uuid for r in runs}) == len(runs) == len(doc["runs"])
     assert {r.status for r in runs} <= {"ok", "failed"}
     assert llama_servers(lab) == []
+
+
+def test_tune_on_a_ray_host_records_its_runs_here_for_that_host(
+    lab: RayLab,
+    small_models: SmallModels,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    db = tmp_path / "caller.duckdb"
+    done = subprocess.run(
+        [sys.executable, "-m", "specreg", "tune", str(small_models.smollm2.path), "--ray",
+         lab.address, "--host", "beta", "--budget", "2", "--n-predict", "16", "--repeat", "1",
+         "--task", "code", "--db", str(db), "--json"],
+        env=caller_env(lab, tmp_path / "home"), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    runs = runs_of(db)
+    assert sorted(r.run_id for r in runs) == sorted(s["run_id"] for s in doc["runs"])
+    assert len(runs) == 2 and {r.status for r in runs} == {"ok"}
+    # measured on beta, recorded here, and tune's evidence is beta's: its plain run counts
+    assert {r.host_fingerprint for r in runs} == {fingerprint("beta", monkeypatch)}
+    assert doc["runs"][0]["label"] == "plain" and doc["baseline_tps"]
+    assert llama_servers(lab) == []

@@ -221,6 +221,15 @@ def _print_train(summary: TrainSummary, report: CVReport | None) -> None:
 )
 @click.option("--n-predict", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--repeat", "repeats", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option(
+    "--ray",
+    "ray_address",
+    metavar="ADDRESS",
+    default=None,
+    help="Tune for a host of this Ray cluster: every run measured there, recorded here "
+    "(pip install 'specreg[ray]').",
+)
+@click.option("--host", "ray_host", metavar="NAME", default=None, help="That Ray host's name.")
 def tune_cmd(
     target: str,
     task: str,
@@ -233,10 +242,13 @@ def tune_cmd(
     budget: int,
     n_predict: int,
     repeats: int,
+    ray_address: str | None,
+    ray_host: str | None,
 ) -> None:
     """Measure the most promising configurations of TARGET until the best is confirmed.
 
-    TARGET is a path, an id prefix or a name.
+    TARGET is a path, an id prefix or a name. With --ray the runs happen on one host of a Ray
+    cluster (--host NAME when it has several) and the answer is for that host.
     """
     from specreg.cli.advice import this_host
     from specreg.registry.db import opened
@@ -244,6 +256,20 @@ def tune_cmd(
     from specreg.runner.tune import agree_if_missing, calibrate_if_missing, llama_runner, tune
     from specreg.runner.workload import load_workload
 
+    if ray_address is not None or ray_host is not None:
+        from specreg.errors import UsageError
+        from specreg.runner.distributed import import_ray, tune_on_ray
+
+        if ray_address is None:
+            raise UsageError("--host names a Ray host: add --ray ADDRESS")
+        import_ray()
+        with opened(resolve_db(db_path)) as con:
+            result = tune_on_ray(
+                con, resolve_model_path(con, target), ray_address, ray_host, task=task,
+                policy=policy, budget=budget, n_predict=n_predict, repeats=repeats,
+                spec_type=spec_type, on_step=None if as_json else _print_step,
+            )  # fmt: skip
+        return emit(result) if as_json else _print_tune(result)
     host, facts = this_host(bandwidth)
     install = find_llama(llama_bin)
     with opened(resolve_db(db_path)) as con:
