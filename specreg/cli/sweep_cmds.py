@@ -109,6 +109,10 @@ def sweep_cmd(target: str, **kw: Any) -> None:
     from specreg.runner.sweep import parse_grid, plan_sweep, sweep, sweep_hosts
     from specreg.runner.workload import load_workload
 
+    if kw["ray_address"] is not None and not kw["dry_run"]:
+        from specreg.runner.distributed import import_ray
+
+        import_ray()  # before any model is scanned: one line on how to get Ray
     grid = parse_grid(kw["grids"])
     tasks = tuple(dict.fromkeys(kw["tasks"])) or ("code",)
     workload = load_workload(tasks, kw["prompts_file"]).head(kw["max_prompts"])
