@@ -26,8 +26,9 @@ def test_the_users_stack_runs_is_recorded_whole_and_verifies(
     smol = str(small_models.smollm2.path)
     draft = str(small_models.draft("smollm2", "Q4_0").path)
     db = str(tmp_path / "r.duckdb")
-    args = [smol, "--spec-type", "ngram-mod,draft-simple", "--draft", draft, "--task", "code",
-            "--max-prompts", "1", *FEW, "--llama-bin", str(llama_bin), "--db", db, "--json"]  # fmt: skip
+    stack = ["--spec-type", "ngram-mod,draft-simple", "--draft", draft]
+    where = ["--task", "code", "--max-prompts", "1", "--llama-bin", str(llama_bin), "--db", db]
+    args = [smol, *stack, *where, *FEW, "--json"]
     run = specreg_json("run", *args)["run"]
     assert run["status"] == "ok" and run["spec_type"] == "ngram-mod,draft-simple"
     assert run["config"]["spec_type"] == "ngram-mod,draft-simple"
