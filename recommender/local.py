@@ -31,7 +31,9 @@ from specreg.registry.runs import RunRecord, list_runs
 from specreg.stacks import NGRAM_CACHE, StackError, stack_of
 from specreg.terms import DEFAULT_TYPE_OF, NGRAM_CACHE_DRAFT_MAX, Method, arch_family
 
-# llama.cpp's ngram-mod default match length (common/common.h of the pinned build)
+# The n-gram match length the model scores lookup candidates with: the prior's lookup rows
+# were measured with n = 3..5 (4 the most common). This is a feature value, not the flag
+# specreg passes: the pinned llama-server's ngram-mod matches 24 tokens by default.
 NGRAM_MATCH_DEFAULT = 4
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import duckdb
 
+from specreg.registry.db import where_equal
+
 CALIBRATIONS = "calibrations"
 CALIBRATION_POINTS = "calibration_points"
 HOST_BANDWIDTH = "host_bandwidth"
@@ -266,18 +268,10 @@ def list_calibrations(
     latest_only: bool = True,
 ) -> list[CalibrationRecord]:
     """Calibrations, newest first; with `latest_only`, the newest per (host, model, threads)."""
-    where, params = [], []
-    for column, value in (
-        ("host_fingerprint", host_fingerprint),
-        ("model_id", model_id),
-        ("threads", threads),
-    ):
-        if value is not None:
-            where.append(f"{column} = ?")
-            params.append(value)
-    sql = f"SELECT {_CAL_SELECT} FROM {CALIBRATIONS}"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
+    where, params = where_equal(
+        host_fingerprint=host_fingerprint, model_id=model_id, threads=threads
+    )
+    sql = f"SELECT {_CAL_SELECT} FROM {CALIBRATIONS}{where}"
     if latest_only:
         sql += (
             " QUALIFY row_number() OVER (PARTITION BY host_fingerprint, model_id, threads"

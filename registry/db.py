@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specreg.errors import RegistryError
 
@@ -141,3 +141,12 @@ def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConne
         con.execute("ROLLBACK")
         raise
     con.execute("COMMIT")
+
+
+def where_equal(**columns: Any) -> tuple[str, list[Any]]:
+    """` WHERE a = ? AND b = ?` for the columns given a value (None: no filter), and its
+    parameters; an empty clause when no column is given one. Column names are the caller's
+    code, never user input."""
+    given = {c: v for c, v in columns.items() if v is not None}
+    clause = " AND ".join(f"{c} = ?" for c in given)
+    return (f" WHERE {clause}" if clause else ""), list(given.values())

@@ -23,7 +23,7 @@ from typing import Any
 import duckdb
 
 from specreg.errors import UsageError
-from specreg.registry.db import transaction
+from specreg.registry.db import transaction, where_equal
 from specreg.registry.queries import human_bytes, human_count
 
 LOOKUP_CACHES = "lookup_caches"
@@ -216,17 +216,8 @@ def list_caches(
     task: str | None = None,
 ) -> list[LookupCache]:
     """Caches by name; only those of one tokenizer family and/or task when given."""
-    where: list[str] = []
-    params: list[Any] = []
-    if tok_fingerprint is not None:
-        where.append("tok_fingerprint = ?")
-        params.append(tok_fingerprint)
-    if task is not None:
-        where.append("task = ?")
-        params.append(task)
-    sql = f"SELECT {_SELECT} FROM {LOOKUP_CACHES}"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
+    where, params = where_equal(tok_fingerprint=tok_fingerprint, task=task)
+    sql = f"SELECT {_SELECT} FROM {LOOKUP_CACHES}{where}"
     try:
         rows = con.execute(sql + " ORDER BY name", params).fetchall()
     except duckdb.CatalogException:  # a registry from before migration 6 (read-only open)

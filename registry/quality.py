@@ -21,7 +21,7 @@ from typing import Any
 
 import duckdb
 
-from specreg.registry.db import transaction
+from specreg.registry.db import transaction, where_equal
 
 QUALITY_TABLE = "quality_measurements"
 PURPOSE_QUALITY = "quality"
@@ -174,21 +174,10 @@ def list_quality(
     limit: int | None = None,
 ) -> list[QualityRecord]:
     """Measurements, newest first, filtered by purpose, models, task and status."""
-    where, params = [], []
-    for column, value in (
-        ("purpose", purpose),
-        ("base_model_id", base_model_id),
-        ("model_id", model_id),
-        ("task", task),
-        ("status", status),
-    ):
-        if value is not None:
-            where.append(f"{column} = ?")
-            params.append(value)
-    sql = f"SELECT {_SELECT} FROM {QUALITY_TABLE}"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY measurement_id DESC"
+    where, params = where_equal(
+        purpose=purpose, base_model_id=base_model_id, model_id=model_id, task=task, status=status
+    )
+    sql = f"SELECT {_SELECT} FROM {QUALITY_TABLE}{where} ORDER BY measurement_id DESC"
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     return [_from_row(r) for r in con.execute(sql, params).fetchall()]

