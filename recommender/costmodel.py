@@ -68,6 +68,19 @@ def drafted_acceptance(a: np.ndarray | float, k: np.ndarray | float) -> np.ndarr
     return (expected_tokens_per_step(a, k) - 1.0) / k
 
 
+def per_token_acceptance(drafted: float, k: int) -> float:
+    """The per-token acceptance whose drafted acceptance (llama.cpp's accepted / drafted) at
+    draft length `k` is `drafted`: the inverse of `drafted_acceptance`, which rises with it."""
+    lo, hi = 0.0, 1.0 - 1e-9
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if float(drafted_acceptance(mid, k)) < drafted:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 def logit(p: np.ndarray | float, eps: float = 1e-3) -> np.ndarray:
     """log(p / (1 - p)), with p clipped to [eps, 1 - eps] (measured rates of 0 % and 100 %)."""
     p = np.clip(np.asarray(p, dtype=float), eps, 1.0 - eps)

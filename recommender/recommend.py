@@ -35,6 +35,7 @@ from specreg.recommender.costmodel import (
     expected_tokens_per_step,
     logit,
     ngram_draft_rate,
+    per_token_acceptance,
     predict_tps,
     roofline_tps,
     verify_ratio,
@@ -584,8 +585,14 @@ def recommend(
     acc = model.predict_acceptance(X)
     plain_tps = float(mid[0])
     by_key: dict[tuple[object, ...], list[float]] = {}
+    # per-token acceptance of each K curve (pair, method, stack, task...), from its runs'
+    # accepted / drafted at the K they ran: one figure for every K of the curve
+    accepted_by_curve: dict[tuple[object, ...], list[float]] = {}
     for o in local:
         by_key.setdefault(_config_key(o.config), []).append(o.tps)
+        if o.acceptance is not None and o.config.k > 0:
+            a_run = per_token_acceptance(o.acceptance, o.config.k)
+            accepted_by_curve.setdefault(_k_curve(o.config), []).append(a_run)
     measured_plain = by_key.get(_config_key(base), [])
     if measured_plain:
         plain_tps = _posterior(plain_tps, float(sigma[0]), measured_plain)[0]
@@ -622,6 +629,8 @@ def recommend(
         m, s = _posterior(float(mid[i]), float(sigma[i]), meas)
         tps, tlo, thi = m, m * math.exp(-z * s), m * math.exp(z * s)
         a = float(acc[i]) if c.method is not Method.NONE else None
+        if a is not None and (measured := accepted_by_curve.get(_k_curve(c))):
+            a = float(np.median(measured))  # as this host's runs measured it
         why = _why(c, model, a or 0.0, plain_tps)
         if (used := adjusted.used[i]) is not None:
             why = agreement_why(why, used, c.k)

@@ -21,6 +21,7 @@ from specreg.recommender.agreement import (
     drafted_acceptance_at,
     effective_acceptance,
 )
+from specreg.recommender.costmodel import drafted_acceptance
 from specreg.recommender.host import REFERENCE_HOST
 from specreg.recommender.local import local_observations
 from specreg.recommender.prior import load_prior
@@ -138,6 +139,10 @@ def test_runs_of_the_pair_outrank_agreement(demo_con, prior_model, pair) -> None
     ds = drafts_of(rec(demo_con, prior_model, target, host=MY_HOST))
     assert ds and {o.acceptance_source for o in ds} == {ACC_RUN}
     assert all(o.agreement is None for o in ds)
+    # what the run measured (300 of 400 drafted at K=8), per token, for every K of the pair
+    assert {round(o.acceptance, 6) for o in ds} == {round(ds[0].acceptance, 6)}  # type: ignore[arg-type]
+    k8 = next(o for o in ds if o.k == 8)
+    assert float(drafted_acceptance(k8.acceptance, 8)) == pytest.approx(0.75, abs=1e-6)  # type: ignore[arg-type]
 
 
 def test_quality_cost_measured_predicted_and_the_budget(demo_con, prior_model) -> None:  # type: ignore[no-untyped-def]
