@@ -267,11 +267,11 @@ def runs_cmd(
 ) -> None:
     """List recorded runs, newest first; `runs RUN_ID` shows one run with its prompts;
     `runs export FILE` / `runs import FILE` merge registries of other hosts (parquet)."""
+    if ctx.invoked_subcommand is not None:  # before any import: `runs export --help` is fast
+        return
     from specreg.registry.db import opened
     from specreg.registry.runs import RunList, list_runs
 
-    if ctx.invoked_subcommand is not None:
-        return
     status = "failed" if failed else None
     with opened(resolve_db(db_path), read_only=True) as con:
         found = RunList(tuple(list_runs(con, status=status, limit=limit, with_prompts=as_json)))
