@@ -292,23 +292,23 @@ TYPE_K = TypeK()
 # --- which llama.cpp's rules -------------------------------------------------------------
 
 
-def llama_bin_option(func: F) -> F:
-    """`--llama-bin DIR`: the llama.cpp to run (the usual search order otherwise)."""
-    return click.option(
-        "--llama-bin",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=None,
-        help="Folder with llama.cpp's binaries (default: $SPECREG_LLAMA_BIN, PATH, the cache).",
-    )(func)
+LLAMA_BIN_HELP = "Folder with llama.cpp's binaries (default: $SPECREG_LLAMA_BIN, PATH, the cache)."
+
+
+def llama_bin_option(func: F | None = None, *, help: str = LLAMA_BIN_HELP) -> Any:
+    """`--llama-bin DIR`: the llama.cpp to run (the usual search order otherwise). Used bare
+    (`@llama_bin_option`) or with a command's own help (`@llama_bin_option(help=...)`)."""
+    option = click.option(
+        "--llama-bin", type=click.Path(file_okay=False, path_type=Path), default=None, help=help
+    )
+    return option if func is None else option(func)
 
 
 def build_option(func: F) -> F:
-    func = click.option(
-        "--llama-bin",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=None,
+    func = llama_bin_option(
+        func,
         help="Apply the rules of the llama.cpp build in this folder (also $SPECREG_LLAMA_BIN).",
-    )(func)
+    )
     return click.option(
         "--llama-build",
         type=click.IntRange(min=0),

@@ -14,6 +14,7 @@ from specreg.cli.common import (
     db_option,
     emit,
     json_option,
+    llama_bin_option,
     resolve_db,
     resolve_model_path,
 )
@@ -47,10 +48,7 @@ def lookup_group() -> None:
     help="Take the prompts and outputs of this run only (repeatable; implies --from-runs).",
 )  # fmt: skip
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="llama.cpp threads.")
-@click.option(
-    "--llama-bin", type=click.Path(file_okay=False, path_type=Path), default=None,
-    help="Folder with llama-lookup-create (default: $SPECREG_LLAMA_BIN, PATH, the cached build).",
-)  # fmt: skip
+@llama_bin_option
 @db_option
 @json_option
 def build_cmd(

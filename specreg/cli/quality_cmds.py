@@ -17,6 +17,7 @@ from specreg.cli.common import (
     emit,
     err_console,
     json_option,
+    llama_bin_option,
     resolve_db,
     resolve_model_path,
 )
@@ -50,10 +51,7 @@ def _measure_options(func: F) -> F:
             "--max-logits-gb", type=float, default=1.0, show_default=True,
             help="Largest saved-logits file to write (about n_vocab x tokens x 2 bytes).",
         ),
-        click.option(
-            "--llama-bin", type=click.Path(file_okay=False, path_type=Path), default=None,
-            help="Folder with llama-perplexity (default: $SPECREG_LLAMA_BIN, PATH, the cache).",
-        ),
+        llama_bin_option,
         db_option,
         json_option,
     ]  # fmt: skip

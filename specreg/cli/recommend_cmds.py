@@ -20,6 +20,7 @@ from specreg.cli.common import (
     emit_document,
     err_console,
     json_option,
+    llama_bin_option,
     resolve_db,
     resolve_model_path,
 )
@@ -60,12 +61,7 @@ def _common(func: F) -> F:
             default=None,
             help="Memory bandwidth in GB/s (default: a cached copy benchmark, an estimate).",
         ),
-        click.option(
-            "--llama-bin",
-            type=click.Path(file_okay=False, path_type=Path),
-            default=None,
-            help="Folder with llama-server, for commands in its flag dialect.",
-        ),
+        llama_bin_option(help="Folder with llama-server, for commands in its flag dialect."),
         db_option,
         json_option,
     ]

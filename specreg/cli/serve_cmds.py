@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING
 import click
 from rich.table import Table
 
-from specreg.cli.common import console, db_option, emit, err_console, json_option, resolve_db
+from specreg.cli.common import (
+    console,
+    db_option,
+    emit,
+    err_console,
+    json_option,
+    llama_bin_option,
+    resolve_db,
+)
 
 if TYPE_CHECKING:
     from specreg.serve.backends import BackendStatus
@@ -50,12 +58,7 @@ SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'spe
 @click.option(
     "--max-body", type=int, default=1 << 20, show_default=True, help="Largest request (bytes)."
 )
-@click.option(
-    "--llama-bin",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Folder with llama-server (default: SPECREG_LLAMA_BIN, PATH, the cached build).",
-)
+@llama_bin_option
 @click.option("--bandwidth", type=float, default=None, help="Memory bandwidth in GB/s.")
 @click.option("--no-record", is_flag=True, help="Do not record served requests as runs.")
 @click.option(

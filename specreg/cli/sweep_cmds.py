@@ -16,6 +16,7 @@ from specreg.cli.common import (
     emit,
     err_console,
     json_option,
+    llama_bin_option,
     resolve_db,
     resolve_model_path,
 )
@@ -86,11 +87,8 @@ _POSITIVE = click.IntRange(min=1)
     help="A run whose Ray host died under it runs again on another host.",
 )
 @click.option("--dry-run", is_flag=True, help="List the points and run nothing.")
-@click.option(
-    "--llama-bin",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Folder with llama-server for runs on this machine (Ray hosts use their own).",
+@llama_bin_option(
+    help="Folder with llama-server for runs on this machine (Ray hosts use their own)."
 )
 @db_option
 @json_option
