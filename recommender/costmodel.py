@@ -68,16 +68,17 @@ def drafted_acceptance(a: np.ndarray | float, k: np.ndarray | float) -> np.ndarr
     return (expected_tokens_per_step(a, k) - 1.0) / k
 
 
-def per_token_acceptance(drafted: float, k: int) -> float:
+def per_token_acceptance(drafted: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
     """The per-token acceptance whose drafted acceptance (llama.cpp's accepted / drafted) at
-    draft length `k` is `drafted`: the inverse of `drafted_acceptance`, which rises with it."""
-    lo, hi = 0.0, 1.0 - 1e-9
+    draft length `k` is `drafted`: the inverse of `drafted_acceptance`, which rises with it
+    (bisection, all elements at once)."""
+    drafted = np.asarray(drafted, dtype=float)
+    lo = np.zeros(np.broadcast(drafted, np.asarray(k)).shape)
+    hi = np.full_like(lo, 1.0 - 1e-9)
     for _ in range(50):
         mid = (lo + hi) / 2
-        if float(drafted_acceptance(mid, k)) < drafted:
-            lo = mid
-        else:
-            hi = mid
+        below = drafted_acceptance(mid, k) < drafted
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
     return (lo + hi) / 2
 
 

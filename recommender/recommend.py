@@ -587,12 +587,16 @@ def recommend(
     by_key: dict[tuple[object, ...], list[float]] = {}
     # per-token acceptance of each K curve (pair, method, stack, task...), from its runs'
     # accepted / drafted at the K they ran: one figure for every K of the curve
-    accepted_by_curve: dict[tuple[object, ...], list[float]] = {}
     for o in local:
         by_key.setdefault(_config_key(o.config), []).append(o.tps)
-        if o.acceptance is not None and o.config.k > 0:
-            a_run = per_token_acceptance(o.acceptance, o.config.k)
-            accepted_by_curve.setdefault(_k_curve(o.config), []).append(a_run)
+    drafting = [o for o in local if o.acceptance is not None and o.config.k > 0]
+    per_token = per_token_acceptance(
+        np.array([o.acceptance for o in drafting], dtype=float),
+        np.array([o.config.k for o in drafting], dtype=float),
+    )
+    accepted_by_curve: dict[tuple[object, ...], list[float]] = {}
+    for o, a_run in zip(drafting, per_token, strict=True):
+        accepted_by_curve.setdefault(_k_curve(o.config), []).append(float(a_run))
     measured_plain = by_key.get(_config_key(base), [])
     if measured_plain:
         plain_tps = _posterior(plain_tps, float(sigma[0]), measured_plain)[0]
