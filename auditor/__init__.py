@@ -27,7 +27,7 @@ from specreg.auditor.rules import (
 )
 from specreg.auditor.store import latest_audit_id, save_audit, stored_edges
 from specreg.auditor.verdict import Check, DraftList, PairVerdict, Severity, Verdict
-from specreg.registry.quality import agreement_by_draft, agreement_json
+from specreg.registry.quality_store import agreement_by_draft, agreement_json
 from specreg.registry.queries import ModelRecord, list_models, resolve_model
 
 if TYPE_CHECKING:

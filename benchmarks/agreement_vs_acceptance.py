@@ -28,24 +28,25 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
-from specreg.recommender.agreement import drafted_acceptance_at
+from specreg.host.facts import detect_host_facts
+from specreg.host.machine import detect_host
+from specreg.llama.config import Config
+from specreg.llama.install import find_llama
+from specreg.llama.perplexity import LogitsCache
+from specreg.quality.agreement import measure_agreement, plan_agreement
+from specreg.quality.kld import Measuring
+from specreg.recommender.acceptance import drafted_acceptance_at
 from specreg.recommender.costmodel import drafted_acceptance
 from specreg.recommender.features import ConfigFacts, feature_matrix
-from specreg.recommender.host import detect_host_facts
 from specreg.recommender.local import draft_fields, target_fields
 from specreg.recommender.train import cached_fit, load_trained
 from specreg.registry.db import opened
-from specreg.runner.agreement import measure_agreement, plan_agreement
-from specreg.runner.config import Config
-from specreg.runner.host import detect_host
-from specreg.runner.llama import find_llama
+from specreg.registry.scan import model_record
 from specreg.runner.measure import measure
-from specreg.runner.perplexity import LogitsCache
-from specreg.runner.quality import Measuring
-from specreg.runner.runs import model_record
-from specreg.runner.small_models import ensure_test_models, models_dir
-from specreg.runner.synthetic import ensure_synthetic_models
 from specreg.runner.workload import TASKS, Workload, task_prompts
+from specreg.samples.model_files import models_dir
+from specreg.samples.small_models import ensure_test_models
+from specreg.samples.synthetic import ensure_synthetic_models
 from specreg.terms import Method
 
 

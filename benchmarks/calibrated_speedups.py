@@ -31,20 +31,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specreg.host.facts import detect_host_facts
+from specreg.host.machine import Host, detect_host
+from specreg.llama.config import Config
+from specreg.llama.install import LlamaInstall, find_llama
 from specreg.recommender.advisor import open_advisor
-from specreg.recommender.host import detect_host_facts
 from specreg.recommender.recommend import Option
 from specreg.registry.calibration import latest_calibration
 from specreg.registry.db import opened
-from specreg.registry.scan import scan_paths
+from specreg.registry.scan import model_record, scan_paths
 from specreg.runner import runs
 from specreg.runner.calibrate import calibrate_target
-from specreg.runner.config import Config
-from specreg.runner.host import Host, detect_host
-from specreg.runner.llama import LlamaInstall, find_llama
-from specreg.runner.runs import model_record
-from specreg.runner.small_models import SmallModel, ensure_test_models
 from specreg.runner.workload import load_workload
+from specreg.samples.model_files import SmallModel
+from specreg.samples.small_models import ensure_test_models
 from specreg.terms import Method
 
 TOLERANCE = 0.25

@@ -120,8 +120,8 @@ def main() -> None:
     ap.add_argument("--n-predict", type=int, default=96)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    from specreg.runner.llama import find_llama
-    from specreg.runner.small_models import ensure_test_models
+    from specreg.llama.install import find_llama
+    from specreg.samples.small_models import ensure_test_models
 
     install = find_llama()
     models = ensure_test_models(install.binary("llama-quantize"))

@@ -19,12 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from specreg.host.machine import detect_host
+from specreg.llama.install import find_llama
+from specreg.llama.perplexity import LogitsCache
+from specreg.quality.kld import Measuring, measure_quality, plan_quality, quality_texts
 from specreg.registry.db import opened
-from specreg.runner.host import detect_host
-from specreg.runner.llama import find_llama
-from specreg.runner.perplexity import LogitsCache
-from specreg.runner.quality import Measuring, measure_quality, plan_quality, quality_texts
-from specreg.runner.small_models import ensure_test_models
+from specreg.samples.small_models import ensure_test_models
 
 
 def main() -> None:

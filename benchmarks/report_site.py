@@ -60,7 +60,7 @@ def make_collection(root: Path, n_models: int) -> None:
     from gguf.constants import GGMLQuantizationType as Q
     from gguf.constants import TokenType
 
-    from specreg.registry.demo import Arch, DemoModel, Vocab, write_demo_model
+    from specreg.samples.demo import Arch, DemoModel, Vocab, write_demo_model
 
     families = []
     for f in range(8):
@@ -88,7 +88,7 @@ def record_sweeps(db: Path, n_targets: int = 12) -> int:
     """K sweeps (4..48) on two tasks for a few large targets, with one small draft each."""
     from specreg.registry.db import opened
     from specreg.registry.queries import list_models
-    from specreg.registry.runs import RunRecord, record_run
+    from specreg.registry.run_store import RunRecord, record_run
 
     n = 0
     with opened(db) as con:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from specreg.runner.config import Config
-from specreg.runner.host import detect_host
-from specreg.runner.llama import find_llama
+from specreg.host.machine import detect_host
+from specreg.llama.config import Config
+from specreg.llama.install import find_llama
 from specreg.runner.measure import measure
-from specreg.runner.small_models import ensure_test_models
 from specreg.runner.verify import judge
 from specreg.runner.workload import load_workload
+from specreg.samples.small_models import ensure_test_models
 
 
 def main() -> None:

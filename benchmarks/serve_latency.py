@@ -33,9 +33,10 @@ from pathlib import Path
 
 import httpx
 
-from specreg.runner.llama import find_llama
-from specreg.runner.server import cpu_ticks_total, free_port
-from specreg.runner.small_models import ensure_test_models
+from specreg.host.cpu import cpu_ticks_total
+from specreg.llama.install import find_llama
+from specreg.llama.process import free_port
+from specreg.samples.small_models import ensure_test_models
 from specreg.serve.memory import resident
 
 ONE = ("--pin", "default=none")

@@ -130,7 +130,7 @@ def measured_runs(
     con: duckdb.DuckDBPyConnection, target_id: str | None = None
 ) -> list[MeasuredRun]:
     """Recorded runs of the runner (all, or those of one target), reduced for reconciling."""
-    from specreg.registry.runs import list_runs
+    from specreg.registry.run_store import list_runs
 
     out = []
     for r in list_runs(con, model_id=target_id):
@@ -169,7 +169,7 @@ def detect_dialect(bin_dir: Path | None) -> str | None:
     if bin_dir is None:
         return None
     from specreg.errors import LlamaError
-    from specreg.runner.llama import probe_install
+    from specreg.llama.install import probe_install
 
     try:
         inst = probe_install(bin_dir, "specreg.yaml llama.bin_dir")

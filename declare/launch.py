@@ -222,8 +222,8 @@ def _launch(
     dia_origin: str,
     port: str | None,
 ) -> Launch:
-    from specreg.runner.config import Config, server_argv
-    from specreg.runner.host import detect_host
+    from specreg.host.machine import detect_host
+    from specreg.llama.config import Config, server_argv
 
     path, why = _model_path(con, spec, role.target)
     if path is None:
@@ -304,7 +304,7 @@ def _launch(
         Flag(
             f,
             v,
-            origins.get(f, "specreg.runner.config.server_argv"),
+            origins.get(f, "specreg.llama.config.server_argv"),
             PRESET_KEYS.get(f, f.lstrip("-")),
         )
         for f, v in _pairs(argv)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from specreg.recommender.host import HostFacts
+from specreg.host.facts import HostFacts
 from specreg.recommender.local import local_observations, other_host_observations
 from specreg.recommender.predictor import SpeedPredictor
 from specreg.recommender.prior import Observation, load_prior

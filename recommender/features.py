@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from specreg.host.facts import REFERENCE_BANDWIDTH_GBS as REFERENCE_BANDWIDTH_GBS
+from specreg.host.facts import REFERENCE_CORES as REFERENCE_CORES
 from specreg.terms import ARCH_FAMILIES, TASK_UNKNOWN, TASKS, Method
 
 # The task slots of a feature row: every task the runner ships, then one for rows whose task is
@@ -23,9 +25,6 @@ TASK_SLOTS: tuple[str, ...] = (*TASKS, TASK_UNKNOWN)
 # Tokenizer relation between draft and target, ordered from safest to loosest.
 TOK_RELATIONS: tuple[str, ...] = ("identical", "padding-only", "pre-tokenizer-differs", "unknown")
 
-# The reference host the shipped prior was measured on (data/PROVENANCE.md).
-REFERENCE_BANDWIDTH_GBS = 460.0
-REFERENCE_CORES = 96
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,12 @@ from typing import Any
 
 import duckdb
 
+from specreg.host.facts import HostFacts
 from specreg.recommender.calibrated import Calibration, load_calibration
 from specreg.recommender.features import ConfigFacts
-from specreg.recommender.host import HostFacts
 from specreg.recommender.prior import Observation
 from specreg.registry.queries import ModelRecord, get_model
-from specreg.registry.runs import RunRecord, list_runs
+from specreg.registry.run_store import RunRecord, list_runs
 from specreg.stacks import NGRAM_CACHE, StackError, stack_of
 from specreg.terms import DEFAULT_TYPE_OF, NGRAM_CACHE_DRAFT_MAX, Method, arch_family
 

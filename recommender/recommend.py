@@ -18,7 +18,8 @@ import duckdb
 import numpy as np
 
 from specreg.errors import UsageError
-from specreg.recommender.agreement import (
+from specreg.host.facts import HostFacts
+from specreg.recommender.acceptance import (
     ACC_AGREEMENT,
     ACC_PREDICTED,
     MeasuredAgreement,
@@ -41,11 +42,10 @@ from specreg.recommender.costmodel import (
     verify_ratio,
 )
 from specreg.recommender.features import TASK_SLOTS, ConfigFacts, column, feature_matrix
-from specreg.recommender.host import HostFacts
 from specreg.recommender.local import NGRAM_MATCH_DEFAULT, draft_fields, target_fields
 from specreg.recommender.predictor import SpeedPredictor
 from specreg.recommender.prior import Observation
-from specreg.recommender.quality import QualityCost, expert_cost, load_quality
+from specreg.recommender.quality_cost import QualityCost, expert_cost, load_quality
 from specreg.recommender.stacks import shown, stack_candidates
 from specreg.registry.lookup_caches import LookupCache, list_caches
 from specreg.registry.queries import ModelRecord, get_model, resolve_model

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from specreg.registry.db import transaction
+from specreg.registry.sql import transaction
 from specreg.registry.tables import insert_rows
 
 if TYPE_CHECKING:

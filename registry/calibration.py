@@ -19,7 +19,7 @@ from typing import Any
 
 import duckdb
 
-from specreg.registry.db import where_equal
+from specreg.registry.sql import transaction, where_equal
 
 CALIBRATIONS = "calibrations"
 CALIBRATION_POINTS = "calibration_points"
@@ -215,8 +215,6 @@ _CAL_SELECT = ", ".join("epoch(measured_at)" if c == "measured_at" else c for c 
 
 def record_calibration(con: duckdb.DuckDBPyConnection, rec: CalibrationRecord) -> int:
     """Store a calibration and its points in one transaction; return its id."""
-    from specreg.registry.db import transaction  # db imports the migrations, which import us
-
     values: list[Any] = [
         list(getattr(rec, c)) if c == "argv" else getattr(rec, c) for c in _CAL_INSERT
     ]
@@ -315,8 +313,6 @@ _BW_SELECT = ", ".join("epoch(measured_at)" if c == "measured_at" else c for c i
 
 
 def record_bandwidth(con: duckdb.DuckDBPyConnection, rec: BandwidthRecord) -> None:
-    from specreg.registry.db import transaction
-
     with transaction(con):
         con.execute(
             f"INSERT INTO {HOST_BANDWIDTH} ({', '.join(_BW_COLUMNS)}) "

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from specreg.errors import RegistryError
 
@@ -129,24 +129,3 @@ def opened(db_path: Path, *, read_only: bool = False) -> Iterator[duckdb.DuckDBP
         raise
     finally:
         con.close()
-
-
-@contextmanager
-def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
-    """All or nothing: a killed process leaves the previous state intact."""
-    con.execute("BEGIN TRANSACTION")
-    try:
-        yield con
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    con.execute("COMMIT")
-
-
-def where_equal(**columns: Any) -> tuple[str, list[Any]]:
-    """` WHERE a = ? AND b = ?` for the columns given a value (None: no filter), and its
-    parameters; an empty clause when no column is given one. Column names are the caller's
-    code, never user input."""
-    given = {c: v for c, v in columns.items() if v is not None}
-    clause = " AND ".join(f"{c} = ?" for c in given)
-    return (f" WHERE {clause}" if clause else ""), list(given.values())

@@ -29,8 +29,8 @@ from typing import Any
 import duckdb
 
 from specreg.errors import UsageError
-from specreg.registry.db import transaction
-from specreg.registry.runs import RUN_PROMPTS, RUNS, STATUS_RUNNING
+from specreg.registry.run_store import RUN_PROMPTS, RUNS, STATUS_RUNNING
+from specreg.registry.sql import transaction
 
 EXPORT_FORMAT = "1"
 FORMAT_KEY = "specreg_runs_format"

@@ -23,8 +23,8 @@ from typing import Any
 import duckdb
 
 from specreg.errors import UsageError
-from specreg.registry.db import transaction, where_equal
 from specreg.registry.queries import human_bytes, human_count
+from specreg.registry.sql import transaction, where_equal
 
 LOOKUP_CACHES = "lookup_caches"
 

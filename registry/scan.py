@@ -27,11 +27,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specreg.errors import GGUFError, UsageError
+from specreg.errors import GGUFError, ModelNotFound, UsageError
 from specreg.registry import parts as P
 from specreg.registry import scan_store as store
-from specreg.registry.db import transaction
-from specreg.registry.queries import ModelRecord
+from specreg.registry.queries import ModelRecord, resolve_model
+from specreg.registry.sql import transaction
 from specreg.registry.text import clean_reason, path_raw, path_text
 
 if TYPE_CHECKING:
@@ -672,3 +672,14 @@ def _scan_row(
         n_errors=len(write.issues),
         seconds=seconds,
     )
+
+
+def model_record(con: duckdb.DuckDBPyConnection, path: Path) -> ModelRecord:
+    """The registry's record for a model file, scanning the file first if it is new."""
+    if not Path(path).is_file():
+        raise UsageError(f"no model file at {path}: give the path of a .gguf file")
+    try:
+        return resolve_model(con, path)
+    except ModelNotFound:
+        scan_paths(con, [path])
+        return resolve_model(con, path)

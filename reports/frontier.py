@@ -19,8 +19,8 @@ from pathlib import Path
 import duckdb
 
 from specreg.recommender.costmodel import CostParams
-from specreg.recommender.quality import COST_MEASURED, expert_cost, load_quality
-from specreg.registry.quality import PURPOSE_QUALITY, latest_measurements
+from specreg.recommender.quality_cost import COST_MEASURED, expert_cost, load_quality
+from specreg.registry.quality_store import PURPOSE_QUALITY, latest_measurements
 from specreg.registry.queries import ModelRecord, get_model
 from specreg.reports.data import FrontierPoint, Roofline, RunView
 

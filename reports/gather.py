@@ -35,7 +35,7 @@ from specreg.reports.data import (
 from specreg.terms import TASKS
 
 if TYPE_CHECKING:
-    from specreg.registry.runs import RunRecord
+    from specreg.registry.run_store import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ def build_matrix(
 
 def gather_runs(con: duckdb.DuckDBPyConnection) -> tuple[tuple[RunView, ...], PartStatus]:
     try:
-        from specreg.registry.runs import list_runs
+        from specreg.registry.run_store import list_runs
     except ImportError:
         return (), PartStatus("runs", False, "no runs recorded yet (the runs store is missing)")
     records = list_runs(con)

@@ -31,6 +31,11 @@ from typing import Any
 import duckdb
 
 from specreg.errors import LlamaError, UsageError
+from specreg.home import logs_dir
+from specreg.host.cpu import CpuWatch
+from specreg.host.machine import Host, detect_host
+from specreg.llama.install import LlamaInstall, find_llama
+from specreg.llama.process import ServerFailed, classify_exit, llama_message, spawn
 from specreg.registry.calibration import (
     KIND_BATCH,
     KIND_GEN,
@@ -40,10 +45,6 @@ from specreg.registry.calibration import (
     record_calibration,
 )
 from specreg.registry.queries import ModelRecord, resolve_model
-from specreg.runner.host import Host, detect_host
-from specreg.runner.llama import LlamaInstall, find_llama
-from specreg.runner.measure import logs_dir
-from specreg.runner.server import CpuWatch, ServerFailed, classify_exit, llama_message, spawn
 
 log = logging.getLogger(__name__)
 

@@ -14,33 +14,27 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
-import resource
-import shlex
-import signal
-import subprocess
 import tempfile
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from specreg.errors import LlamaError, UsageError
-from specreg.runner.config import Config
-from specreg.runner.host import Host
-from specreg.runner.llama import LlamaInstall, last_line, run_text
-from specreg.runner.measure import Measurement, RunStart, prompt_result
-from specreg.runner.protocol import Engine, Sampler, collect, plan_protocol
-from specreg.runner.server import (
-    Completion,
+from specreg.host.machine import Host
+from specreg.llama.config import Config
+from specreg.llama.install import LlamaInstall, last_line, run_text
+from specreg.llama.process import (
     ServerFailed,
+    ToolOutput,
     classify_exit,
-    cpu_ticks_total,
     llama_message,
-    spawn,
+    run_tool,
     strip_log_prefix,
 )
+from specreg.llama.server import Completion
+from specreg.runner.measurement import Measurement, RunStart, prompt_result
+from specreg.runner.protocol import Engine, Sampler, collect, plan_protocol
 from specreg.runner.workload import Workload
 
 # The engine names are specreg.terms' vocabulary, importable from here too.
@@ -58,7 +52,6 @@ LEGACY_TOOLS = (SPECULATIVE, LOOKUP)
 
 # Stands for the per-prompt temporary file in the recorded command line.
 PROMPT_FILE = "PROMPT.txt"
-STOP_GRACE_S = 5.0
 
 # llama-speculative's own vocabulary checks end with `return 1` and one of these lines.
 VOCAB_MISMATCH = re.compile(r"draft model [^\n]*must (?:closely )?match target model[^\n]*")
@@ -266,78 +259,6 @@ def legacy_argv(
         # The legacy tools apply the override to the draft too.
         argv += ["--override-kv", f"{config.expert_key}=int:{config.experts}"]
     return argv
-
-
-@dataclass(frozen=True)
-class ToolOutput:
-    returncode: int
-    stdout: str
-    log_text: str  # this invocation's stderr
-    wall_s: float
-    foreign_cpu_s: float | None
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=STOP_GRACE_S)
-
-
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def run_tool(
-    argv: list[str], *, env: Mapping[str, str], log_path: Path, timeout: float
-) -> ToolOutput:
-    """Run one legacy invocation to completion; stderr goes to `log_path`, stdout is returned.
-
-    Raises `ServerFailed` when it cannot start or outlives `timeout` (its group is killed).
-    """
-    name = Path(argv[0]).name
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    hz = os.sysconf("SC_CLK_TCK")
-    with log_path.open("ab") as err_log, tempfile.TemporaryFile() as out:
-        err_log.write(f"$ {shlex.join(argv)}\n".encode())
-        err_log.flush()
-        offset = err_log.tell()
-        total0, children0, self0 = cpu_ticks_total(), _children_cpu_s(), sum(os.times()[:2])
-        start = time.monotonic()
-        proc = spawn(argv, env=dict(env), stdout=out, stderr=err_log, log_path=log_path)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise ServerFailed(
-                "timeout",
-                f"{name} did not finish within {timeout:.0f} s",
-                llama_message(_read_from(log_path, offset)),
-                log_path,
-            ) from None
-        finally:
-            # Every exit path, Ctrl-C included; also children that outlived the leader.
-            _kill_group(proc)
-        wall = time.monotonic() - start
-        total1, children1 = cpu_ticks_total(), _children_cpu_s()
-        foreign = None
-        if total0 is not None and total1 is not None:
-            own = sum(os.times()[:2]) - self0
-            foreign = max(0.0, (total1 - total0) / hz - (children1 - children0) - own)
-        out.seek(0)
-        stdout = out.read().decode(errors="replace")
-        err_log.write(b"--- stdout ---\n" + stdout.encode() + b"\n--- end ---\n")
-    return ToolOutput(rc, stdout, _read_from(log_path, offset), wall, foreign)
-
-
-def _read_from(path: Path, offset: int) -> str:
-    try:
-        with path.open("rb") as fh:
-            fh.seek(offset)
-            return fh.read().decode(errors="replace").split("--- stdout ---\n", 1)[0]
-    except OSError:
-        return ""
 
 
 def failure_of(name: str, result: ToolOutput, log_path: Path) -> ServerFailed | None:

@@ -31,7 +31,10 @@ import duckdb
 import numpy as np
 
 from specreg.errors import LlamaError, UsageError
-from specreg.home import specreg_home
+from specreg.home import logs_dir, specreg_home
+from specreg.host.machine import Host
+from specreg.llama.install import LlamaInstall
+from specreg.llama.process import llama_message, run_tool
 from specreg.registry.lookup_caches import (
     SOURCE_FILE,
     SOURCE_RUN,
@@ -43,8 +46,7 @@ from specreg.registry.lookup_caches import (
     runs_without_text,
 )
 from specreg.registry.queries import ModelRecord
-from specreg.runner.host import Host
-from specreg.runner.llama import LlamaInstall
+from specreg.registry.scan import model_record
 from specreg.terms import TASKS, canonical_task
 
 log = logging.getLogger(__name__)
@@ -271,11 +273,6 @@ def build_cache(
 ) -> LookupCache:
     """Build the cache `req` asks for with the build's llama-lookup-create, check the file,
     keep it under `caches_dir()` and record it (a rebuild of the same name replaces it)."""
-    from specreg.runner.legacy import run_tool
-    from specreg.runner.measure import logs_dir
-    from specreg.runner.runs import model_record
-    from specreg.runner.server import llama_message
-
     check_name(req.name)
     task = canonical_task(req.task)
     if task not in TASKS:

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from specreg.errors import UsageError
-from specreg.runner.host import Host
-from specreg.runner.server import Completion
+from specreg.host.machine import Host
+from specreg.llama.server import Completion
 from specreg.runner.workload import Prompt, Workload
 from specreg.terms import (
     CROSS_REQUEST_STATE,

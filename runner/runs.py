@@ -18,25 +18,26 @@ from pathlib import Path
 
 import duckdb
 
-from specreg.errors import ModelNotFound, UsageError
+from specreg.errors import UsageError
+from specreg.host.machine import Host
+from specreg.llama import spec_stats
+from specreg.llama.config import Config
+from specreg.llama.install import LlamaInstall
+from specreg.llama.server import Completion
 from specreg.registry.lookup_caches import LookupCache
-from specreg.registry.queries import ModelRecord, resolve_model
-from specreg.registry.runs import (
+from specreg.registry.queries import ModelRecord
+from specreg.registry.run_store import (
     PromptRecord,
     RunRecord,
     finish_run,
     interrupt_run,
     start_run,
 )
-from specreg.registry.scan import scan_paths
-from specreg.runner import spec_stats
-from specreg.runner.config import Config
-from specreg.runner.host import Host
+from specreg.registry.scan import model_record
 from specreg.runner.legacy import LOOKUP, choose_engine
-from specreg.runner.llama import LlamaInstall
 from specreg.runner.lookup_cache import usable_cache
-from specreg.runner.measure import Measurement, measure
-from specreg.runner.server import Completion
+from specreg.runner.measure import measure
+from specreg.runner.measurement import Measurement
 from specreg.runner.verify import PromptVerdict, Verification, judge
 from specreg.runner.workload import Workload
 from specreg.stacks import NGRAM_CACHE
@@ -56,17 +57,6 @@ class VerifyOutcome:
     baseline_run_id: int
     run_id: int
     verification: Verification
-
-
-def model_record(con: duckdb.DuckDBPyConnection, path: Path) -> ModelRecord:
-    """The registry's record for a model file, scanning the file first if it is new."""
-    if not Path(path).is_file():
-        raise UsageError(f"no model file at {path}: give the path of a .gguf file")
-    try:
-        return resolve_model(con, path)
-    except ModelNotFound:
-        scan_paths(con, [path])
-        return resolve_model(con, path)
 
 
 def with_expert_key(config: Config, target: ModelRecord) -> Config:

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specreg.runner.measure import ENGINE_SERVER, Measurement, PromptResult, first_divergence
+from specreg.runner.measure import ENGINE_SERVER
+from specreg.runner.measurement import Measurement, PromptResult, first_divergence
 
 # A divergence is a numerical near-tie when the baseline preferred its token by at most this
 # much probability, or by no more than the margin moves between two computations of the same

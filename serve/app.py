@@ -26,7 +26,7 @@ from starlette.routing import Route as HttpRoute
 
 from specreg.errors import UsageError
 from specreg.jsonout import plain
-from specreg.registry.runs import PromptRecord, RunRecord
+from specreg.registry.run_store import PromptRecord, RunRecord
 from specreg.serve.backends import Backend, BackendPool, BackendUnavailable
 from specreg.serve.classify import TASK_HEADER, Classification, TaskClassifier, classify
 from specreg.serve.recorder import RunRecorder

@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from specreg.runner.server import STARTUP_TIMEOUT_S, LlamaServer, ServerFailed, llama_message
+from specreg.llama.process import ServerFailed, llama_message
+from specreg.llama.server import STARTUP_TIMEOUT_S, LlamaServer
 from specreg.serve.memory import Resident, resident
 from specreg.serve.routes import BackendSpec, RouteTable
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specreg.errors import RegistryError
 from specreg.registry.db import opened
-from specreg.registry.runs import RunRecord, record_runs
+from specreg.registry.run_store import RunRecord, record_runs
 
 log = logging.getLogger(__name__)
 

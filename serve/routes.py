@@ -20,15 +20,16 @@ import duckdb
 from specreg.declare.launch import DEFAULT_DRAFT_MAX, DIALECT_CURRENT
 from specreg.declare.spec import PinnedConfig, RoleDecl, Spec
 from specreg.errors import UsageError
+from specreg.host.machine import Host
 from specreg.jsonout import document
+from specreg.llama.config import SPEC_NONE, SPEC_TYPES, Config, server_argv
+from specreg.llama.install import LlamaInstall
 from specreg.recommender.advisor import Advisor
 from specreg.registry.queries import ModelRecord, get_model
-from specreg.runner.config import SPEC_NONE, SPEC_TYPES, Config, server_argv
-from specreg.runner.host import Host
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.runs import model_record, with_expert_key
-from specreg.runner.tune import option_config
+from specreg.registry.scan import model_record
+from specreg.runner.runs import with_expert_key
 from specreg.terms import TASKS, canonical_task
+from specreg.tune.tuner import option_config
 
 SOURCE_PINNED = "pinned"
 SOURCE_RECOMMENDED = "recommended"

@@ -21,12 +21,12 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from specreg.errors import UsageError
-from specreg.registry.runs import RunRecord
-from specreg.runner.host import Host
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.measure import logs_dir
+from specreg.home import logs_dir
+from specreg.host.machine import Host
+from specreg.llama.install import LlamaInstall
+from specreg.llama.server import STARTUP_TIMEOUT_S
+from specreg.registry.run_store import RunRecord
 from specreg.runner.protocol import Protocol, state_source
-from specreg.runner.server import STARTUP_TIMEOUT_S
 from specreg.serve.app import DEFAULT_MAX_BODY, KIND_SERVE, REQUEST_TIMEOUT_S, Service
 from specreg.serve.backends import BackendPool, BackendStatus
 from specreg.serve.classify import fitted_classifier
@@ -116,11 +116,11 @@ def prepare(
 ) -> Prepared:
     """Find llama.cpp, read specreg.yaml when there is one, and plan every route."""
     from specreg.declare.spec import load_spec
+    from specreg.host.facts import detect_host_facts
+    from specreg.host.machine import detect_host
+    from specreg.llama.install import find_llama
     from specreg.recommender.advisor import open_advisor
-    from specreg.recommender.host import detect_host_facts
     from specreg.registry.db import opened
-    from specreg.runner.host import detect_host
-    from specreg.runner.llama import find_llama
 
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be at least 1, got {threads}")

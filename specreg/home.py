@@ -29,3 +29,7 @@ def cache_dir() -> Path:
     """
     env = os.environ.get(ENV_CACHE)
     return Path(env).expanduser() if env else specreg_home() / "cache"
+
+
+def logs_dir() -> Path:
+    return specreg_home() / "logs"

@@ -5,7 +5,7 @@ The harness links the pinned build's libllama and llama-common and calls
 `common_speculative_are_compatible` on models loaded with `vocab_only`. The compiled binary is
 cached next to the build, named by a hash of its source and the build it links, so a rebuilt
 llama.cpp or an edited harness is recompiled and nothing else is. Callers pass the build's
-source and library folders (`specreg.runner.llama_build.ensure_build()` has both).
+source and library folders (`specreg.llama.build.ensure_build()` has both).
 """
 
 from __future__ import annotations

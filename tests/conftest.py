@@ -84,7 +84,7 @@ def gguf_factory(tmp_path: Path) -> GGUFFactory:
     ) -> Path:
         import numpy as np
 
-        from specreg.registry.demo import add_kv
+        from specreg.samples.demo import add_kv
 
         path = (directory or tmp_path / "models") / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,7 +128,7 @@ def gguf_factory(tmp_path: Path) -> GGUFFactory:
 @pytest.fixture(scope="session")
 def sparse_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo collection: sparse big models (split 480B MoE, hybrid, MTP, EAGLE-3, ...)."""
-    from specreg.registry.demo import make_demo_tree
+    from specreg.samples.demo import make_demo_tree
 
     root = tmp_path_factory.mktemp("demo-tree")
     make_demo_tree(root)

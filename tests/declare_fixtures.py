@@ -242,7 +242,7 @@ def write_registry(path: Path, models_dir: Path) -> Path:
 
 
 def write_collection(root: Path, names: tuple[str, ...]) -> None:
-    from specreg.registry.demo import demo_models, write_demo_model
+    from specreg.samples.demo import demo_models, write_demo_model
 
     for sub, model in demo_models():
         if model.filename in names:
@@ -339,9 +339,9 @@ def record_run(
     host: str = "host-a",
     task: str = "code",
 ) -> int:
-    """Record a measured run the way the runner does (specreg.registry.runs.record_run)."""
-    from specreg.registry.runs import RunRecord
-    from specreg.registry.runs import record_run as _record
+    """Record a measured run the way the runner does (specreg.registry.run_store.record_run)."""
+    from specreg.registry.run_store import RunRecord
+    from specreg.registry.run_store import record_run as _record
 
     cfg = {"spec_type": spec_type, "k": k, "experts": experts}
     run = RunRecord(

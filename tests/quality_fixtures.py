@@ -11,11 +11,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from specreg.host.machine import detect_host
+from specreg.llama.install import LlamaInstall
+from specreg.llama.perplexity import LogitsCache
+from specreg.quality.kld import Measuring
 from specreg.registry.db import opened
-from specreg.runner.host import detect_host
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.perplexity import LogitsCache
-from specreg.runner.quality import Measuring
 
 CHUNKS = 2  # 2 x 63 = 126 scored tokens: enough for llama-perplexity's summary statistics
 

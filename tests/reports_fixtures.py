@@ -16,11 +16,11 @@ import pytest
 from gguf.constants import GGMLQuantizationType, TokenType
 
 from specreg.registry.db import opened
-from specreg.registry.demo import Arch, DemoModel, Vocab, write_demo_model
 from specreg.registry.queries import list_models
-from specreg.registry.runs import RunRecord, record_run
+from specreg.registry.run_store import RunRecord, record_run
 from specreg.registry.scan import ScanResult, scan_paths
 from specreg.reports import build_site
+from specreg.samples.demo import Arch, DemoModel, Vocab, write_demo_model
 
 Q = GGMLQuantizationType
 

@@ -19,18 +19,18 @@ from quality_fixtures import CHUNKS, con, measuring  # noqa: F401
 from test_quality_json import validate
 
 from specreg.cli.main import cli
-from specreg.registry.quality import (
+from specreg.host.machine import detect_host
+from specreg.quality.agreement import measure_agreement, plan_agreement
+from specreg.quality.kld import Measuring
+from specreg.registry.quality_store import (
     METHOD_KLD,
     METHOD_SAVED,
     PURPOSE_AGREEMENT,
     TEXT_GENERATED,
     list_quality,
 )
-from specreg.runner.agreement import measure_agreement, plan_agreement
-from specreg.runner.host import detect_host
-from specreg.runner.quality import Measuring
-from specreg.runner.small_models import SmallModels
-from specreg.runner.synthetic import SyntheticModels
+from specreg.samples.small_models import SmallModels
+from specreg.samples.synthetic import SyntheticModels
 
 pytestmark = pytest.mark.llama
 
@@ -154,10 +154,10 @@ def test_recommend_stops_ranking_the_random_draft_once_agreement_is_measured(
 ) -> None:
     """The issue's case, before any speculative run: the prior guesses a high acceptance for
     the random-weight synthetic MoE as SmolLM2's draft; measured agreement says 0 %."""
+    from specreg.host.facts import detect_host_facts
+    from specreg.recommender.acceptance import ACC_AGREEMENT, ACC_PREDICTED
     from specreg.recommender.advisor import open_advisor
-    from specreg.recommender.agreement import ACC_AGREEMENT, ACC_PREDICTED
-    from specreg.recommender.host import detect_host_facts
-    from specreg.runner.runs import model_record
+    from specreg.registry.scan import model_record
     from specreg.terms import Method
 
     target = small_models.smollm2.path
@@ -191,7 +191,7 @@ def test_tune_measures_missing_agreement_once_before_any_run(
     con, llama_install, small_models: SmallModels
 ) -> None:
     from specreg.registry.scan import scan_paths
-    from specreg.runner.tune import agree_if_missing
+    from specreg.tune.tuner import agree_if_missing
 
     target = small_models.smollm2.path
     q4 = small_models.draft("smollm2", "Q4_0").path

@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 import pytest
 from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
-from specreg.recommender.agreement import (
+from specreg.host.facts import REFERENCE_HOST
+from specreg.recommender.acceptance import (
     ACC_AGREEMENT,
     ACC_PREDICTED,
     ACC_RUN,
@@ -22,18 +23,17 @@ from specreg.recommender.agreement import (
     effective_acceptance,
 )
 from specreg.recommender.costmodel import drafted_acceptance
-from specreg.recommender.host import REFERENCE_HOST
 from specreg.recommender.local import local_observations
 from specreg.recommender.prior import load_prior
-from specreg.recommender.quality import COST_MEASURED, COST_PREDICTED
+from specreg.recommender.quality_cost import COST_MEASURED, COST_PREDICTED
 from specreg.recommender.recommend import Recommendation, recommend
-from specreg.registry.quality import (
+from specreg.registry.quality_store import (
     PURPOSE_AGREEMENT,
     PURPOSE_QUALITY,
     QualityRecord,
     record_quality,
 )
-from specreg.registry.runs import RunRecord, record_run
+from specreg.registry.run_store import RunRecord, record_run
 from specreg.terms import Method
 
 # ruff: noqa: F811  (pytest fixtures imported from recommender_fixtures are used as arguments)

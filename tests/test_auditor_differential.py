@@ -19,10 +19,10 @@ from auditor_harness import HarnessResult, compile_harness, run_harness
 from llama_fixtures import llama_build_info  # noqa: F401 - fixture
 
 from specreg.auditor import audit_all, compatible_drafts
+from specreg.llama.build import BuildInfo
 from specreg.registry.db import opened
 from specreg.registry.queries import ModelRecord, list_models
 from specreg.registry.scan import scan_paths
-from specreg.runner.llama_build import BuildInfo
 
 pytestmark = pytest.mark.llama
 

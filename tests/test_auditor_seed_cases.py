@@ -21,8 +21,8 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from specreg.auditor import Verdict, check_pair, rules_for_build
 from specreg.registry.db import opened
-from specreg.registry.demo import Arch, DemoModel, demo_models, qwen_vocab, write_demo_model
 from specreg.registry.scan import scan_paths
+from specreg.samples.demo import Arch, DemoModel, demo_models, qwen_vocab, write_demo_model
 
 C, W, R, X = Verdict.COMPATIBLE, Verdict.WARNINGS, Verdict.RISKY, Verdict.INCOMPATIBLE
 OLD = rules_for_build(7371)

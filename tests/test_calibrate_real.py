@@ -9,11 +9,11 @@ from pathlib import Path
 
 from llama_fixtures import llama_install, small_models  # noqa: F401 - pytest fixtures
 
+from specreg.host.machine import detect_host
 from specreg.registry.calibration import latest_calibration
 from specreg.registry.db import opened
 from specreg.registry.scan import scan_paths
-from specreg.runner.host import detect_host
-from specreg.runner.small_models import SmallModels
+from specreg.samples.small_models import SmallModels
 
 
 def test_real_curve_for_target_and_auto_draft(

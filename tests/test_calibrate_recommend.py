@@ -10,8 +10,8 @@ import duckdb
 import pytest
 from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
+from specreg.host.facts import HostFacts
 from specreg.recommender.calibrated import load_calibration
-from specreg.recommender.host import HostFacts
 from specreg.recommender.local import output_share
 from specreg.recommender.prior import load_prior
 from specreg.recommender.recommend import recommend

@@ -40,8 +40,8 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from gguf import GGUFWriter
 
     from specreg.registry.db import opened
-    from specreg.registry.demo import add_kv
     from specreg.registry.scan import scan_paths
+    from specreg.samples.demo import add_kv
 
     root = tmp_path_factory.mktemp("hostile")
     models = root / "models"
@@ -192,7 +192,7 @@ def test_runs_show_llama_messages_and_paths_escaped(
     hostile: dict[str, Path], tmp_path: Path
 ) -> None:
     from specreg.registry.db import opened
-    from specreg.registry.runs import RunRecord, record_run
+    from specreg.registry.run_store import RunRecord, record_run
 
     db = tmp_path / "registry.duckdb"
     db.write_bytes(hostile["db"].read_bytes())

@@ -94,7 +94,7 @@ def test_import(tmp_path: Path) -> None:
 
 
 def _run_record() -> Any:
-    from specreg.registry.runs import PromptRecord, RunRecord
+    from specreg.registry.run_store import PromptRecord, RunRecord
 
     prompt = PromptRecord(
         prompt_id="code-1", prompt_sha256="ab", n_samples=2, tokens_per_s=10.0,
@@ -113,7 +113,7 @@ def _run_record() -> Any:
 def test_run_results() -> None:
     """run/verify/runs documents of a recorded run (the real runs are the runner's tests)."""
     from specreg.cli.common import json_text
-    from specreg.registry.runs import RunList, VerifiedRun
+    from specreg.registry.run_store import RunList, VerifiedRun
 
     run = _run_record()
     for result in (run, RunList((run,)), VerifiedRun(run, run)):
@@ -122,10 +122,10 @@ def test_run_results() -> None:
 
 def test_tune_result(scanned_db: Path) -> None:
     from specreg.cli.common import json_text
+    from specreg.host.facts import detect_host_facts
     from specreg.recommender.advisor import open_advisor
-    from specreg.recommender.host import detect_host_facts
     from specreg.registry.db import opened
-    from specreg.runner.tune import TuneResult, TuneStep
+    from specreg.tune.tuner import TuneResult, TuneStep
 
     with opened(scanned_db, read_only=True) as con:
         rec = open_advisor(con, detect_host_facts(40.0)).recommend(con, TARGET)

@@ -12,7 +12,7 @@ from llama_fixtures import llama_install, small_models  # noqa: F401
 from test_lookup_cache_file import cache_record, write_cache
 
 from specreg.declare.spec import SpecFileError, load_spec
-from specreg.runner.small_models import SmallModels
+from specreg.samples.small_models import SmallModels
 
 SPEC = """\
 version: 1
@@ -112,7 +112,7 @@ def test_export_renders_the_stack_and_the_cache_with_their_origins(
     from specreg.declare.launch import build
     from specreg.registry.db import opened
     from specreg.registry.lookup_caches import record_cache
-    from specreg.runner.runs import model_record
+    from specreg.registry.scan import model_record
 
     path = small_models.smollm2.path
     cache_file = write_cache(tmp_path / "orders.lcs", [([1, 2], [(3, 2)])])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specreg.runner.doctor import (
+from specreg.host.doctor import (
     COST_ESTIMATE,
     COST_HERE,
     COST_USER,
@@ -21,8 +21,8 @@ from specreg.runner.doctor import (
     TargetSize,
     diagnose,
 )
-from specreg.runner.host import Host
-from specreg.runner.membw import Bandwidth, parse_dmidecode, parse_memory_spec
+from specreg.host.machine import Host
+from specreg.host.membw import Bandwidth, parse_dmidecode, parse_memory_spec
 
 GB = 10**9
 ALL_FEATURES = (

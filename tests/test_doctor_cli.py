@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from specreg.host.machine import detect_host
 from specreg.registry.calibration import latest_bandwidth
 from specreg.registry.db import opened
-from specreg.runner.host import detect_host
 
 
 def _doctor(*args: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ from specreg.cli.main import cli
 from specreg.registry.db import opened
 from specreg.registry.lookup_caches import get_cache
 from specreg.runner.lookup_cache import read_cache_file
-from specreg.runner.small_models import SmallModels
+from specreg.samples.small_models import SmallModels
 
 pytestmark = pytest.mark.llama
 

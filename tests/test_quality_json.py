@@ -10,9 +10,9 @@ from typing import Any
 
 import jsonschema
 
-from specreg.runner.agreement import AgreementPoint, AgreementResult, GeneratedText
-from specreg.runner.perplexity import KldStats
-from specreg.runner.quality import QualityPoint, QualityResult, TextSource
+from specreg.llama.perplexity import KldStats
+from specreg.quality.agreement import AgreementPoint, AgreementResult, GeneratedText
+from specreg.quality.kld import QualityPoint, QualityResult, TextSource
 
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 TEXT = TextSource("code", "code", Path("/t/code.txt"), "ab" * 32, "shipped")

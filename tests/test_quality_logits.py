@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from specreg.errors import UsageError
-from specreg.runner.logits import (
+from specreg.llama.logits import (
     P_MIN_GRID,
     compare,
     decode_rows,
@@ -20,7 +20,7 @@ from specreg.runner.logits import (
     read_header,
     scored_per_chunk,
 )
-from specreg.runner.perplexity import failure_of, parse_kld, parse_saved_ppl
+from specreg.llama.perplexity import failure_of, parse_kld, parse_saved_ppl
 
 N_CTX = 8  # scores positions 4, 5, 6 of each chunk
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from specreg.errors import UsageError
-from specreg.runner.host import detect_host
-from specreg.runner.llama import DIALECT_SPEC_TYPE, LlamaInstall
-from specreg.runner.perplexity import (
+from specreg.host.machine import detect_host
+from specreg.llama.install import DIALECT_SPEC_TYPE, LlamaInstall
+from specreg.llama.perplexity import (
     LogitsCache,
     Perplexity,
     PerplexityFailed,

@@ -15,11 +15,11 @@ from quality_fixtures import CHUNKS, con, measuring  # noqa: F401
 from test_quality_json import validate
 
 from specreg.cli.main import cli
-from specreg.registry.quality import PURPOSE_QUALITY, list_quality
-from specreg.runner.host import detect_host
-from specreg.runner.quality import Measuring, measure_quality, plan_quality, quality_texts
-from specreg.runner.small_models import SmallModels
-from specreg.runner.synthetic import SyntheticModels
+from specreg.host.machine import detect_host
+from specreg.quality.kld import Measuring, measure_quality, plan_quality, quality_texts
+from specreg.registry.quality_store import PURPOSE_QUALITY, list_quality
+from specreg.samples.small_models import SmallModels
+from specreg.samples.synthetic import SyntheticModels
 
 pytestmark = pytest.mark.llama
 

@@ -10,8 +10,8 @@ import pytest
 from recommender_fixtures import demo_model
 
 from specreg.registry.db import opened
-from specreg.registry.quality import PURPOSE_QUALITY, QualityRecord, record_quality
-from specreg.registry.runs import RunRecord, record_run
+from specreg.registry.quality_store import PURPOSE_QUALITY, QualityRecord, record_quality
+from specreg.registry.run_store import RunRecord, record_run
 from specreg.reports import build_site
 from specreg.reports.data import FrontierPoint
 from specreg.reports.frontier import pareto

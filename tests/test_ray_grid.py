@@ -12,12 +12,12 @@ import pytest
 from cli_run import specreg
 
 from specreg.errors import UsageError
+from specreg.host.machine import ENV_HOST_FACTS, detect_host
+from specreg.llama.config import Config
 from specreg.registry.db import opened
 from specreg.registry.queries import resolve_model
-from specreg.runner.config import Config
-from specreg.runner.distributed import INSTALL_HINT, cluster_hosts
-from specreg.runner.host import ENV_HOST_FACTS, detect_host
-from specreg.runner.sweep import Grid, grid_points, parse_grid
+from specreg.tune.distributed import INSTALL_HINT, cluster_hosts
+from specreg.tune.sweep import Grid, grid_points, parse_grid
 
 DRAFT = "Qwen2.5 Coder 0.5B Instruct"
 

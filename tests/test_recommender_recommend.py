@@ -9,7 +9,7 @@ import pytest
 from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
 from specreg.errors import UsageError
-from specreg.recommender.host import REFERENCE_HOST
+from specreg.host.facts import REFERENCE_HOST
 from specreg.recommender.prior import load_prior
 from specreg.recommender.recommend import Recommendation, recommend
 from specreg.registry.queries import list_models
@@ -107,8 +107,8 @@ def test_roofline_compares_baseline_with_the_bandwidth_bound(demo_con, prior_mod
 
 def test_no_compatible_draft_says_what_would_fit(tmp_path, prior_model):  # type: ignore[no-untyped-def]
     from specreg.registry.db import opened
-    from specreg.registry.demo import demo_models, write_demo_model
     from specreg.registry.scan import scan_paths
+    from specreg.samples.demo import demo_models, write_demo_model
 
     # A registry holding only the GLM 4.5 Air target (MTP layers, no draft at all).
     glm = next(m for _, m in demo_models() if m.size_label == "106B-A12B")
@@ -153,7 +153,7 @@ MY_HOST = dataclasses.replace(REFERENCE_HOST, fingerprint="this-host")
 def _ngram_run(con, target, k: int, tps: float, acceptance: float):  # type: ignore[no-untyped-def]
     from datetime import datetime, timezone
 
-    from specreg.registry.runs import RunRecord, record_run
+    from specreg.registry.run_store import RunRecord, record_run
 
     drafted = 300
     rec = RunRecord(

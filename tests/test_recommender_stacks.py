@@ -12,14 +12,14 @@ import duckdb
 from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 from test_lookup_cache_file import cache_record, write_cache
 
-from specreg.recommender.host import REFERENCE_HOST
+from specreg.host.facts import REFERENCE_HOST
 from specreg.recommender.local import local_observations
 from specreg.recommender.predictor import SpeedPredictor
 from specreg.recommender.prior import load_prior
 from specreg.recommender.recommend import Recommendation, recommend
 from specreg.registry.lookup_caches import LookupCache, record_cache
 from specreg.registry.queries import ModelRecord, list_models
-from specreg.registry.runs import RunRecord, record_run
+from specreg.registry.run_store import RunRecord, record_run
 from specreg.terms import Method
 
 # ruff: noqa: F811  (pytest fixtures imported from recommender_fixtures are used as arguments)

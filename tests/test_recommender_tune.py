@@ -11,15 +11,15 @@ import pytest
 from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
 from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
+from specreg.host.facts import HostFacts
 from specreg.recommender.costmodel import CostParams, predict_tps
 from specreg.recommender.features import ConfigFacts, feature_matrix
-from specreg.recommender.host import HostFacts
 from specreg.recommender.local import draft_fields, target_fields
 from specreg.recommender.recommend import Option
 from specreg.registry.queries import get_model
-from specreg.registry.runs import RunRecord, record_run
-from specreg.runner.tune import TuneStep, cost_rank, tune
+from specreg.registry.run_store import RunRecord, record_run
 from specreg.terms import Method
+from specreg.tune.tuner import TuneStep, cost_rank, tune
 
 HOST = HostFacts(20.0, 2, "user", fingerprint="test-host")
 # The "true" host: cheaper drafts, higher acceptance than the prior believes.
@@ -91,12 +91,12 @@ def test_tune_on_real_small_models_picks_within_the_noise_of_the_best(
     the pick is within the noise interval of the sweep's best, using at most a quarter of the
     grid's runs. Tune calibrates the host first (llama-bench), so the first ranking already
     knows that a verify pass is expensive on these cores."""
+    from specreg.host.machine import detect_host
     from specreg.registry.db import opened
-    from specreg.registry.runs import get_run
+    from specreg.registry.run_store import get_run
     from specreg.registry.scan import scan_paths
-    from specreg.runner.host import detect_host
-    from specreg.runner.tune import Measured, calibrate_if_missing, llama_runner, pooled
     from specreg.runner.workload import load_workload
+    from specreg.tune.tuner import Measured, calibrate_if_missing, llama_runner, pooled
 
     host = detect_host()
     facts = HostFacts(20.0, host.physical_cores, "user", fingerprint=host.fingerprint)
@@ -149,7 +149,7 @@ def test_next_option_brackets_a_peak_the_prediction_misplaced(demo_con, prior_mo
     """The prior puts the draft curve's peak at one K; this host's truth peaks two steps up."""
     from specreg.recommender.prior import load_prior
     from specreg.recommender.recommend import recommend
-    from specreg.runner.tune import next_option
+    from specreg.tune.tuner import next_option
 
     target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
     rec = recommend(
@@ -189,7 +189,7 @@ def _opt(method: Method, k: int | None, tps: float, draft: str | None = None) ->
 
 
 def test_settle_calls_a_tie_within_noise_and_picks_the_cheaper() -> None:
-    from specreg.runner.tune import settle
+    from specreg.tune.tuner import settle
 
     plain = _opt(Method.NONE, None, 100.0)
     ngram = _opt(Method.NGRAM, 16, 100.0)
@@ -207,7 +207,7 @@ def test_settle_calls_a_tie_within_noise_and_picks_the_cheaper() -> None:
 
 
 def test_settle_keeps_a_clear_winner_and_pools_repeated_runs() -> None:
-    from specreg.runner.tune import pooled, settle
+    from specreg.tune.tuner import pooled, settle
 
     plain = _opt(Method.NONE, None, 100.0)
     draft = _opt(Method.DRAFT, 4, 100.0, "d")

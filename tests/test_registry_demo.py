@@ -6,8 +6,8 @@ from pathlib import Path
 
 from gguf import GGUFWriter
 
-from specreg.registry import demo
 from specreg.registry.gguf_header import read_header
+from specreg.samples import demo
 
 
 def _write(cls: type[GGUFWriter], path: Path) -> bytes:

@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from specreg.registry.db import opened
-from specreg.registry.runs import RunRecord, list_runs, record_runs
+from specreg.registry.run_store import RunRecord, list_runs, record_runs
 
 
 def _run(label: str, **changes: object) -> RunRecord:

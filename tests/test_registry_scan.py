@@ -14,14 +14,14 @@ import pytest
 
 from specreg.registry import queries
 from specreg.registry.db import opened
-from specreg.registry.demo import (
+from specreg.registry.gguf_header import read_header
+from specreg.registry.scan import scan_paths
+from specreg.samples.demo import (
     Arch,
     DemoModel,
     qwen_vocab,
     write_demo_model,
 )
-from specreg.registry.gguf_header import read_header
-from specreg.registry.scan import scan_paths
 
 
 def _scan(db: Path, *paths: Path, **kw):

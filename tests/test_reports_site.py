@@ -292,8 +292,8 @@ def test_huge_gguf_strings_are_cut_for_display(tmp_path: Path) -> None:
 
     from reports_fixtures import _arch, family_vocab
 
-    from specreg.registry.demo import DemoModel, write_demo_model
     from specreg.reports.data import CHAT_TEMPLATE_MAX_CHARS, NAME_MAX_CHARS, TEXT_MAX_CHARS
+    from specreg.samples.demo import DemoModel, write_demo_model
 
     huge = 2_000_000
     name = "Huge " + "N" * huge

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specreg.errors import LlamaError
-from specreg.runner import llama_build
+from specreg.llama import build as llama_build
 
 FAKE_CMAKE = r"""#!{python}
 import os, sys, time

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from specreg.errors import UsageError
-from specreg.runner.config import Config, server_argv, server_command
-from specreg.runner.host import Host, detect_host
-from specreg.runner.llama import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, parse_dialect
+from specreg.host.machine import Host, detect_host
+from specreg.llama.config import Config, server_argv, server_command
+from specreg.llama.install import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, parse_dialect
 from specreg.runner.workload import TASKS, load_workload, task_prompts
 
 T, D = Path("/m/target.gguf"), Path("/m/draft.gguf")

@@ -22,9 +22,9 @@ from click.testing import CliRunner
 
 from specreg.cli.main import cli
 from specreg.errors import LlamaError
+from specreg.llama.install import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, find_llama
 from specreg.registry.db import opened
-from specreg.registry.runs import list_runs
-from specreg.runner.llama import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, find_llama
+from specreg.registry.run_store import list_runs
 
 HELP_SPEC_TYPE = """\
 ----- speculative params -----
@@ -209,8 +209,8 @@ def test_hang_at_startup_times_out(tmp_path: Path, target: Path, specreg_home: P
 
 
 def test_hang_during_request_times_out(tmp_path: Path, target: Path, specreg_home: Path) -> None:
-    from specreg.runner.config import Config
-    from specreg.runner.host import detect_host
+    from specreg.host.machine import detect_host
+    from specreg.llama.config import Config
     from specreg.runner.measure import measure
     from specreg.runner.workload import load_workload
 
@@ -232,9 +232,9 @@ def test_hang_during_request_times_out(tmp_path: Path, target: Path, specreg_hom
 
 
 def test_interrupt_kills_the_server(tmp_path: Path, target: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from specreg.runner import server as server_mod
-    from specreg.runner.config import Config
-    from specreg.runner.host import detect_host
+    from specreg.host.machine import detect_host
+    from specreg.llama import server as server_mod
+    from specreg.llama.config import Config
     from specreg.runner.measure import measure
     from specreg.runner.workload import load_workload
 
@@ -315,7 +315,7 @@ def test_runs_json_lists_failed_run(tmp_path: Path, target: Path, specreg_home: 
 
 
 def test_llama_message_picks_the_cause() -> None:
-    from specreg.runner.server import classify_exit, llama_message
+    from specreg.llama.process import classify_exit, llama_message
 
     log = (
         "0.00.100.000 W spec common_specu: draft model vocab type must match target model to use "
@@ -324,7 +324,7 @@ def test_llama_message_picks_the_cause() -> None:
         "0.00.100.200 E srv    load_model: failed to initialize speculative decoding context: "
         "draft model vocab type must match target model to use speculation\n"
     )
-    from specreg.runner.server import SPEC_INIT_FAILED
+    from specreg.llama.process import SPEC_INIT_FAILED
 
     assert llama_message(log, SPEC_INIT_FAILED) == (
         "srv    load_model: failed to initialize speculative decoding context: draft model "

@@ -23,11 +23,13 @@ from test_runner_faults import assert_no_strays
 
 from specreg.cli.main import cli
 from specreg.errors import UsageError
+from specreg.host.machine import Host, detect_host
+from specreg.llama.config import Config
+from specreg.llama.install import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, LlamaInstall, find_llama
+from specreg.llama.server import Completion, TokenProbs
 from specreg.registry.db import opened
-from specreg.registry.runs import get_run, list_runs
+from specreg.registry.run_store import get_run, list_runs
 from specreg.runner import runs
-from specreg.runner.config import Config
-from specreg.runner.host import Host, detect_host
 from specreg.runner.legacy import (
     LOOKUP,
     SPECULATIVE,
@@ -38,12 +40,11 @@ from specreg.runner.legacy import (
     parse_legacy_flags,
     parse_stats,
 )
-from specreg.runner.llama import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, LlamaInstall, find_llama
-from specreg.runner.measure import Measurement, PromptResult, measure
-from specreg.runner.server import Completion, TokenProbs
-from specreg.runner.small_models import SmallModels
+from specreg.runner.measure import measure
+from specreg.runner.measurement import Measurement, PromptResult
 from specreg.runner.verify import judge
 from specreg.runner.workload import Prompt, Workload, load_workload
+from specreg.samples.small_models import SmallModels
 
 # -- verbatim output (/work/shared/notes/llama-cpp.md 3b, 3c) -------------------------------
 

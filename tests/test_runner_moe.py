@@ -20,15 +20,16 @@ from llama_fixtures import (  # noqa: F401
 
 from specreg.cli.main import cli
 from specreg.errors import UsageError
+from specreg.host.machine import detect_host
+from specreg.llama.config import Config
+from specreg.llama.install import LlamaInstall
 from specreg.registry.db import opened
-from specreg.registry.runs import get_run
+from specreg.registry.run_store import get_run
+from specreg.registry.scan import model_record
 from specreg.runner import runs
-from specreg.runner.config import Config
-from specreg.runner.host import detect_host
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.small_models import SmallModels
-from specreg.runner.synthetic import SyntheticModels, write_moe_gguf
 from specreg.runner.workload import load_workload
+from specreg.samples.small_models import SmallModels
+from specreg.samples.synthetic import SyntheticModels, write_moe_gguf
 
 pytestmark = pytest.mark.llama
 
@@ -174,11 +175,11 @@ def test_self_draft_speculates_on_the_moe(
 
 
 def test_scan_finds_the_mtp_layers(synthetic_models: SyntheticModels, con) -> None:  # type: ignore[no-untyped-def]
-    record = runs.model_record(con, synthetic_models.mtp.path)
+    record = model_record(con, synthetic_models.mtp.path)
     assert (record.architecture, record.block_count) == ("glm4moe", 3)
     assert record.nextn_predict_layers == 1 and record.has_mtp_tensors is True
     assert record.is_moe and record.expert_used_key == "glm4moe.expert_used_count"
-    assert runs.model_record(con, synthetic_models.moe.path).has_mtp_tensors is False
+    assert model_record(con, synthetic_models.moe.path).has_mtp_tensors is False
 
 
 def test_draft_mtp_speculates_with_the_models_own_nextn_layer(

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from specreg.errors import UsageError
-from specreg.runner.host import Host
+from specreg.host.machine import Host
+from specreg.llama.server import Completion
 from specreg.runner.protocol import (
     ISOLATION_FRESH,
     ISOLATION_PROCESS,
@@ -28,7 +29,6 @@ from specreg.runner.protocol import (
     replay_flags,
     warmup_text,
 )
-from specreg.runner.server import Completion
 from specreg.runner.workload import Prompt, Workload
 from specreg.terms import CROSS_REQUEST_STATE, REQUEST_STATE, SPEC_TYPES, keeps_state
 

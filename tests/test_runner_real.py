@@ -13,15 +13,15 @@ from click.testing import CliRunner
 from llama_fixtures import llama_bin, llama_build_info, llama_install, small_models  # noqa: F401
 
 from specreg.cli.main import cli
+from specreg.host.machine import detect_host
+from specreg.llama.config import Config
+from specreg.llama.install import LlamaInstall
 from specreg.registry.db import opened
 from specreg.registry.queries import resolve_model
-from specreg.registry.runs import get_run
+from specreg.registry.run_store import get_run
 from specreg.runner import runs
-from specreg.runner.config import Config
-from specreg.runner.host import detect_host
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.small_models import SmallModels
 from specreg.runner.workload import load_workload
+from specreg.samples.small_models import SmallModels
 
 pytestmark = pytest.mark.llama
 
@@ -47,7 +47,7 @@ def con(specreg_home: Path):  # type: ignore[no-untyped-def]
 
 
 def test_pinned_build_is_reused_in_seconds(llama_build_info) -> None:  # type: ignore[no-untyped-def]
-    from specreg.runner.llama_build import ensure_build
+    from specreg.llama.build import ensure_build
 
     start = time.monotonic()
     info = ensure_build()

@@ -18,15 +18,15 @@ import duckdb
 import pytest
 from llama_fixtures import llama_install, small_models  # noqa: F401
 
+from specreg.host.machine import detect_host
+from specreg.llama.config import Config, server_command
+from specreg.llama.install import LlamaInstall
+from specreg.llama.server import Completion, LlamaServer
 from specreg.registry.db import opened
-from specreg.registry.runs import get_run
+from specreg.registry.run_store import get_run
 from specreg.runner import runs
-from specreg.runner.config import Config, server_command
-from specreg.runner.host import detect_host
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.server import Completion, LlamaServer
-from specreg.runner.small_models import SmallModels
 from specreg.runner.workload import Prompt, load_workload
+from specreg.samples.small_models import SmallModels
 
 pytestmark = pytest.mark.llama
 

@@ -16,12 +16,12 @@ from llama_fixtures import (  # noqa: F401
     synthetic_models,
 )
 
-from specreg.runner.config import Config, server_command
-from specreg.runner.host import detect_host
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.server import LlamaServer
-from specreg.runner.small_models import SmallModels
-from specreg.runner.synthetic import SyntheticModels
+from specreg.host.machine import detect_host
+from specreg.llama.config import Config, server_command
+from specreg.llama.install import LlamaInstall
+from specreg.llama.server import LlamaServer
+from specreg.samples.small_models import SmallModels
+from specreg.samples.synthetic import SyntheticModels
 from specreg.terms import CROSS_REQUEST_STATE, REQUEST_STATE, keeps_state
 
 pytestmark = pytest.mark.llama

@@ -24,8 +24,9 @@ from declare_fixtures import Site
 from recommender_fixtures import demo_model, prior_model  # noqa: F401
 
 from specreg.cli.main import cli
+from specreg.host.machine import detect_host
 from specreg.registry.db import connect, opened
-from specreg.registry.runs import (
+from specreg.registry.run_store import (
     INTERRUPTED_ERROR,
     RunRecord,
     finish_run,
@@ -35,7 +36,6 @@ from specreg.registry.runs import (
     record_run,
     start_run,
 )
-from specreg.runner.host import detect_host
 
 # ruff: noqa: F811  (pytest fixtures imported from the fixture modules are used as arguments)
 _collection_template = dfx._collection_template
@@ -173,7 +173,7 @@ def test_runs_shows_untrusted_runs_with_the_reason(old_registry) -> None:  # typ
 
 
 def test_recommend_and_train_leave_untrusted_runs_out(old_registry, prior_model) -> None:  # type: ignore[no-untyped-def]
-    from specreg.recommender.host import REFERENCE_HOST
+    from specreg.host.facts import REFERENCE_HOST
     from specreg.recommender.local import local_observations
     from specreg.recommender.prior import load_prior
     from specreg.recommender.recommend import recommend
@@ -297,8 +297,8 @@ def test_start_and_finish_replace_the_running_record(specreg_home: Path) -> None
 def test_a_run_whose_later_repeats_accept_far_more_is_recorded_untrusted() -> None:
     from test_runner_verify import PROMPT, completion, measurement
 
-    from specreg.runner.config import Config
-    from specreg.runner.measure import PromptResult
+    from specreg.llama.config import Config
+    from specreg.runner.measurement import PromptResult
     from specreg.runner.runs import to_record
 
     tokens = tuple(range(64))

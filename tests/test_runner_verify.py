@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from specreg.host.machine import Host
+from specreg.llama.config import Config
+from specreg.llama.install import DIALECT_SPEC_TYPE, LlamaInstall
+from specreg.llama.process import ServerFailed
+from specreg.llama.server import Completion, TokenProbs
 from specreg.registry.db import opened
-from specreg.registry.runs import get_run, list_runs, record_run
-from specreg.runner.config import Config
-from specreg.runner.host import Host
-from specreg.runner.llama import DIALECT_SPEC_TYPE, LlamaInstall
-from specreg.runner.measure import Measurement, Probe, PromptResult, first_divergence
+from specreg.registry.run_store import get_run, list_runs, record_run
+from specreg.runner.measurement import Measurement, Probe, PromptResult, first_divergence
 from specreg.runner.runs import to_record
-from specreg.runner.server import Completion, ServerFailed, TokenProbs
 from specreg.runner.verify import judge
 from specreg.runner.workload import Prompt, Workload
 

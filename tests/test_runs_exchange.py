@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from specreg.cli.main import cli
 from specreg.registry.db import opened
 from specreg.registry.exchange import export_runs, import_runs
-from specreg.registry.runs import (
+from specreg.registry.run_store import (
     PromptRecord,
     RunRecord,
     get_run,

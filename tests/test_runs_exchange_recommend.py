@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from specreg.host.facts import HostFacts
 from specreg.recommender.advisor import open_advisor
-from specreg.recommender.host import HostFacts
 from specreg.recommender.local import (
     SOURCE_OTHER_HOST,
     local_observations,
@@ -19,7 +19,7 @@ from specreg.recommender.local import (
 from specreg.recommender.recommend import Option
 from specreg.registry.db import opened
 from specreg.registry.queries import resolve_model
-from specreg.registry.runs import RunRecord, record_run
+from specreg.registry.run_store import RunRecord, record_run
 from specreg.terms import Method
 
 TARGET = "Qwen2.5 Coder 32B Instruct"

@@ -9,9 +9,9 @@ from pathlib import Path
 from llama_fixtures import llama_install, small_models  # noqa: F401
 from test_lookup_cache_file import cache_record, write_cache
 
-from specreg.runner.config import Config
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.small_models import SmallModels
+from specreg.llama.config import Config
+from specreg.llama.install import LlamaInstall
+from specreg.samples.small_models import SmallModels
 from specreg.serve.routes import BackendSpec, Target, ngram_cache_note
 
 
@@ -70,12 +70,12 @@ def test_a_pinned_stack_with_a_workload_cache_is_served_in_one_backend(
     tmp_path: Path, specreg_home: Path, llama_install: LlamaInstall, small_models: SmallModels
 ) -> None:
     from specreg.declare.spec import load_spec
+    from specreg.host.facts import HostFacts
+    from specreg.host.machine import detect_host
     from specreg.recommender.advisor import open_advisor
-    from specreg.recommender.host import HostFacts
     from specreg.registry.db import opened
     from specreg.registry.lookup_caches import record_cache
-    from specreg.runner.host import detect_host
-    from specreg.runner.runs import model_record
+    from specreg.registry.scan import model_record
     from specreg.serve.routes import plan_routes
 
     path = small_models.smollm2.path

@@ -24,9 +24,10 @@ from click.testing import CliRunner
 from llama_fixtures import llama_install, small_models  # noqa: F401
 
 from specreg.cli.main import cli
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.server import LlamaServer, free_port
-from specreg.runner.small_models import SmallModels
+from specreg.llama.install import LlamaInstall
+from specreg.llama.process import free_port
+from specreg.llama.server import LlamaServer
+from specreg.samples.small_models import SmallModels
 
 pytestmark = pytest.mark.llama
 

@@ -13,13 +13,13 @@ from llama_fixtures import llama_install, small_models  # noqa: F401
 
 from specreg.cli.main import cli
 from specreg.errors import UsageError
+from specreg.host.machine import detect_host
+from specreg.llama.config import Config
+from specreg.llama.install import LlamaInstall
 from specreg.registry.db import opened
-from specreg.registry.runs import list_runs
-from specreg.runner.config import Config
-from specreg.runner.host import detect_host
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.runs import model_record
-from specreg.runner.small_models import SmallModels
+from specreg.registry.run_store import list_runs
+from specreg.registry.scan import model_record
+from specreg.samples.small_models import SmallModels
 from specreg.serve.app import Service
 from specreg.serve.backends import BackendPool
 from specreg.serve.classify import fitted_classifier
@@ -74,8 +74,8 @@ def test_pinned_configs_route_code_to_ngram_and_share_the_plain_backend(
     db = specreg_home / "registry.duckdb"
     spec_path = write_spec(tmp_path, db, small_models.smollm2.path)
     from specreg.declare.spec import load_spec
+    from specreg.host.facts import HostFacts
     from specreg.recommender.advisor import open_advisor
-    from specreg.recommender.host import HostFacts
 
     spec = load_spec(spec_path)[0]
     with opened(db) as con:
@@ -98,8 +98,8 @@ def test_pinned_configs_route_code_to_ngram_and_share_the_plain_backend(
 def test_without_a_pin_every_task_gets_the_top_recommendation(
     specreg_home: Path, llama_install: LlamaInstall, small_models: SmallModels
 ) -> None:
+    from specreg.host.facts import HostFacts
     from specreg.recommender.advisor import open_advisor
-    from specreg.recommender.host import HostFacts
 
     path = small_models.smollm2.path
     with opened(specreg_home / "registry.duckdb") as con:

@@ -5,7 +5,7 @@ requests): each request's own figures are the difference of its cumulative lines
 
 from __future__ import annotations
 
-from specreg.runner.spec_stats import (
+from specreg.llama.spec_stats import (
     TypeFigures,
     cumulative,
     finished,

@@ -13,7 +13,7 @@ import pytest
 from cli_run import specreg, specreg_json
 from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
 
-from specreg.runner.small_models import SmallModels
+from specreg.samples.small_models import SmallModels
 
 pytestmark = pytest.mark.llama
 

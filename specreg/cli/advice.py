@@ -14,19 +14,19 @@ from specreg.text import shell_join
 if TYPE_CHECKING:
     import duckdb
 
+    from specreg.host.facts import HostFacts
+    from specreg.host.machine import Host
+    from specreg.llama.install import LlamaInstall
     from specreg.recommender.advisor import Advisor
-    from specreg.recommender.host import HostFacts
     from specreg.recommender.recommend import Recommendation
     from specreg.registry.queries import ModelRecord
     from specreg.reports.gather import Advise
-    from specreg.runner.host import Host
-    from specreg.runner.llama import LlamaInstall
 
 
 def this_host(bandwidth: float | None) -> tuple[Host, HostFacts]:
     """The host llama.cpp runs on, and the facts the recommender predicts with."""
-    from specreg.recommender.host import detect_host_facts
-    from specreg.runner.host import detect_host
+    from specreg.host.facts import detect_host_facts
+    from specreg.host.machine import detect_host
 
     host = detect_host()
     return host, detect_host_facts(bandwidth, fingerprint=host.fingerprint)
@@ -36,7 +36,7 @@ def users_llama(llama_bin: Path | None) -> LlamaInstall | None:
     """The user's llama.cpp build, or None when there is none (commands are then written for
     the pinned build's dialect and a `llama-server` on PATH)."""
     from specreg.errors import LlamaError
-    from specreg.runner.llama import find_llama
+    from specreg.llama.install import find_llama
 
     try:
         return find_llama(llama_bin)
@@ -48,8 +48,8 @@ def command_lines(
     rec: Recommendation, host: Host, install: LlamaInstall | None, top: int | None = None
 ) -> tuple[str, ...]:
     """The llama-server command line of each of the first `top` options, ready to paste."""
-    from specreg.runner.tune import option_command
     from specreg.terms import DIALECT_SPEC_TYPE
+    from specreg.tune.tuner import option_command
 
     dialect = install.dialect if install else DIALECT_SPEC_TYPE
     server: Path | str = install.server if install else "llama-server"

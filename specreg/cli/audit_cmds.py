@@ -126,7 +126,7 @@ def _print_drafts(found: DraftList) -> None:
     from rich.table import Table
 
     from specreg.auditor import Verdict
-    from specreg.registry.quality import agreement_cell
+    from specreg.registry.quality_store import agreement_cell
 
     out = console()
     if found.draftless:

@@ -328,7 +328,7 @@ def llama_rules(llama_build: int | None, llama_bin: Path | None) -> RuleSet:
         return auditor.rules_for_build(llama_build)
     if llama_bin is None and not os.environ.get("SPECREG_LLAMA_BIN"):
         return auditor.PINNED_RULES
-    from specreg.runner.llama import find_llama
+    from specreg.llama.install import find_llama
 
     install = find_llama(llama_bin)
     return auditor.rules_for_version(install.version, install.dialect)

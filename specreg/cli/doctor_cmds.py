@@ -18,8 +18,8 @@ from specreg.cli.common import (
 from specreg.errors import EXIT_FINDINGS
 
 if TYPE_CHECKING:
+    from specreg.host.doctor import DoctorReport
     from specreg.runner.calibrate import CalibrationResult
-    from specreg.runner.doctor import DoctorReport
 
 _MARK = {"ok": "ok", "finding": "FINDING", "info": "info", "unknown": "?"}
 
@@ -48,12 +48,19 @@ def doctor(
 
     Each finding says what it costs and the command that fixes it. Exit 1 on findings.
     """
-    from specreg.runner.doctor import run_doctor
-    from specreg.runner.membw import parse_memory_spec
+    from specreg.errors import LlamaError
+    from specreg.host.doctor import build_facts, run_doctor
+    from specreg.host.membw import parse_memory_spec
+    from specreg.llama.install import find_llama
 
     memory = parse_memory_spec(memory_spec) if memory_spec else None
+    try:
+        install = find_llama(llama_bin)
+        build = build_facts(install.bin_dir, install.version)
+    except LlamaError:
+        build = None  # doctor checks the host without a build; the finding says so
     report = run_doctor(
-        resolve_db(db_path), llama_bin=llama_bin, memory=memory, measure_bandwidth=not no_bandwidth
+        resolve_db(db_path), build=build, memory=memory, measure_bandwidth=not no_bandwidth
     )
     if as_json:
         emit(report)

@@ -66,9 +66,9 @@ def build_cmd(
     """Build the lookup cache NAME from FILES and/or recorded runs' prompts and outputs with
     llama.cpp's llama-lookup-create, and record it. Evaluate it on prompts that did not build
     it: a cache holding a prompt's own output measures a replay."""
+    from specreg.host.machine import detect_host
+    from specreg.llama.install import find_llama
     from specreg.registry.db import opened
-    from specreg.runner.host import detect_host
-    from specreg.runner.llama import find_llama
     from specreg.runner.lookup_cache import BuildRequest, build_cache
 
     install, host = find_llama(llama_bin), detect_host()

@@ -26,8 +26,8 @@ from specreg.registry.db import opened
 from specreg.terms import TASKS
 
 if TYPE_CHECKING:
-    from specreg.runner.agreement import AgreementResult
-    from specreg.runner.quality import Measuring, QualityResult
+    from specreg.quality.agreement import AgreementResult
+    from specreg.quality.kld import Measuring, QualityResult
 
 F = Callable[..., Any]
 
@@ -61,9 +61,9 @@ def _measure_options(func: F) -> F:
 
 
 def _measuring(kw: dict[str, Any]) -> Measuring:
-    from specreg.runner.host import detect_host
-    from specreg.runner.llama import find_llama
-    from specreg.runner.quality import Measuring
+    from specreg.host.machine import detect_host
+    from specreg.llama.install import find_llama
+    from specreg.quality.kld import Measuring
 
     if kw["ctx"] < 8 or kw["chunks"] < 0:
         raise click.BadParameter("--ctx must be at least 8 and --chunks at least 0")
@@ -102,7 +102,7 @@ def quality_cmd(**kw: Any) -> None:
 
     Exit 1 if a measurement failed (recorded, with llama.cpp's message), 2 on bad input.
     """
-    from specreg.runner.quality import measure_quality, plan_quality, quality_texts
+    from specreg.quality.kld import measure_quality, plan_quality, quality_texts
 
     with opened(resolve_db(kw["db_path"])) as con:
         target = resolve_model_path(con, kw["target"])
@@ -143,7 +143,7 @@ def agree_cmd(**kw: Any) -> None:
 
     Exit 1 if a measurement failed (recorded, with llama.cpp's message), 2 on bad input.
     """
-    from specreg.runner.agreement import measure_agreement, plan_agreement
+    from specreg.quality.agreement import measure_agreement, plan_agreement
 
     with opened(resolve_db(kw["db_path"])) as con:
         target = resolve_model_path(con, kw["target"])

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from specreg.recommender.evaluate import CVReport
     from specreg.recommender.recommend import Recommendation
     from specreg.recommender.train import TrainSummary
-    from specreg.runner.tune import TuneResult, TuneStep
+    from specreg.tune.tuner import TuneResult, TuneStep
 
 F = Callable[..., Any]
 
@@ -247,14 +247,14 @@ def tune_cmd(
     cluster (--host NAME when it has several) and the answer is for that host.
     """
     from specreg.cli.advice import this_host
+    from specreg.llama.install import find_llama
     from specreg.registry.db import opened
-    from specreg.runner.llama import find_llama
-    from specreg.runner.tune import agree_if_missing, calibrate_if_missing, llama_runner, tune
     from specreg.runner.workload import load_workload
+    from specreg.tune.tuner import agree_if_missing, calibrate_if_missing, llama_runner, tune
 
     if ray_address is not None or ray_host is not None:
         from specreg.errors import UsageError
-        from specreg.runner.distributed import import_ray, tune_on_ray
+        from specreg.tune.distributed import import_ray, tune_on_ray
 
         if ray_address is None:
             raise UsageError("--host names a Ray host: add --ray ADDRESS")

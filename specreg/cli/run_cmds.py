@@ -31,7 +31,7 @@ from specreg.terms import ENGINE_AUTO, ENGINES, SPEC_TYPES, TASKS
 if TYPE_CHECKING:
     import duckdb
 
-    from specreg.registry.runs import RunRecord
+    from specreg.registry.run_store import RunRecord
     from specreg.runner.runs import Plan
 
 F = Callable[..., Any]
@@ -132,10 +132,10 @@ def _run_options(func: F) -> F:
 
 def _plan(con: duckdb.DuckDBPyConnection, kw: dict[str, Any]) -> Plan:
     """The options of `run`/`verify` as the runner's plan (models by path, id or name)."""
+    from specreg.host.machine import detect_host
+    from specreg.llama.config import Config
+    from specreg.llama.install import find_llama
     from specreg.runner import runs
-    from specreg.runner.config import Config
-    from specreg.runner.host import detect_host
-    from specreg.runner.llama import find_llama
     from specreg.runner.workload import load_workload
 
     implied = [t for t, on in (("ngram-cache", kw["lookup_cache"]), ("draft-simple", kw["draft"]))
@@ -199,7 +199,7 @@ def run_cmd(**kw: Any) -> None:
     Exit 1 if the run failed (it is recorded as failed, with llama.cpp's message).
     """
     from specreg.registry.db import opened
-    from specreg.registry.runs import get_run
+    from specreg.registry.run_store import get_run
     from specreg.runner import runs
 
     with opened(resolve_db(kw["db_path"])) as con:
@@ -222,7 +222,7 @@ def verify_cmd(**kw: Any) -> None:
     are near-tied), and speculation really happened. Exit 1 on fail.
     """
     from specreg.registry.db import opened
-    from specreg.registry.runs import VerifiedRun, get_run
+    from specreg.registry.run_store import VerifiedRun, get_run
     from specreg.runner import runs
 
     with opened(resolve_db(kw["db_path"])) as con:
@@ -270,7 +270,7 @@ def runs_cmd(
     if ctx.invoked_subcommand is not None:  # before any import: `runs export --help` is fast
         return
     from specreg.registry.db import opened
-    from specreg.registry.runs import RunList, list_runs
+    from specreg.registry.run_store import RunList, list_runs
 
     status = "failed" if failed else None
     with opened(resolve_db(db_path), read_only=True) as con:
@@ -295,7 +295,7 @@ def _parent_option(ctx: click.Context, name: str, value: Any) -> Any:
 def _run_show_cmd(ctx: click.Context, run_id: int, db_path: Path | None, as_json: bool) -> None:
     """One recorded run with its prompts."""
     from specreg.registry.db import opened
-    from specreg.registry.runs import RunList, get_run
+    from specreg.registry.run_store import RunList, get_run
 
     db_path = _parent_option(ctx, "db_path", db_path)
     with opened(resolve_db(db_path), read_only=True) as con:
@@ -370,7 +370,7 @@ def llama_group() -> None:
 @json_option
 def llama_build_cmd(jobs: int | None, as_json: bool) -> None:
     """Build the pinned llama.cpp (CPU, Release) into the cache; reused when complete."""
-    from specreg.runner import llama_build
+    from specreg.llama import build as llama_build
 
     if not as_json and llama_build.cached_build() is None:
         err_console().print(
@@ -389,8 +389,8 @@ def llama_build_cmd(jobs: int | None, as_json: bool) -> None:
 @json_option
 def llama_info_cmd(llama_bin: Path | None, as_json: bool) -> None:
     """Which llama.cpp specreg would use, its version and flag dialect."""
-    from specreg.runner.host import detect_host
-    from specreg.runner.llama import find_llama
+    from specreg.host.machine import detect_host
+    from specreg.llama.install import find_llama
 
     install = find_llama(llama_bin)
     host = detect_host()
@@ -416,8 +416,8 @@ def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
     and write the synthetic MoE and MTP models (SmolLM2's tokenizer, seeded weights)."""
     from rich.table import Table
 
-    from specreg.runner import small_models
-    from specreg.runner.llama import find_llama
+    from specreg.llama.install import find_llama
+    from specreg.samples import small_models
 
     install = find_llama(llama_bin)
     models = small_models.ensure_test_models(install.binary("llama-quantize"))

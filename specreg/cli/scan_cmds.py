@@ -224,8 +224,8 @@ def _print_details(d: ModelDetails, full: bool) -> None:
 @json_option
 def demo(directory: Path, as_json: bool) -> None:
     """Write a demo model tree of sparse GGUFs (about 530 GB apparent, under 50 MB on disk)."""
-    from specreg.registry.demo import make_demo_tree
     from specreg.registry.queries import human_bytes
+    from specreg.samples.demo import make_demo_tree
 
     made = make_demo_tree(directory)
     if as_json:

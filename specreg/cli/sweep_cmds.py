@@ -24,7 +24,8 @@ from specreg.errors import RunFailed
 from specreg.terms import TASKS
 
 if TYPE_CHECKING:
-    from specreg.runner.sweep import Outcome, SweepPlan, SweepResult
+    from specreg.tune.jobs import Outcome
+    from specreg.tune.sweep import SweepPlan, SweepResult
 
 _POSITIVE = click.IntRange(min=1)
 
@@ -102,13 +103,14 @@ def sweep_cmd(target: str, **kw: Any) -> None:
 
     Exit 1 if a point has no successful run (every failed run is recorded, with the reason).
     """
+    from specreg.llama.config import Config
     from specreg.registry.db import opened
-    from specreg.runner.config import Config
-    from specreg.runner.sweep import parse_grid, plan_sweep, sweep, sweep_hosts
     from specreg.runner.workload import load_workload
+    from specreg.tune.distributed import sweep_hosts
+    from specreg.tune.sweep import parse_grid, plan_sweep, sweep
 
     if kw["ray_address"] is not None and not kw["dry_run"]:
-        from specreg.runner.distributed import import_ray
+        from specreg.tune.distributed import import_ray
 
         import_ray()  # before any model is scanned: one line on how to get Ray
     grid = parse_grid(kw["grids"])

@@ -19,9 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from specreg.home import cache_dir
-from specreg.recommender.features import REFERENCE_BANDWIDTH_GBS, REFERENCE_CORES
 
 log = logging.getLogger(__name__)
+
+# The reference host the shipped prior was measured on (recommender/data/PROVENANCE.md).
+REFERENCE_BANDWIDTH_GBS = 460.0
+REFERENCE_CORES = 96
 
 SOURCE_USER = "user"
 SOURCE_ESTIMATE = "estimate"

@@ -11,11 +11,9 @@ import contextlib
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,8 +22,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from specreg.errors import LlamaError
-from specreg.runner.spec_stats import TypeFigures
+from specreg.host.cpu import CpuWatch
+from specreg.llama.process import (
+    SPEC_INIT_FAILED,
+    ServerFailed,
+    classify_exit,
+    free_port,
+    llama_message,
+    spawn,
+)
+from specreg.llama.spec_stats import TypeFigures
 
 log = logging.getLogger(__name__)
 
@@ -33,169 +39,6 @@ STARTUP_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 600.0
 STOP_GRACE_S = 5.0
 PORT_ATTEMPTS = 3
-
-# Soft failure: the server keeps serving, but without speculation.
-SPEC_INIT_FAILED = re.compile(r"failed to initialize speculative decoding[^\n]*")
-BIND_FAILED = re.compile(r"couldn't bind|address already in use|failed to bind", re.I)
-OOM = re.compile(
-    r"bad_alloc|out of memory|cannot allocate memory|failed to allocate|unable to allocate", re.I
-)
-LOAD_FAILED = re.compile(r"failed to load model|error loading model|unable to load model", re.I)
-ARG_ERROR = re.compile(r"error while handling argument|invalid argument|unknown argument", re.I)
-# ggml_abort prints `<file>:<line>: GGML_ASSERT(<cond>) failed` (or its own message) and then a
-# gdb backtrace whose frames also say "abort": the assertion line is the telling one.
-GGML_ABORT = re.compile(r"GGML_ASSERT\(.*\) failed|^\S+\.(?:c|cpp|h):\d+: \S")
-# Log lines look like `0.02.882.176 E srv  load_model: ...` (timestamp and level prefix).
-LOG_PREFIX = re.compile(r"^\s*(?:\d+\.\d+\.\d+\.\d+\s+)?(?:[DIWE]\s+)?")
-
-HINTS = {
-    "load": "check that the file is a complete GGUF this llama.cpp supports (`specreg scan PATH`)",
-    "oom": "free memory, lower --ctx, or use a smaller quantization",
-    "crash": "see the server log; rerun with SPECREG_DEBUG=1 for details",
-    "timeout": "the host may be overloaded; raise --timeout or retry when it is idle",
-    "port": "another process holds the ports; stop it or retry",
-    "args": "this llama.cpp rejects the flags; check `specreg llama info` for its dialect",
-    "request": "the server rejected the request; see the server log",
-    "spec-init": "the draft cannot speculate for this target (`specreg audit` explains why)",
-}
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGKILL it when specreg dies.
-
-    Our own cleanup kills the process group on every exit path we control; this covers the
-    ones we do not (specreg itself SIGKILLed, or its test runner timed out), which otherwise
-    leave an orphaned llama-server holding cores and memory.
-    """
-    if sys.platform != "linux":
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-
-
-def spawn(
-    argv: list[str], *, env: dict[str, str], stdout: Any, stderr: Any, log_path: Path | None
-) -> subprocess.Popen[bytes]:
-    """Start a llama.cpp process in its own process group (killed as a whole) that dies
-    with specreg; `ServerFailed` when it cannot start."""
-    try:
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-    except OSError as err:
-        raise ServerFailed(
-            "crash", f"cannot start {argv[0]}", err.strerror or str(err), log_path
-        ) from err
-
-
-class ServerFailed(LlamaError):
-    """llama-server failed; `kind` says how, `llama_message` is llama.cpp's own line."""
-
-    def __init__(self, kind: str, summary: str, llama_message: str, log_path: Path | None):
-        self.kind = kind
-        self.summary = summary
-        self.llama_message = llama_message
-        self.log_path = log_path
-        detail = f": {llama_message}" if llama_message else ""
-        super().__init__(f"{summary}{detail}; {HINTS.get(kind, HINTS['crash'])}")
-
-
-def strip_log_prefix(line: str) -> str:
-    return LOG_PREFIX.sub("", line).strip()
-
-
-def llama_message(log_text: str, pattern: re.Pattern[str] | None = None) -> str:
-    """The most telling line of a llama.cpp log: a match of `pattern`, else the last error."""
-    lines = [strip_log_prefix(raw) for raw in log_text.splitlines()]
-    lines = [line for line in lines if line]
-    # llama.cpp logs the cause first and a generic summary after it ("error loading model:
-    # <cause>" then "failed to load model"), so the first match is the telling one.
-    for regex in (pattern, OOM, LOAD_FAILED, ARG_ERROR, GGML_ABORT):
-        hits = [line for line in lines if regex is not None and regex.search(line)]
-        if hits:
-            return hits[0][:400]
-    errors = [raw.strip() for raw in log_text.splitlines() if re.match(r"^\s*(\S+\s+)?E\s", raw)]
-    if errors:
-        return strip_log_prefix(errors[-1])[:400]
-    keywords = re.compile(r"error|fail|abort|terminate|what\(\)", re.I)
-    hits = [line for line in lines if keywords.search(line)]
-    return (hits or lines or [""])[-1][:400]
-
-
-def classify_exit(log_text: str, returncode: int | None) -> str:
-    if OOM.search(log_text):
-        return "oom"
-    if BIND_FAILED.search(log_text):
-        return "port"
-    if LOAD_FAILED.search(log_text):
-        return "load"
-    if ARG_ERROR.search(log_text):
-        return "args"
-    return "crash"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def cpu_ticks_total() -> int | None:
-    try:
-        with open("/proc/stat") as fh:
-            fields = fh.readline().split()[1:]
-    except OSError:
-        return None
-    values = [int(v) for v in fields]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)
-    return sum(values[:8]) - idle
-
-
-def _cpu_ticks_pid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime
-
-
-class CpuWatch:
-    """CPU time spent by processes other than the server and us during a request.
-
-    On a small host another process's burst slows llama.cpp many times over; such samples
-    are measured again instead of being recorded as data.
-    """
-
-    def __init__(self, pid: int):
-        self.pid = pid
-        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-    def __enter__(self) -> CpuWatch:
-        self.total0 = cpu_ticks_total()
-        self.server0 = _cpu_ticks_pid(self.pid)
-        self.self0 = sum(os.times()[:2])
-        self.foreign_s: float | None = None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        total1, server1 = cpu_ticks_total(), _cpu_ticks_pid(self.pid)
-        if None in (self.total0, self.server0, total1, server1):
-            return
-        own = sum(os.times()[:2]) - self.self0
-        busy = (total1 - self.total0) / self.hz  # type: ignore[operator]
-        server = (server1 - self.server0) / self.hz  # type: ignore[operator]
-        self.foreign_s = max(0.0, busy - server - own)
 
 
 @dataclass(frozen=True)

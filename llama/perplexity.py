@@ -34,13 +34,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specreg.errors import UsageError
-from specreg.home import cache_dir
-from specreg.runner.host import Host
-from specreg.runner.legacy import run_tool
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.logits import LogitsHeader, logits_file_bytes, read_header, scored_per_chunk
-from specreg.runner.measure import logs_dir
-from specreg.runner.server import ServerFailed, classify_exit, llama_message
+from specreg.home import cache_dir, logs_dir
+from specreg.host.machine import Host
+from specreg.llama.install import LlamaInstall
+from specreg.llama.logits import LogitsHeader, logits_file_bytes, read_header, scored_per_chunk
+from specreg.llama.process import ServerFailed, classify_exit, llama_message, run_tool
 
 log = logging.getLogger(__name__)
 

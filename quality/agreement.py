@@ -38,18 +38,9 @@ import duckdb
 from specreg.errors import UsageError
 from specreg.home import cache_dir
 from specreg.jsonout import document
-from specreg.registry.quality import (
-    METHOD_KLD,
-    METHOD_SAVED,
-    PURPOSE_AGREEMENT,
-    TEXT_GENERATED,
-    record_quality,
-)
-from specreg.registry.queries import ModelRecord
-from specreg.runner.config import Config
-from specreg.runner.logits import Comparison, compare, read_header, scored_per_chunk
-from specreg.runner.measure import measure
-from specreg.runner.perplexity import (
+from specreg.llama.config import Config
+from specreg.llama.logits import Comparison, compare, read_header, scored_per_chunk
+from specreg.llama.perplexity import (
     MIN_TOKENS_FOR_STATISTICS,
     Perplexity,
     PerplexityFailed,
@@ -58,8 +49,17 @@ from specreg.runner.perplexity import (
     logits_key,
     planned_size,
 )
-from specreg.runner.quality import Measuring, TextSource, failure_fields, stats_fields
-from specreg.runner.runs import model_record
+from specreg.quality.kld import Measuring, TextSource, failure_fields, stats_fields
+from specreg.registry.quality_store import (
+    METHOD_KLD,
+    METHOD_SAVED,
+    PURPOSE_AGREEMENT,
+    TEXT_GENERATED,
+    record_quality,
+)
+from specreg.registry.queries import ModelRecord
+from specreg.registry.scan import model_record
+from specreg.runner.measure import measure
 from specreg.runner.workload import TASKS, Workload, task_prompts
 
 log = logging.getLogger(__name__)

@@ -25,9 +25,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from specreg.runner.host import Host, detect_host
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.membw import Bandwidth, MemoryConfig, parse_dmidecode, read_dmidecode
+from specreg.host.machine import Host, detect_host
+from specreg.host.membw import Bandwidth, MemoryConfig, parse_dmidecode, read_dmidecode
 
 log = logging.getLogger(__name__)
 
@@ -791,11 +790,11 @@ _SYSTEM_INFO_SNIPPET = (
 )
 
 
-def build_facts(install: LlamaInstall) -> BuildFacts:
-    """The build's CPU features, read from its own libllama in a child process (a library
-    built for another CPU must not take doctor down with it)."""
+def build_facts(bin_dir: Path, version: str) -> BuildFacts:
+    """The CPU features of the build in `bin_dir`, read from its own libllama in a child
+    process (a library built for another CPU must not take doctor down with it)."""
     info: str | None = None
-    for lib in (install.bin_dir / "libllama.so", install.bin_dir.parent / "lib" / "libllama.so"):
+    for lib in (bin_dir / "libllama.so", bin_dir.parent / "lib" / "libllama.so"):
         if not lib.is_file():
             continue
         try:
@@ -813,12 +812,12 @@ def build_facts(install: LlamaInstall) -> BuildFacts:
             info = proc.stdout.strip()
             break
     native = None
-    cache = install.bin_dir.parent / "CMakeCache.txt"
+    cache = bin_dir.parent / "CMakeCache.txt"
     if cache.is_file():
         m = re.search(r"^GGML_NATIVE:BOOL=(\w+)", cache.read_text(errors="replace"), re.M)
         if m:
             native = m.group(1).upper() in ("ON", "TRUE", "1", "YES")
-    return BuildFacts(install.bin_dir, install.version, info, native)
+    return BuildFacts(bin_dir, version, info, native)
 
 
 # --- all of it ---------------------------------------------------------------------------------
@@ -867,26 +866,21 @@ def diagnose(
 def run_doctor(
     db_path: Path | None,
     *,
-    llama_bin: Path | None = None,
+    build: BuildFacts | None = None,
     memory: MemoryConfig | None = None,
     measure_bandwidth: bool = True,
     view: SystemView | None = None,
 ) -> DoctorReport:
-    """Doctor as the command runs it: the llama.cpp build found the usual way, the registry's
-    targets (when a registry exists), the bandwidth measured and recorded for this host."""
-    from specreg.errors import LlamaError, RegistryError
+    """Doctor as the command runs it: the llama.cpp `build` (`build_facts`; None when there is
+    none), the registry's targets (when a registry exists), the bandwidth measured and recorded
+    for this host."""
+    from specreg.errors import RegistryError
+    from specreg.host import membw
     from specreg.registry.calibration import BandwidthRecord, record_bandwidth
     from specreg.registry.db import opened
     from specreg.registry.queries import list_models
-    from specreg.runner import membw
-    from specreg.runner.llama import find_llama
 
     view = view or SystemView()
-    try:
-        build = build_facts(find_llama(llama_bin))
-    except LlamaError as err:
-        log.info("no llama.cpp for doctor: %s", err)
-        build = None
     available = _meminfo(view).get("MemAvailable", 0)
 
     def measure(host: Host, compare_hugepages: bool) -> Bandwidth:

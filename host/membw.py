@@ -38,7 +38,7 @@ from pathlib import Path
 
 from specreg.errors import UsageError
 from specreg.home import cache_dir
-from specreg.runner.server import cpu_ticks_total
+from specreg.host.cpu import cpu_ticks_total
 
 log = logging.getLogger(__name__)
 

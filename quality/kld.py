@@ -26,20 +26,11 @@ import duckdb
 
 from specreg.errors import UsageError
 from specreg.home import cache_dir
+from specreg.host.machine import Host
 from specreg.jsonout import document
-from specreg.registry.quality import (
-    METHOD_KLD,
-    PURPOSE_QUALITY,
-    TEXT_SHIPPED,
-    TEXT_USER,
-    QualityRecord,
-    record_quality,
-)
-from specreg.registry.queries import ModelRecord
-from specreg.runner.config import Config
-from specreg.runner.host import Host
-from specreg.runner.llama import LlamaInstall
-from specreg.runner.perplexity import (
+from specreg.llama.config import Config
+from specreg.llama.install import LlamaInstall
+from specreg.llama.perplexity import (
     DEFAULT_CTX,
     DEFAULT_MAX_LOGITS_BYTES,
     DEFAULT_TIMEOUT_S,
@@ -49,7 +40,17 @@ from specreg.runner.perplexity import (
     PerplexityFailed,
     logits_key,
 )
-from specreg.runner.runs import model_record, with_expert_key
+from specreg.registry.quality_store import (
+    METHOD_KLD,
+    PURPOSE_QUALITY,
+    TEXT_SHIPPED,
+    TEXT_USER,
+    QualityRecord,
+    record_quality,
+)
+from specreg.registry.queries import ModelRecord
+from specreg.registry.scan import model_record
+from specreg.runner.runs import with_expert_key
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def shipped_text(task: str) -> TextSource:
         raise UsageError(
             f"no shipped text for task {task!r}: use one of {', '.join(QUALITY_TASKS)}"
         )
-    resource = files("specreg.runner").joinpath("texts").joinpath(f"{task}.txt")
+    resource = files("specreg.quality").joinpath("texts").joinpath(f"{task}.txt")
     path = Path(str(resource))
     if not path.is_file():  # a zipped install: llama-perplexity needs a real file
         path = cache_dir() / "texts" / f"{task}.txt"

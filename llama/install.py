@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specreg.errors import LlamaError
-from specreg.runner.llama_build import cached_build
+from specreg.llama.build import cached_build
 
 # The dialects are specreg.terms' vocabulary, importable from here too.
 from specreg.terms import DIALECT_DRAFT_MAX as DIALECT_DRAFT_MAX

@@ -21,7 +21,7 @@ from typing import Any
 
 import duckdb
 
-from specreg.registry.db import transaction, where_equal
+from specreg.registry.sql import transaction, where_equal
 
 QUALITY_TABLE = "quality_measurements"
 PURPOSE_QUALITY = "quality"

@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from specreg.errors import UsageError
-from specreg.registry.runs import RunRecord, finish_run, interrupt_run, start_run
-from specreg.runner.sweep import Job, Outcome
+from specreg.registry.run_store import RunRecord, finish_run, interrupt_run, start_run
+from specreg.tune.jobs import Hosts, Job, LocalHost, Outcome
 
 if TYPE_CHECKING:
-    from specreg.recommender.host import HostFacts
+    from specreg.host.facts import HostFacts
     from specreg.recommender.recommend import Option
-    from specreg.runner.tune import TuneResult, TuneStep
     from specreg.runner.workload import Workload
+    from specreg.tune.tuner import TuneResult, TuneStep
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,8 @@ def import_ray() -> Any:
 def host_facts() -> dict[str, Any]:
     """This host's facts as the caller records them: the runner's host and fingerprint, and the
     bandwidth the recommender places its runs with."""
-    from specreg.recommender.host import detect_host_facts
-    from specreg.runner.host import detect_host
+    from specreg.host.facts import detect_host_facts
+    from specreg.host.machine import detect_host
 
     host = detect_host()
     facts = detect_host_facts(fingerprint=host.fingerprint)
@@ -90,10 +90,10 @@ def host_job(job: Job, name: str) -> RunRecord:
     """Run `job` here (in a Ray worker on the host called `name`) with this host's specreg:
     its registry, its llama.cpp, its facts."""
     from specreg.home import default_db_path
+    from specreg.host.machine import detect_host
+    from specreg.llama.install import find_llama
     from specreg.registry.db import opened
-    from specreg.runner.host import detect_host
-    from specreg.runner.llama import find_llama
-    from specreg.runner.sweep import run_job
+    from specreg.tune.jobs import run_job
 
     facts = {**host_facts(), "name": name}
     return run_job(
@@ -309,7 +309,7 @@ class RayHosts:
 
 def tune_host(hosts: RayHosts, name: str | None) -> tuple[RayHost, HostFacts]:
     """The one host `tune` answers for, and its facts as the recommender sees them."""
-    from specreg.recommender.host import HostFacts
+    from specreg.host.facts import HostFacts
 
     if name is None:
         if len(hosts.hosts) != 1:
@@ -344,9 +344,9 @@ def ray_runner(
 ) -> Callable[[Option], tuple[float | None, int | None]]:
     """tune's `run_option` on the Ray host `host`: each option measured there, recorded here.
     A lookup cache is a file of this registry: such options are not sent (no run)."""
-    from specreg.registry.runs import new_run_uuid
-    from specreg.runner.runs import model_record
-    from specreg.runner.tune import option_config
+    from specreg.registry.run_store import new_run_uuid
+    from specreg.registry.scan import model_record
+    from specreg.tune.tuner import option_config
 
     target_id = model_record(con, target).model_id
 
@@ -387,8 +387,8 @@ def tune_on_ray(
     recorded here; the recommender predicts for that host (its fingerprint, bandwidth and
     cores), so its runs are its local evidence. Calibration and agreement, which run
     llama.cpp on this machine, are left out."""
-    from specreg.runner.tune import tune
     from specreg.runner.workload import load_workload
+    from specreg.tune.tuner import tune
 
     with RayHosts(address, (host_name,) if host_name else ()) as hosts:
         host, facts = tune_host(hosts, host_name)
@@ -400,3 +400,26 @@ def tune_on_ray(
             con, str(target), run_option, host=facts, task=task, policy=policy, budget=budget,
             on_step=on_step, spec_type=spec_type,
         )  # fmt: skip
+
+
+@contextmanager
+def sweep_hosts(
+    ray_address: str | None,
+    names: Sequence[str] = (),
+    *,
+    llama_bin: Path | None = None,
+    retry_elsewhere: bool = False,
+) -> Iterator[Hosts]:
+    """Where a sweep runs: this machine, or the hosts of the Ray cluster at `ray_address`
+    (all of them, or those `names` names), connected for the block."""
+    if ray_address is None:
+        if names or retry_elsewhere:
+            flag = "--host" if names else "--retry-elsewhere"
+            raise UsageError(f"{flag} is about the hosts of a Ray cluster: add --ray ADDRESS")
+        from specreg.host.machine import detect_host
+        from specreg.llama.install import find_llama
+
+        yield LocalHost(find_llama(llama_bin), detect_host())
+        return
+    with RayHosts(ray_address, names) as hosts:
+        yield hosts

@@ -24,7 +24,7 @@ import duckdb
 import numpy as np
 
 from specreg.recommender.costmodel import CostParams, acceptance, logit, predict_tps
-from specreg.registry.quality import PURPOSE_AGREEMENT, QualityRecord, latest_measurements
+from specreg.registry.quality_store import PURPOSE_AGREEMENT, QualityRecord, latest_measurements
 
 # The pinned build's draft-simple defaults (common/common.h, common_params_speculative_draft).
 P_MIN_DEFAULT = 0.0

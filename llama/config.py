@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from specreg.errors import UsageError
-from specreg.runner.host import Host
-from specreg.runner.spec_stats import STATS_VERBOSITY
+from specreg.host.machine import Host
+from specreg.llama.spec_stats import STATS_VERBOSITY
 from specreg.stacks import K_FLAG, Stack, parse_stack
 
 # The vocabulary is specreg.terms'; these names are importable from here too.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from specreg.registry.quality import PURPOSE_QUALITY, QualityRecord, latest_measurements
+from specreg.registry.quality_store import PURPOSE_QUALITY, QualityRecord, latest_measurements
 
 COST_MEASURED = "measured"
 COST_PREDICTED = "predicted"

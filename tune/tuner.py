@@ -28,14 +28,14 @@ from typing import Any
 
 import duckdb
 
+from specreg.host.facts import HostFacts
+from specreg.host.machine import Host
+from specreg.llama.config import SPEC_NONE, Config, server_command
+from specreg.llama.install import LlamaInstall
 from specreg.recommender.advisor import open_advisor
-from specreg.recommender.host import HostFacts
 from specreg.recommender.recommend import Option, Recommendation
 from specreg.recommender.train import default_estimator
 from specreg.runner import runs
-from specreg.runner.config import SPEC_NONE, Config, server_command
-from specreg.runner.host import Host
-from specreg.runner.llama import LlamaInstall
 from specreg.runner.workload import Workload
 from specreg.terms import Method
 
@@ -329,7 +329,7 @@ def _step(
     tps, run_id = run_option(option)
     lo = hi = None
     if run_id is not None:
-        from specreg.registry.runs import get_run
+        from specreg.registry.run_store import get_run
 
         rec = get_run(con, run_id)
         lo, hi = rec.tokens_per_s_lo, rec.tokens_per_s_hi
@@ -436,8 +436,8 @@ def calibrate_if_missing(
     """A `calibrate` hook for `tune`: llama-bench curves of the target and its drafts on this
     host, measured only when the registry has none for the target yet."""
     from specreg.recommender.calibrated import load_calibration
+    from specreg.registry.scan import model_record
     from specreg.runner.calibrate import calibrate_in
-    from specreg.runner.runs import model_record
 
     def run() -> object:
         record = model_record(con, target)
@@ -463,10 +463,10 @@ def agree_if_missing(
     """An `agree` hook for `tune`: teacher-forced agreement (`specreg agree`) of every
     compatible draft that has none recorded for `task` yet, seconds per draft instead of a
     speculative run each. Returns the AgreementResult, or None when nothing was missing."""
-    from specreg.registry.quality import agreement_by_draft
-    from specreg.runner.agreement import AgreementPlan, agreement_drafts, measure_agreement
-    from specreg.runner.quality import Measuring
-    from specreg.runner.runs import model_record
+    from specreg.quality.agreement import AgreementPlan, agreement_drafts, measure_agreement
+    from specreg.quality.kld import Measuring
+    from specreg.registry.quality_store import agreement_by_draft
+    from specreg.registry.scan import model_record
 
     def run() -> object:
         record = model_record(con, target)

@@ -1,0 +1,58 @@
+"""CPU time on this host: all of it, one process's, and what others used during a sample.
+
+On a small host another process's burst slows llama.cpp many times over; these counters
+let a measurement see that and take the sample again.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def cpu_ticks_total() -> int | None:
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()[1:]
+    except OSError:
+        return None
+    values = [int(v) for v in fields]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return sum(values[:8]) - idle
+
+
+def _cpu_ticks_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+class CpuWatch:
+    """CPU time spent by processes other than the server and us during a request.
+
+    On a small host another process's burst slows llama.cpp many times over; such samples
+    are measured again instead of being recorded as data.
+    """
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def __enter__(self) -> CpuWatch:
+        self.total0 = cpu_ticks_total()
+        self.server0 = _cpu_ticks_pid(self.pid)
+        self.self0 = sum(os.times()[:2])
+        self.foreign_s: float | None = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        total1, server1 = cpu_ticks_total(), _cpu_ticks_pid(self.pid)
+        if None in (self.total0, self.server0, total1, server1):
+            return
+        own = sum(os.times()[:2]) - self.self0
+        busy = (total1 - self.total0) / self.hz  # type: ignore[operator]
+        server = (server1 - self.server0) / self.hz  # type: ignore[operator]
+        self.foreign_s = max(0.0, busy - server - own)

@@ -1,0 +1,244 @@
+"""A measurement any host can run: a `Job` names its models by registry id and the caller's
+path, `run_job` measures it on the host it lands on (that host's registry resolves the models,
+scanning the same path if it has not seen them), and `Hosts` are where jobs run: this machine
+(`LocalHost`) or a Ray cluster's hosts (`distributed.RayHosts`). The caller records each run
+as `running` before it starts and completes it with the host's record: a host never writes
+the caller's registry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+import duckdb
+
+from specreg.errors import SpecregError, UsageError
+from specreg.host.machine import Host
+from specreg.llama.config import Config
+from specreg.llama.install import LlamaInstall
+from specreg.registry.queries import get_model, model_fs_paths
+from specreg.registry.run_store import (
+    STATUS_FAILED,
+    RunRecord,
+    finish_run,
+    interrupt_run,
+    new_run_uuid,
+    start_run,
+)
+from specreg.runner.workload import Workload
+from specreg.terms import ENGINE_AUTO
+
+log = logging.getLogger(__name__)
+
+KIND_SWEEP = "sweep"  # the runs' kind in the registry
+
+
+@dataclass(frozen=True)
+class Job:
+    """One measurement as any host can run it: models by registry id and the caller's path
+    (a host that has not seen a model scans the same path, and checks it is the same model)."""
+
+    run_uuid: str
+    label: str
+    config: Config
+    target_id: str
+    target_path: str
+    draft_id: str | None
+    draft_path: str | None
+    workload: Workload
+    task: str | None
+    n_predict: int
+    repeats: int
+    contention_retries: int = 2
+    startup_timeout: float = 180.0
+    request_timeout: float = 600.0
+    kind: str = KIND_SWEEP
+    host: str | None = None  # a host name this job must run on (a host's plain baseline)
+    avoid: tuple[str, ...] = ()  # host names it failed on (a retry goes elsewhere)
+    attempt: int = 1
+    retry_of: str | None = None  # run_uuid of the failed attempt this one retries
+
+    def again(self, avoid: str) -> Job:
+        """The same measurement as a new run (a new run_uuid), anywhere but `avoid`."""
+        return replace(
+            self, run_uuid=new_run_uuid(), attempt=self.attempt + 1, retry_of=self.run_uuid,
+            avoid=(*self.avoid, avoid),
+        )  # fmt: skip
+
+    def fits(self, host_name: str) -> bool:
+        """Whether this job may run on `host_name`."""
+        return self.host in (None, host_name) and host_name not in self.avoid
+
+    def started(self, host: Host | dict[str, Any] | None, host_name: str | None) -> RunRecord:
+        """The `running` record the caller writes before the job starts."""
+        facts = host.to_json() if isinstance(host, Host) else dict(host or {})
+        if host_name is not None:
+            facts["name"] = host_name
+        return RunRecord(
+            kind=self.kind,
+            status="running",
+            started_at=datetime.now(timezone.utc),
+            config={**self.config.to_json(), "engine": ENGINE_AUTO},
+            config_label=self.config.label,
+            spec_type=self.config.spec_type,
+            target_model_id=self.target_id,
+            draft_model_id=self.draft_id,
+            target_path=self.target_path,
+            draft_path=self.draft_path,
+            k=self.config.k,
+            experts=self.config.experts,
+            temperature=self.config.temperature,
+            host_fingerprint=str(facts["fingerprint"]) if "fingerprint" in facts else None,
+            host=facts or None,
+            task=self.task,
+            prompt_set=self.workload.name,
+            n_predict=self.n_predict,
+            repeats=self.repeats,
+            run_uuid=self.run_uuid,
+        )
+
+    def failed(
+        self, started: RunRecord, error_kind: str, error: str, seconds: float | None = None
+    ) -> RunRecord:
+        """The record of this job when it could not run, or its host died under it."""
+        return replace(
+            started, status=STATUS_FAILED, error_kind=error_kind, error=error, seconds=seconds
+        )
+
+
+def _locate(con: duckdb.DuckDBPyConnection, model_id: str, path: str, host: str) -> Path:
+    """A model's file on this host: from this host's registry by id, else the caller's path
+    scanned here (it must be the same model)."""
+    from specreg.registry.scan import model_record
+
+    if get_model(con, model_id) is not None:
+        for found in model_fs_paths(con, model_id):
+            if Path(found).is_file():
+                return Path(found)
+    if not Path(path).is_file():
+        raise UsageError(
+            f"model {model_id[:12]} is not in {host}'s registry and {path} is not there: scan "
+            "the model folders on that host, or mount them at the same path"
+        )
+    record = model_record(con, Path(path))
+    if record.model_id != model_id:
+        raise UsageError(
+            f"{path} on {host} is a different model ({record.model_id[:12]}, not "
+            f"{model_id[:12]}): give that host the same file"
+        )
+    return Path(path)
+
+
+def run_job(
+    job: Job,
+    registry: AbstractContextManager[duckdb.DuckDBPyConnection],
+    install: LlamaInstall,
+    host: Host,
+    *,
+    host_facts: dict[str, Any] | None = None,
+) -> RunRecord:
+    """Measure `job` on this host and return its record (never written here: the caller
+    records it). `registry` opens this host's registry, for the models; it is closed before
+    llama.cpp starts. A job this host cannot run (a model it lacks, a configuration its build
+    rejects) is a failed record saying why."""
+    from specreg.runner.measure import measure
+    from specreg.runner.runs import plan, to_record
+
+    started = job.started(host, None)
+    facts = {**(started.host or {}), **(host_facts or {})}
+    started = replace(started, host=facts)
+    t0 = time.monotonic()
+    try:
+        with registry as con:
+            target = _locate(con, job.target_id, job.target_path, host.hostname)
+            draft = (
+                _locate(con, job.draft_id, job.draft_path, host.hostname)
+                if job.draft_id and job.draft_path
+                else None
+            )
+            p = plan(
+                con, install, host, target, draft, job.config, job.workload, task=job.task,
+                n_predict=job.n_predict, repeats=job.repeats,
+                startup_timeout=job.startup_timeout, request_timeout=job.request_timeout,
+                contention_retries=job.contention_retries,
+            )  # fmt: skip
+    except SpecregError as err:
+        return job.failed(started, "host-setup", str(err), time.monotonic() - t0)
+    m = measure(
+        p.install, p.host, p.config, p.target_path, p.draft_path, p.workload,
+        n_predict=p.n_predict, repeats=p.repeats, startup_timeout=p.startup_timeout,
+        request_timeout=p.request_timeout, contention_retries=p.contention_retries,
+        eog_texts=p.eog_texts, engine=p.engine,
+    )  # fmt: skip
+    record = to_record(m, job.kind, job.target_id, job.draft_id, task=job.task)
+    return replace(record, run_uuid=job.run_uuid, host={**(record.host or {}), **facts})
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A job and what the caller recorded for it."""
+
+    job: Job
+    run_id: int
+    host_name: str | None
+    record: RunRecord  # as recorded (finished, failed or interrupted)
+
+
+class Hosts(Protocol):
+    """Where a sweep's jobs run: this machine, or a Ray cluster (runner/distributed.py)."""
+
+    def names(self) -> tuple[str, ...]: ...
+
+    def run(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        jobs: Sequence[Job],
+        *,
+        retry_elsewhere: bool,
+        on_run: Callable[[Outcome], None] | None,
+    ) -> tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]:
+        """Run `jobs` (a job naming a host runs there), record each in `con`; return the
+        outcomes, the jobs no host could run, and hosts taken out of the sweep with why."""
+        ...
+
+
+class LocalHost:
+    """This machine: jobs one after another, in this process."""
+
+    def __init__(self, install: LlamaInstall, host: Host):
+        self.install = install
+        self.host = host
+
+    def names(self) -> tuple[str, ...]:
+        return (self.host.hostname,)
+
+    def run(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        jobs: Sequence[Job],
+        *,
+        retry_elsewhere: bool,
+        on_run: Callable[[Outcome], None] | None,
+    ) -> tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]:
+        del retry_elsewhere  # one host: nowhere else to go
+        outcomes = []
+        for job in jobs:
+            run_id = start_run(con, job.started(self.host, None))
+            try:
+                record = run_job(job, nullcontext(con), self.install, self.host)
+            except BaseException as err:
+                interrupt_run(con, run_id, f"stopped before it finished ({type(err).__name__})")
+                raise
+            finish_run(con, run_id, record)
+            outcome = Outcome(job, run_id, self.host.hostname, record)
+            outcomes.append(outcome)
+            if on_run is not None:
+                on_run(outcome)
+        return tuple(outcomes), (), {}
