@@ -26,7 +26,6 @@ TASK_SLOTS: tuple[str, ...] = (*TASKS, TASK_UNKNOWN)
 TOK_RELATIONS: tuple[str, ...] = ("identical", "padding-only", "pre-tokenizer-differs", "unknown")
 
 
-
 @dataclass(frozen=True)
 class ConfigFacts:
     """One configuration to predict for. Sizes are GB (1e9 bytes), parameters billions."""
