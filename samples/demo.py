@@ -31,6 +31,8 @@ from gguf.constants import (
     TokenType,
 )
 
+from specreg.errors import FolderNotEmpty
+
 Q = GGMLQuantizationType
 
 
@@ -747,10 +749,33 @@ def demo_models() -> list[tuple[str, DemoModel]]:
     ]
 
 
-def make_demo_tree(root: Path) -> list[Path]:
+# What `make_demo_tree` writes at the top of its folder: a folder holding nothing else holds a
+# demo already (writing again there only rewrites the demo's own files).
+DEMO_TOP_LEVEL = frozenset({"lmstudio", "huggingface"})
+
+
+def check_demo_folder(root: Path) -> None:
+    """Refuse a folder that holds something other than a demo: the demo writes 24 sparse files
+    (about 530 GB apparent) into it, which no one should find among their own files."""
+    if not root.is_dir():
+        return
+    others = sorted(p.name for p in root.iterdir() if p.name not in DEMO_TOP_LEVEL)
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise FolderNotEmpty(
+            f"{root} is not empty ({shown}) and holds no demo: the demo writes 24 sparse files"
+            " (about 530 GB apparent) there; give a new or empty folder, or --force to write"
+            " into this one"
+        )
+
+
+def make_demo_tree(root: Path, *, force: bool = False) -> list[Path]:
     """Write the demo collection under `root`, plus the ways real trees hold files:
-    an LM Studio folder, a Hugging Face cache (snapshots symlinked to blobs), a stray link."""
+    an LM Studio folder, a Hugging Face cache (snapshots symlinked to blobs), a stray link.
+    A folder holding anything but a demo is refused (`FolderNotEmpty`) unless `force`."""
     root = Path(root)
+    if not force:
+        check_demo_folder(root)
     made: list[Path] = []
     for sub, model in demo_models():
         made += write_demo_model(root / "lmstudio" / sub, model)

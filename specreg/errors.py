@@ -28,6 +28,10 @@ class AmbiguousModel(UsageError):
     """More than one model matches the given name."""
 
 
+class FolderNotEmpty(UsageError):
+    """A command that fills a folder was given one that holds other files."""
+
+
 class RegistryError(SpecregError):
     """The registry database cannot be opened or is from a newer specreg."""
 

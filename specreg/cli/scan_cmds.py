@@ -221,13 +221,17 @@ def _print_details(d: ModelDetails, full: bool) -> None:
 
 @click.command()
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Write into a folder that holds other files too.")
 @json_option
-def demo(directory: Path, as_json: bool) -> None:
-    """Write a demo model tree of sparse GGUFs (about 530 GB apparent, under 50 MB on disk)."""
+def demo(directory: Path, force: bool, as_json: bool) -> None:
+    """Write a demo model tree of sparse GGUFs (about 530 GB apparent, under 50 MB on disk).
+
+    DIRECTORY must be new, empty or an earlier demo (exit 2 otherwise, unless --force).
+    """
     from specreg.registry.queries import human_bytes
     from specreg.samples.demo import make_demo_tree
 
-    made = make_demo_tree(directory)
+    made = make_demo_tree(directory, force=force)
     if as_json:
         emit_json("demo", {"directory": str(directory), "files": [str(p) for p in made]})
         return
