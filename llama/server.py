@@ -32,10 +32,10 @@ from specreg.llama.process import (
     spawn,
 )
 from specreg.llama.spec_stats import TypeFigures
+from specreg.terms import STARTUP_TIMEOUT_S as STARTUP_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
-STARTUP_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 600.0
 STOP_GRACE_S = 5.0
 PORT_ATTEMPTS = 3

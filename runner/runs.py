@@ -41,7 +41,15 @@ from specreg.runner.measurement import Measurement
 from specreg.runner.verify import PromptVerdict, Verification, judge
 from specreg.runner.workload import Workload
 from specreg.stacks import NGRAM_CACHE
-from specreg.terms import ENGINE_AUTO, ENGINE_SERVER, NGRAM_CACHE_DRAFT_MAX, REGIME_FIRST
+from specreg.terms import (
+    DEFAULT_N_PREDICT,
+    DEFAULT_REPEATS,
+    ENGINE_AUTO,
+    ENGINE_SERVER,
+    NGRAM_CACHE_DRAFT_MAX,
+    REGIME_FIRST,
+    STARTUP_TIMEOUT_S,
+)
 
 
 @dataclass(frozen=True)
@@ -250,9 +258,9 @@ def plan(
     workload: Workload,
     *,
     task: str | None = None,
-    n_predict: int = 64,
-    repeats: int = 3,
-    startup_timeout: float = 180.0,
+    n_predict: int = DEFAULT_N_PREDICT,
+    repeats: int = DEFAULT_REPEATS,
+    startup_timeout: float = STARTUP_TIMEOUT_S,
     request_timeout: float = 600.0,
     contention_retries: int = 2,
     engine: str = ENGINE_AUTO,

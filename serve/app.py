@@ -31,11 +31,12 @@ from specreg.serve.backends import Backend, BackendPool, BackendUnavailable
 from specreg.serve.classify import TASK_HEADER, Classification, TaskClassifier, classify
 from specreg.serve.recorder import RunRecorder
 from specreg.serve.routes import Route, RouteTable, split_model
+from specreg.terms import STARTUP_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY = 1 << 20  # bytes
-READY_TIMEOUT_S = 180.0
+READY_TIMEOUT_S = STARTUP_TIMEOUT_S  # the backends' llama-server startup
 REQUEST_TIMEOUT_S = 600.0
 KIND_SERVE = "serve"
 HEADER_TASK = "X-Specreg-Task"

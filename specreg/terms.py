@@ -166,6 +166,12 @@ ENGINE_SERVER = "server"
 ENGINE_LEGACY = "legacy"  # llama-speculative / llama-lookup
 ENGINES: tuple[str, ...] = (ENGINE_AUTO, ENGINE_SERVER, ENGINE_LEGACY)
 
+# --- measurement defaults: every run, sweep and tune, and their command-line options ------
+
+DEFAULT_N_PREDICT = 64  # tokens generated per prompt in a timed sample
+DEFAULT_REPEATS = 3  # timed samples per prompt
+STARTUP_TIMEOUT_S = 180.0  # seconds llama-server may take to load and answer /health
+
 # --- llama.cpp flag dialects -------------------------------------------------------------
 
 # 2026 builds: `--spec-type T` selects the method, `--spec-draft-n-max K` its draft length;

@@ -36,6 +36,7 @@ import duckdb
 
 from specreg.errors import UsageError
 from specreg.registry.run_store import RunRecord, finish_run, interrupt_run, start_run
+from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS
 from specreg.tune.jobs import Hosts, Job, LocalHost, Outcome
 
 if TYPE_CHECKING:
@@ -338,8 +339,8 @@ def ray_runner(
     workload: Workload,
     *,
     task: str | None,
-    n_predict: int = 64,
-    repeats: int = 3,
+    n_predict: int = DEFAULT_N_PREDICT,
+    repeats: int = DEFAULT_REPEATS,
     threads: int | None = None,
 ) -> Callable[[Option], tuple[float | None, int | None]]:
     """tune's `run_option` on the Ray host `host`: each option measured there, recorded here.

@@ -33,7 +33,7 @@ from specreg.registry.run_store import (
     start_run,
 )
 from specreg.runner.workload import Workload
-from specreg.terms import ENGINE_AUTO
+from specreg.terms import ENGINE_AUTO, STARTUP_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Job:
     n_predict: int
     repeats: int
     contention_retries: int = 2
-    startup_timeout: float = 180.0
+    startup_timeout: float = STARTUP_TIMEOUT_S
     request_timeout: float = 600.0
     kind: str = KIND_SWEEP
     host: str | None = None  # a host name this job must run on (a host's plain baseline)

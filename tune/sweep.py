@@ -47,7 +47,7 @@ from specreg.registry.run_store import (
 )
 from specreg.runner.workload import Workload
 from specreg.stacks import K_FLAG, parse_stack
-from specreg.terms import SPEC_NONE
+from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, SPEC_NONE, STARTUP_TIMEOUT_S
 from specreg.tune.jobs import Hosts, Job, Outcome
 
 log = logging.getLogger(__name__)
@@ -288,7 +288,7 @@ class SweepPlan:
     n_predict: int
     repeats: int
     contention_retries: int = 2
-    startup_timeout: float = 180.0
+    startup_timeout: float = STARTUP_TIMEOUT_S
     notes: tuple[str, ...] = field(default=())
 
     JSON_KIND = "sweep-plan"
@@ -350,10 +350,10 @@ def plan_sweep(
     resolve: Callable[[duckdb.DuckDBPyConnection, str], Path],
     base: Config | None = None,
     task: str | None = None,
-    n_predict: int = 64,
-    repeats: int = 3,
+    n_predict: int = DEFAULT_N_PREDICT,
+    repeats: int = DEFAULT_REPEATS,
     contention_retries: int = 2,
-    startup_timeout: float = 180.0,
+    startup_timeout: float = STARTUP_TIMEOUT_S,
 ) -> SweepPlan:
     """The sweep of `grid` on `target`, models resolved in the caller's registry (`resolve`:
     a path, an id prefix or a name to a file)."""

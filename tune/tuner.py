@@ -37,7 +37,7 @@ from specreg.recommender.recommend import Option, Recommendation
 from specreg.recommender.train import default_estimator
 from specreg.runner import runs
 from specreg.runner.workload import Workload
-from specreg.terms import Method
+from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, Method
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,8 @@ def llama_runner(
     workload: Workload,
     *,
     task: str | None,
-    n_predict: int = 64,
-    repeats: int = 3,
+    n_predict: int = DEFAULT_N_PREDICT,
+    repeats: int = DEFAULT_REPEATS,
     threads: int | None = None,
 ) -> RunOption:
     """Run options for real with llama-server; every run is recorded in the registry.
