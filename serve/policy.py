@@ -1,0 +1,445 @@
+"""The adaptive policy: which candidate configuration serves the next request of a task.
+
+One `TaskPolicy` per (target, task) holds a few candidates (plain decoding, the best draft at
+its K and the neighbouring K, the stack, n-gram types, ngram-cache with a workload cache) and
+chooses among them by Thompson sampling over each candidate's per-request decode throughput
+(generated tokens over generation seconds, as llama-server reports them; prompt processing is
+not part of it).
+
+The model, per candidate: log tokens/s of a request ~ Normal(mu, NOISE_SIGMA^2), and
+mu ~ Normal(m0, s0^2) a priori, where m0 and s0 come from the recommender's prediction and its
+band. Throughput is multiplicative (a draft that is 1.5x faster is 1.5x faster on a slow prompt
+and on a fast one), so log space is where the noise is closest to symmetric and constant. The
+posterior is conjugate: precision adds, and a request's weight scales its precision, so a request
+that decoded while another request decoded on the same cores counts less (CONCURRENT_WEIGHT per
+extra concurrent decode; zero weight never moves the posterior).
+
+- Choosing: draw one mu per active candidate from its posterior, serve the argmax. The reason is
+  "exploit" when the argmax is also the candidate with the best posterior mean, else "explore".
+- Retiring: a candidate with evidence of its own whose chance of beating the current best
+  (posterior means compared with both uncertainties) is below RETIRE_P stops costing requests.
+- K moving outward: when the best candidate of a draft family (same draft and type, several K)
+  has settled evidence and sits at the edge of the family's K values, the next K outward from
+  the family's ladder (the build's limits) joins, with the recommender's prediction for it where
+  one exists, else its neighbour's posterior widened by NEW_K_SIGMA.
+
+Everything here is pure and deterministic under `seed`: the same evidence in the same order gives
+the same choices. No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from specreg.jsonout import document
+
+# Per-request scatter of log tokens/s around a configuration's mean (prompts differ; the
+# reference host's K sweeps scatter about this much between neighbouring K: benchmarks/
+# serve_adaptive_sim.py prints its own estimate).
+NOISE_SIGMA = 0.2
+# A prediction without a band of its own: a factor of e^0.5 either way is one sigma.
+DEFAULT_PRIOR_SIGMA = 0.5
+# The prior never claims to know a speed better than this (log units): traffic must be able to
+# overturn any prediction within a handful of requests.
+MIN_PRIOR_SIGMA = 0.15
+# Each further request decoding on the same cores multiplies a request's weight by this.
+CONCURRENT_WEIGHT = 0.25
+RETIRE_P = 0.02  # retire when P(mu_candidate > mu_best) falls below this
+MIN_RETIRE_WEIGHT = 3.0  # ... and the candidate has at least this much evidence of its own
+EDGE_WEIGHT = 3.0  # evidence the best of a family needs before K moves outward from it
+NEW_K_SIGMA = 0.35  # prior sigma of a K that joins from its neighbour's posterior
+BAND = 0.9  # the band shown with each posterior
+
+EXPLORE = "explore"
+EXPLOIT = "exploit"
+ONLY = "only"  # one candidate left: nothing to choose
+
+STATUS_ACTIVE = "active"
+STATUS_RETIRED = "retired"
+
+ORIGIN_RECOMMEND = "recommend"
+ORIGIN_K_OUTWARD = "k-outward"
+ORIGIN_TRAFFIC_CACHE = "traffic-cache"
+ORIGIN_PIN = "pinned"
+
+KIND_PLAIN = "plain"
+KIND_DRAFT = "draft"  # a draft model or MTP heads: a family per drafter, K ladder
+KIND_STACK = "stack"
+KIND_NGRAM = "ngram"  # one per n-gram type (the family names the type)
+KIND_CACHE = "ngram-cache"  # ngram-cache reading a workload cache
+KIND_EXPERTS = "experts"  # fewer MoE experts (changes the output: only under the speed policy)
+KINDS = (KIND_PLAIN, KIND_DRAFT, KIND_STACK, KIND_NGRAM, KIND_CACHE, KIND_EXPERTS)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration the policy may send a task's requests to.
+
+    key: unique within a task (the backend's configuration, e.g. "draft-simple@abc:K=8");
+    family: candidates that differ only in K share one (None: no K ladder);
+    prior_*: the recommender's predicted tokens/s and its band (lo <= tps <= hi).
+    `payload` carries what the caller needs to run it (never looked at here).
+    """
+
+    key: str
+    label: str
+    prior_tps: float
+    prior_lo: float
+    prior_hi: float
+    prior_band: float = 0.8
+    k: int | None = None
+    family: str | None = None
+    kind: str = "plain"  # one of KINDS: how pick_candidates treats it
+    origin: str = ORIGIN_RECOMMEND
+    payload: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def prior_mu(self) -> float:
+        return math.log(max(self.prior_tps, 1e-6))
+
+    @property
+    def prior_sigma(self) -> float:
+        if not (0 < self.prior_lo < self.prior_tps < self.prior_hi):
+            return DEFAULT_PRIOR_SIGMA
+        z = NormalDist().inv_cdf(0.5 + self.prior_band / 2)
+        sigma = math.log(self.prior_hi / self.prior_lo) / (2 * z)
+        return max(sigma, MIN_PRIOR_SIGMA)
+
+
+def request_weight(concurrency: int) -> float:
+    """How much a request counts: 1 alone on the cores, less for each other decode."""
+    return CONCURRENT_WEIGHT ** max(concurrency - 1, 0)
+
+
+@dataclass
+class Arm:
+    """A candidate and what the policy has learnt of it."""
+
+    candidate: Candidate
+    prec: float  # posterior precision of mu
+    mean: float  # posterior mean of mu (log tokens/s)
+    requests: int = 0  # requests served (any weight, failures included)
+    weight: float = 0.0  # evidence: sum of request weights
+    status: str = STATUS_ACTIVE
+    why: str = ""
+
+    @classmethod
+    def of(cls, candidate: Candidate) -> Arm:
+        s0 = candidate.prior_sigma
+        return cls(candidate, prec=1.0 / s0**2, mean=candidate.prior_mu)
+
+    @property
+    def sigma(self) -> float:
+        return 1.0 / math.sqrt(self.prec)
+
+    @property
+    def active(self) -> bool:
+        return self.status == STATUS_ACTIVE
+
+    def band(self, band: float = BAND) -> tuple[float, float, float]:
+        """(low, point, high) tokens/s of the posterior mean's band."""
+        z = NormalDist().inv_cdf(0.5 + band / 2)
+        return (
+            math.exp(self.mean - z * self.sigma),
+            math.exp(self.mean),
+            math.exp(self.mean + z * self.sigma),
+        )
+
+    def observe(self, tps: float, weight: float) -> None:
+        self.requests += 1
+        if weight <= 0 or not tps > 0:
+            return
+        w = weight / NOISE_SIGMA**2
+        self.mean = (self.prec * self.mean + w * math.log(tps)) / (self.prec + w)
+        self.prec += w
+        self.weight += weight
+
+    def to_json(self) -> dict[str, Any]:
+        lo, mid, hi = self.band()
+        c = self.candidate
+        return {
+            "key": c.key,
+            "label": c.label,
+            "k": c.k,
+            "family": c.family,
+            "origin": c.origin,
+            "prior_tps": c.prior_tps,
+            "prior_lo": c.prior_lo,
+            "prior_hi": c.prior_hi,
+            "posterior_tps": mid,
+            "posterior_lo": lo,
+            "posterior_hi": hi,
+            "band": BAND,
+            "requests": self.requests,
+            "evidence": round(self.weight, 4),
+            "status": self.status,
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a request goes and why."""
+
+    key: str
+    reason: str  # explore | exploit | only
+    sampled_tps: float
+    best_key: str  # the candidate with the best posterior mean at the time
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "reason": self.reason,
+            "sampled_tps": self.sampled_tps,
+            "best_key": self.best_key,
+        }
+
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    # crc32, not hash(): Python salts str hashes per process, and a seed must mean one stream.
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+# What a new K comes from: (family, k, its neighbour) -> a candidate, or None (cannot run it).
+# Without one, a new K takes its neighbour's posterior, widened, as its prior.
+KSource = Callable[[str, int, Candidate], Candidate | None]
+
+
+class TaskPolicy:
+    """Thompson sampling over one task's candidates; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        candidates: Iterable[Candidate],
+        *,
+        seed: int = 0,
+        k_ladder: Sequence[int] = (),
+        k_source: KSource | None = None,
+    ):
+        self.name = name
+        self.seed = seed
+        self.rng = _rng(seed, name)
+        self.arms: dict[str, Arm] = {}
+        for c in candidates:
+            if c.key not in self.arms:
+                self.arms[c.key] = Arm.of(c)
+        if not self.arms:
+            raise ValueError(f"{name}: a policy needs at least one candidate")
+        self.k_ladder = tuple(sorted(set(k_ladder)))
+        self.k_source = k_source
+        self.events: list[str] = []  # what changed and why, oldest first
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def active(self) -> list[Arm]:
+        return [a for a in self.arms.values() if a.active]
+
+    def best(self) -> Arm:
+        """The active candidate with the best posterior mean (ties: the first added)."""
+        return max(self.active, key=lambda a: a.mean)
+
+    def __getitem__(self, key: str) -> Arm:
+        return self.arms[key]
+
+    # -- choosing -----------------------------------------------------------------------------
+
+    def choose(self) -> Decision:
+        active = self.active
+        best = self.best()
+        if len(active) == 1:
+            return Decision(best.candidate.key, ONLY, math.exp(best.mean), best.candidate.key)
+        draws = self.rng.normal([a.mean for a in active], [a.sigma for a in active])
+        pick = active[int(np.argmax(draws))]
+        reason = EXPLOIT if pick is best else EXPLORE
+        sampled = float(math.exp(draws.max()))
+        return Decision(pick.candidate.key, reason, sampled, best.candidate.key)
+
+    # -- learning -----------------------------------------------------------------------------
+
+    def observe(self, key: str, tps: float | None, *, concurrency: int = 1) -> None:
+        """One served request's decode throughput (None: no figure, e.g. a failure)."""
+        arm = self.arms.get(key)
+        if arm is None:
+            return
+        arm.observe(tps or 0.0, request_weight(concurrency) if tps else 0.0)
+        self._retire()
+        self._move_k()
+
+    def retire(self, key: str, why: str) -> None:
+        """Take a candidate out for good (a backend that cannot start, a crash)."""
+        arm = self.arms.get(key)
+        if arm is None or not arm.active:
+            return
+        if len(self.active) == 1:
+            arm.why = f"{why} (kept: the last candidate)"
+            return
+        arm.status, arm.why = STATUS_RETIRED, why
+        self.events.append(f"retired {arm.candidate.label}: {why}")
+
+    def add(self, candidate: Candidate, why: str) -> bool:
+        """A new candidate joins (a K outward, a cache grown from traffic)."""
+        if candidate.key in self.arms:
+            return False
+        self.arms[candidate.key] = Arm.of(candidate)
+        self.events.append(f"added {candidate.label}: {why}")
+        return True
+
+    def _retire(self) -> None:
+        best = self.best()
+        for arm in self.active:
+            if arm is best or arm.weight <= 0:
+                continue
+            z = (arm.mean - best.mean) / math.hypot(arm.sigma, best.sigma)
+            p = NormalDist().cdf(z)
+            # with little evidence of its own, only an overwhelming verdict retires it
+            limit = RETIRE_P if arm.weight >= MIN_RETIRE_WEIGHT else RETIRE_P / 20
+            if p < limit and len(self.active) > 1:
+                lo, mid, hi = best.band()
+                arm.status = STATUS_RETIRED
+                arm.why = (
+                    f"dominated by {best.candidate.label} ({mid:.1f} t/s [{lo:.1f}-{hi:.1f}]): "
+                    f"P(faster) = {p:.3f} after {arm.requests} request(s)"
+                )
+                self.events.append(f"retired {arm.candidate.label}: {arm.why}")
+
+    def _move_k(self) -> None:
+        if not self.k_ladder:
+            return
+        families: dict[str, list[Arm]] = {}
+        for arm in self.arms.values():
+            if arm.candidate.family is not None and arm.candidate.k is not None:
+                families.setdefault(arm.candidate.family, []).append(arm)
+        for family, arms in families.items():
+            live = [a for a in arms if a.active]
+            if not live:
+                continue
+            top = max(live, key=lambda a: a.mean)
+            if top.weight < EDGE_WEIGHT or top is not self.best():
+                continue
+            ks = sorted(a.candidate.k for a in arms if a.candidate.k is not None)
+            k = top.candidate.k
+            assert k is not None
+            step = None
+            if k == ks[-1]:
+                step = next((x for x in self.k_ladder if x > k), None)
+            if step is None and k == ks[0]:
+                step = next((x for x in reversed(self.k_ladder) if x < k), None)
+            if step is None:
+                continue
+            self._add_k(family, step, top)
+
+    def _add_k(self, family: str, k: int, near: Arm) -> None:
+        base = near.candidate
+        if self.k_source is not None:
+            made = self.k_source(family, k, base)
+            if made is None:  # the caller cannot run that K
+                return
+        else:
+            lo, mid, hi = near.mean - NEW_K_SIGMA, near.mean, near.mean + NEW_K_SIGMA
+            z = NormalDist().inv_cdf(0.5 + base.prior_band / 2)
+            made = replace(
+                base,
+                key=f"{family}:K={k}",
+                label=_with_k(base.label, base.k, k),
+                k=k,
+                prior_tps=math.exp(mid),
+                prior_lo=math.exp(mid - z * (mid - lo)),
+                prior_hi=math.exp(mid + z * (hi - mid)),
+            )
+        made = replace(made, origin=ORIGIN_K_OUTWARD, family=family, k=k)
+        self.add(made, f"{base.label} is the best of its K range and sits at its edge")
+
+    # -- showing ------------------------------------------------------------------------------
+
+    def why(self) -> str:
+        best = self.best()
+        lo, mid, hi = best.band()
+        if len(self.active) == 1:
+            return f"{best.candidate.label}: the only candidate left ({mid:.1f} t/s)"
+        second = max((a for a in self.active if a is not best), key=lambda a: a.mean)
+        z = (best.mean - second.mean) / math.hypot(best.sigma, second.sigma)
+        return (
+            f"{best.candidate.label}: best posterior {mid:.1f} t/s [{lo:.1f}-{hi:.1f}] after "
+            f"{best.requests} request(s); P(better than {second.candidate.label}) = "
+            f"{NormalDist().cdf(z):.2f}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "choice": self.best().candidate.key,
+            "why": self.why(),
+            "candidates": [a.to_json() for a in self.arms.values()],
+            "events": list(self.events),
+        }
+
+
+def pick_candidates(
+    offers: Sequence[Candidate], *, drafters: int = 2, per_ngram: int = 1
+) -> list[Candidate]:
+    """The few of a ranked list of offers worth serving: plain decoding always, the best
+    `drafters` drafters (two: predictions rank drafts of one size poorly) each at its K and the
+    neighbouring K of its family, the best stack, the best of each n-gram type, the best
+    ngram-cache with a workload cache, the two best expert budgets. Best prior first.
+    """
+    chosen: list[Candidate] = []
+
+    plain = [o for o in offers if o.kind == KIND_PLAIN]
+    if plain:
+        chosen.append(max(plain, key=lambda o: o.prior_tps))
+    drafts = sorted((o for o in offers if o.kind == KIND_DRAFT), key=lambda o: -o.prior_tps)
+    tops = list({o.family: o for o in reversed(drafts)}.values())  # best offer per drafter
+    for top in sorted(tops, key=lambda o: -o.prior_tps)[:drafters]:
+        family = [o for o in drafts if o.family == top.family]
+        ks = sorted({o.k for o in family if o.k is not None})
+        near: set[int] = set()
+        if top.k is not None and top.k in ks:
+            i = ks.index(top.k)
+            near = set(ks[max(i - 1, 0) : i + 2])
+        chosen += [o for o in family if o is top or (o.k in near and o.k != top.k)]
+    for kind, n in ((KIND_STACK, 1), (KIND_CACHE, 1), (KIND_EXPERTS, 2)):
+        pool = sorted((o for o in offers if o.kind == kind), key=lambda o: -o.prior_tps)
+        chosen += pool[:n]
+    ngram_types = dict.fromkeys(o.family for o in offers if o.kind == KIND_NGRAM)
+    for family_name in ngram_types:
+        pool = sorted(
+            (o for o in offers if o.kind == KIND_NGRAM and o.family == family_name),
+            key=lambda o: -o.prior_tps,
+        )
+        chosen.extend(pool[:per_ngram])
+    out = list({c.key: c for c in reversed(chosen)}.values())  # first of each key
+    return sorted(out, key=lambda c: -c.prior_tps)
+
+
+def _with_k(text: str, old: int | None, new: int) -> str:
+    if old is not None and f"K={old}" in text:
+        return text.replace(f"K={old}", f"K={new}")
+    return f"{text} K={new}"
+
+
+@dataclass(frozen=True)
+class PolicyStatus:
+    """Every task policy of a server, for `serve --dry-run` and the status endpoint."""
+
+    JSON_KIND = "serve-policy"
+    JSON_VERSION = "1"
+
+    policy: str
+    seed: int
+    tasks: tuple[dict[str, Any], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return document(
+            self.JSON_KIND,
+            self.JSON_VERSION,
+            {"policy": self.policy, "seed": self.seed, "tasks": list(self.tasks)},
+        )
