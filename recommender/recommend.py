@@ -22,6 +22,7 @@ from specreg.host.facts import HostFacts
 from specreg.recommender.acceptance import (
     ACC_AGREEMENT,
     ACC_PREDICTED,
+    Adjusted,
     MeasuredAgreement,
     agreement_why,
     apply_agreement,
@@ -48,6 +49,7 @@ from specreg.recommender.prior import Observation
 from specreg.recommender.quality_cost import QualityCost, expert_cost, load_quality
 from specreg.recommender.stacks import shown, stack_candidates
 from specreg.registry.lookup_caches import LookupCache, list_caches
+from specreg.registry.quality_store import QualityRecord
 from specreg.registry.queries import ModelRecord, get_model, resolve_model
 from specreg.stacks import Stack, parse_stack
 from specreg.terms import (
@@ -505,216 +507,41 @@ def recommend(
     whether it wins or not.
     """
     requested = parse_stack(spec_type) if spec_type else None
-    if policy not in POLICIES:
-        raise UsageError(f"unknown policy {policy!r}: use {' or '.join(POLICIES)}")
-    task = canonical_task(task)
-    if task not in TASKS:
-        raise UsageError(f"unknown task {task!r}: use one of {', '.join(TASK_CHOICES)}")
-    target = resolve_model(con, target_ref)
-    if not target.n_params or not target.n_bytes:
-        raise UsageError(
-            f"{target.display_name} has no parameter count or size in the registry: rescan it"
-        )
-    tf = target_fields(target)
+    task = _checked_task(task, policy)
+    target = _target(con, target_ref)
     local = [
         o
         for o in observations
         if o.source == "local" and o.group == target.model_id and o.host == host.fingerprint
     ]
-    plain_runs = [
-        o.tps for o in local if o.config.method is Method.NONE and o.config.experts_ratio >= 1
-    ]
-    base = ConfigFacts(
-        bandwidth_gbs=host.bandwidth_gbs,
-        physical_cores=host.physical_cores,
-        **tf,
-        method=Method.NONE,
-        k=0,
-        experts=tf["default_experts"],
-        temperature=temperature,
-        task=task,
-        baseline_tps=float(np.median(plain_runs)) if plain_runs else math.nan,
-    )
-
-    # -- candidates ------------------------------------------------------------------------
     drafts = _drafts(con, target)
     # this host's llama-bench curves (`specreg calibrate`): verify cost per K, step ratios
     cal = load_calibration(
         con, host.fingerprint, target.model_id, [d.model_id for d, _ in drafts],
         threads=host.physical_cores,
     )  # fmt: skip
-    base = base.with_(**cal.target_fields())
-    cands: list[tuple[ConfigFacts, ModelRecord | None]] = [(base, None)]
-    for draft, relation in drafts:
-        drafted = draft_fields(draft, target, relation)
-        for k in K_GRID:
-            calibrated = {**cal.target_fields(k), **cal.draft_fields(draft.model_id, k)}
-            c = base.with_(method=Method.DRAFT, k=k, **drafted, **calibrated)
-            cands.append((c, draft))
-    for k in NGRAM_K_GRID:
-        c = base.with_(method=Method.NGRAM, k=k, ngram_n=NGRAM_MATCH_DEFAULT)
-        cands.append((c.with_(**cal.target_fields(k)), None))
-    if (target.nextn_predict_layers or 0) > 0:
-        for k in MTP_K_GRID:
-            cands.append((base.with_(method=Method.MTP, k=k, **cal.target_fields(k)), None))
+    base = _base_config(target, host, task, temperature, local, cal)
     caches = _usable_caches(con, target, task)
-    cands += stack_candidates(
-        list(cands), caches, base, cal.target_fields,
-        ngram_n=NGRAM_MATCH_DEFAULT, ngram_ks=NGRAM_K_GRID, requested=requested,
+    cands, reduced = _candidates(
+        target, base, drafts, cal, caches, policy=policy, temperature=temperature,
+        requested=requested,
     )  # fmt: skip
-    cache_of = {c.name: c for c in caches}
-    reduced: list[int] = []
-    if policy == POLICY_SPEED and target.is_moe and tf["default_experts"] > 1:
-        de = tf["default_experts"]
-        reduced = sorted({max(1, de // 2), max(1, (3 * de) // 4)} - {de})
-        full = list(cands)
-        for e in reduced:
-            cands.extend((c.with_(experts=e), d) for c, d in full)
-
-    if policy == POLICY_SPEED and temperature > 0:
-        # greedy sampling raises acceptance, at the price of deterministic output
-        cands.extend(
-            (c.with_(temperature=0.0), d) for c, d in list(cands) if c.method is not Method.NONE
-        )
-
-    # -- scoring ---------------------------------------------------------------------------
-    configs = [c for c, _ in cands]
-    X = feature_matrix(configs)
-    lo, mid, hi = model.predict_interval(X)
-    sigma = model.predict_log_sigma(X)
-    acc = model.predict_acceptance(X)
-    plain_tps = float(mid[0])
-    by_key: dict[tuple[object, ...], list[float]] = {}
-    # per-token acceptance of each K curve (pair, method, stack, task...), from its runs'
-    # accepted / drafted at the K they ran: one figure for every K of the curve
-    for o in local:
-        by_key.setdefault(_config_key(o.config), []).append(o.tps)
-    drafting = [o for o in local if o.acceptance is not None and o.config.k > 0]
-    per_token = per_token_acceptance(
-        np.array([o.acceptance for o in drafting], dtype=float),
-        np.array([o.config.k for o in drafting], dtype=float),
-    )
-    accepted_by_curve: dict[tuple[object, ...], list[float]] = {}
-    for o, a_run in zip(drafting, per_token, strict=True):
-        accepted_by_curve.setdefault(_k_curve(o.config), []).append(float(a_run))
-    measured_plain = by_key.get(_config_key(base), [])
-    if measured_plain:
-        plain_tps = _posterior(plain_tps, float(sigma[0]), measured_plain)[0]
-    run_curves = {_k_curve(o.config) for o in local if o.acceptance is not None}
-    adjusted = apply_agreement(
-        [
-            (d.model_id if d is not None and c.method is Method.DRAFT else None, c.k,
-             _k_curve(c) in run_curves)
-            for c, d in cands
-        ],
-        X, model.params, mid, acc, load_agreement(con, target.model_id, task, temperature),
-    )  # fmt: skip
-    mid, acc = adjusted.mid, adjusted.acceptance
-    mid, sigma = _local_correction(cands, local, X, model, mid, sigma)
+    scores = _score(con, target, cands, base, model, local, task, temperature)
     quality_rows = load_quality(con, target.model_id) if policy == POLICY_SPEED else []
-    over_budget = 0
-    pool = [*observations]
-    z = math.log(hi[0] / mid[0]) / sigma[0] if sigma[0] > 0 else 1.2816
-
-    options: list[Option] = []
-    facts: list[tuple[ConfigFacts, str | None, bool]] = []  # per option: facts, draft, runs
-    for i, (c, d) in enumerate(cands):
-        changes_output = c.behaviour_changing or c.temperature != temperature
-        allowed = policy == POLICY_SPEED or not changes_output
-        if not allowed:
-            continue
-        cost = None
-        if c.experts_ratio < 1:
-            cost = expert_cost(c.experts, c.default_experts, task, quality_rows)
-            if max_kld is not None and cost.mean_kld > max_kld:
-                over_budget += 1
-                continue
-        meas = by_key.get(_config_key(c), [])
-        m, s = _posterior(float(mid[i]), float(sigma[i]), meas)
-        tps, tlo, thi = m, m * math.exp(-z * s), m * math.exp(z * s)
-        a = float(acc[i]) if c.method is not Method.NONE else None
-        if a is not None and (measured := accepted_by_curve.get(_k_curve(c))):
-            a = float(np.median(measured))  # as this host's runs measured it
-        why = _why(c, model, a or 0.0, plain_tps)
-        if (used := adjusted.used[i]) is not None:
-            why = agreement_why(why, used, c.k)
-        if cost is not None:
-            why = (*why, f"quality cost: {cost.label}")
-        ran = [o for o in local if _k_curve(o.config) == _k_curve(c)] if c.stack else []
-        if c.stack:
-            why = (_stack_why(c, cache_of.get(c.lookup_cache), ran), *why)
-        facts.append((c, d.model_id if d else None, bool(ran)))
-        options.append(
-            Option(
-                method=c.method,
-                k=c.k if c.method is not Method.NONE else None,
-                experts=c.experts if c.experts_ratio < 1 else None,
-                temperature=c.temperature,
-                draft_id=d.model_id if d else None,
-                draft_name=d.display_name if d else None,
-                draft_path=d.path if d else None,
-                expert_key=target.expert_used_key if c.experts_ratio < 1 else None,
-                tps=tps,
-                tps_lo=tlo,
-                tps_hi=thi,
-                speedup=tps / plain_tps,
-                speedup_lo=tlo / plain_tps,
-                speedup_hi=thi / plain_tps,
-                acceptance=a,
-                tokens_per_step=float(expected_tokens_per_step(a, c.k)) if a is not None else None,
-                knobs=_knobs(c, d.display_name if d else None, temperature),
-                why=why,
-                evidence=_run_evidence(ran) if ran else _evidence(c, pool),
-                measured_tps=float(np.median(meas)) if meas else None,
-                n_measured=len(meas),
-                acceptance_source=adjusted.sources[i],
-                agreement=adjusted.used[i],
-                quality=cost,
-                stack=c.stack or None,
-                lookup_cache=c.lookup_cache or None,
-                lookup_cache_path=cache_of[c.lookup_cache].path if c.lookup_cache else None,
-            )
-        )
-    keep = shown([(c, did, o.tps, ran) for (c, did, ran), o in zip(facts, options, strict=True)],
-                 requested)  # fmt: skip
-    options = [o for o, k in zip(options, keep, strict=True) if k]
-    if requested is not None:
-        options = [
-            o for o in options if o.spec_type == requested.spelled or o.method is Method.NONE
-        ]
-    options.sort(key=lambda o: -o.tps)
+    listed, over_budget = _options(
+        target, cands, scores, model, local, caches, quality_rows, policy=policy, task=task,
+        temperature=temperature, max_kld=max_kld, pool=observations,
+    )  # fmt: skip
+    options = _ranked(listed, requested)
     spec = [o for o in options if o.method is not Method.NONE or o.experts is not None]
-    speculate = bool(spec) and spec[0].tps >= MIN_GAIN * plain_tps
-
-    # -- advice ----------------------------------------------------------------------------
-    advice: list[str] = []
+    speculate = bool(spec) and spec[0].tps >= MIN_GAIN * scores.plain_tps
     if not speculate:
-        advice.append(
-            "do not speculate: no candidate is predicted to beat plain decoding by "
-            f"{MIN_GAIN - 1:.0%} on this host"
-        )
         options.sort(key=lambda o: (o.method is not Method.NONE or o.experts is not None, -o.tps))
-    if not drafts:
-        advice.append(_no_draft_advice(target, base, model, task))
-    if requested is not None and not any(o.spec_type == requested.spelled for o in options):
-        advice.append(_no_candidate(requested, target, task))
-    advice.extend(_agreement_advice(options))
-    if over_budget:
-        advice.append(
-            f"{over_budget} behaviour-changing options cost more than the KLD budget "
-            f"{max_kld:g} and are not shown"
-        )
-    if target.is_hybrid or target.is_recurrent:
-        advice.append(
-            "hybrid/recurrent target: llama-server speculates on it with context checkpoints "
-            "(slower rollbacks than a plain transformer)"
-        )
-    roof = _roofline(base, host, plain_tps, bool(measured_plain), cal, model.params)
-    if roof.baseline_measured and roof.fraction < 0.3:
-        advice.append(
-            f"plain decoding runs at {roof.fraction:.0%} of its roofline bound: check "
-            "threads (-t = physical cores), NUMA interleave and memory pinning first"
-        )
+    roof = _roofline(base, host, scores.plain_tps, scores.plain_measured, cal, model.params)
+    advice = _advice(
+        target, base, model, task, options, roof, speculate=speculate, has_drafts=bool(drafts),
+        requested=requested, over_budget=over_budget, max_kld=max_kld,
+    )  # fmt: skip
     return Recommendation(
         target_id=target.model_id,
         target_name=target.display_name,
@@ -730,6 +557,345 @@ def recommend(
         n_considered=len(cands),
         considered_experts=tuple(reduced),
     )
+
+
+Candidate = tuple[ConfigFacts, ModelRecord | None]  # a configuration and its draft model
+
+
+def _checked_task(task: str, policy: str) -> str:
+    """The canonical task, after checking it and the policy are ones specreg knows."""
+    if policy not in POLICIES:
+        raise UsageError(f"unknown policy {policy!r}: use {' or '.join(POLICIES)}")
+    task = canonical_task(task)
+    if task not in TASKS:
+        raise UsageError(f"unknown task {task!r}: use one of {', '.join(TASK_CHOICES)}")
+    return task
+
+
+def _target(con: duckdb.DuckDBPyConnection, target_ref: str) -> ModelRecord:
+    """The target model, refused when the registry lacks what the speed model reads."""
+    target = resolve_model(con, target_ref)
+    if not target.n_params or not target.n_bytes:
+        raise UsageError(
+            f"{target.display_name} has no parameter count or size in the registry: rescan it"
+        )
+    return target
+
+
+def _base_config(
+    target: ModelRecord,
+    host: HostFacts,
+    task: str,
+    temperature: float,
+    local: Sequence[Observation],
+    cal: Calibration,
+) -> ConfigFacts:
+    """Plain decoding of the target on this host: the configuration every candidate varies."""
+    tf = target_fields(target)
+    plain_runs = [
+        o.tps for o in local if o.config.method is Method.NONE and o.config.experts_ratio >= 1
+    ]
+    base = ConfigFacts(
+        bandwidth_gbs=host.bandwidth_gbs,
+        physical_cores=host.physical_cores,
+        **tf,
+        method=Method.NONE,
+        k=0,
+        experts=tf["default_experts"],
+        temperature=temperature,
+        task=task,
+        baseline_tps=float(np.median(plain_runs)) if plain_runs else math.nan,
+    )
+    return base.with_(**cal.target_fields())
+
+
+def _candidates(
+    target: ModelRecord,
+    base: ConfigFacts,
+    drafts: Sequence[tuple[ModelRecord, str]],
+    cal: Calibration,
+    caches: Sequence[LookupCache],
+    *,
+    policy: str,
+    temperature: float,
+    requested: Stack | None,
+) -> tuple[list[Candidate], list[int]]:
+    """Every configuration to score, plain decoding first, and the reduced expert counts tried.
+
+    Drafts over K_GRID, n-gram lookup, the target's MTP heads, stacks and workload caches;
+    under the speed policy also each of them with fewer MoE experts and, when the user samples,
+    at temperature 0.
+    """
+    cands: list[Candidate] = [(base, None)]
+    for draft, relation in drafts:
+        drafted = draft_fields(draft, target, relation)
+        for k in K_GRID:
+            calibrated = {**cal.target_fields(k), **cal.draft_fields(draft.model_id, k)}
+            c = base.with_(method=Method.DRAFT, k=k, **drafted, **calibrated)
+            cands.append((c, draft))
+    for k in NGRAM_K_GRID:
+        c = base.with_(method=Method.NGRAM, k=k, ngram_n=NGRAM_MATCH_DEFAULT)
+        cands.append((c.with_(**cal.target_fields(k)), None))
+    if (target.nextn_predict_layers or 0) > 0:
+        for k in MTP_K_GRID:
+            cands.append((base.with_(method=Method.MTP, k=k, **cal.target_fields(k)), None))
+    cands += stack_candidates(
+        list(cands), list(caches), base, cal.target_fields,
+        ngram_n=NGRAM_MATCH_DEFAULT, ngram_ks=NGRAM_K_GRID, requested=requested,
+    )  # fmt: skip
+    reduced: list[int] = []
+    if policy == POLICY_SPEED and target.is_moe and base.default_experts > 1:
+        de = base.default_experts
+        reduced = sorted({max(1, de // 2), max(1, (3 * de) // 4)} - {de})
+        full = list(cands)
+        for e in reduced:
+            cands.extend((c.with_(experts=e), d) for c, d in full)
+    if policy == POLICY_SPEED and temperature > 0:
+        # greedy sampling raises acceptance, at the price of deterministic output
+        cands.extend(
+            (c.with_(temperature=0.0), d) for c, d in list(cands) if c.method is not Method.NONE
+        )
+    return cands, reduced
+
+
+@dataclass(frozen=True)
+class _Scores:
+    """The speed model's view of every candidate (arrays in candidate order), moved by measured
+    agreement and this host's runs."""
+
+    X: np.ndarray
+    mid: np.ndarray
+    sigma: np.ndarray
+    acceptance: np.ndarray
+    z: float  # the band's half-width in sigmas
+    plain_tps: float
+    plain_measured: bool
+    adjusted: Adjusted
+    runs_by_config: dict[tuple[object, ...], list[float]]  # this host's tokens/s per config
+    accepted_by_curve: dict[tuple[object, ...], list[float]]  # per-token acceptance per K curve
+
+
+def _score(
+    con: duckdb.DuckDBPyConnection,
+    target: ModelRecord,
+    cands: Sequence[Candidate],
+    base: ConfigFacts,
+    model: SpeedPredictor,
+    local: Sequence[Observation],
+    task: str,
+    temperature: float,
+) -> _Scores:
+    """Predict every candidate, then move the predictions by what was measured: the target's
+    plain runs, `specreg agree`'s acceptance and this host's runs of each K curve."""
+    X = feature_matrix([c for c, _ in cands])
+    lo, mid, hi = model.predict_interval(X)
+    sigma = model.predict_log_sigma(X)
+    acc = model.predict_acceptance(X)
+    plain_tps = float(mid[0])
+    by_key: dict[tuple[object, ...], list[float]] = {}
+    for o in local:
+        by_key.setdefault(_config_key(o.config), []).append(o.tps)
+    measured_plain = by_key.get(_config_key(base), [])
+    if measured_plain:
+        plain_tps = _posterior(plain_tps, float(sigma[0]), measured_plain)[0]
+    run_curves = {_k_curve(o.config) for o in local if o.acceptance is not None}
+    adjusted = apply_agreement(
+        [
+            (d.model_id if d is not None and c.method is Method.DRAFT else None, c.k,
+             _k_curve(c) in run_curves)
+            for c, d in cands
+        ],
+        X, model.params, mid, acc, load_agreement(con, target.model_id, task, temperature),
+    )  # fmt: skip
+    mid, sigma = _local_correction(cands, local, X, model, adjusted.mid, sigma)
+    return _Scores(
+        X=X,
+        mid=mid,
+        sigma=sigma,
+        acceptance=adjusted.acceptance,
+        z=math.log(hi[0] / mid[0]) / sigma[0] if sigma[0] > 0 else 1.2816,
+        plain_tps=plain_tps,
+        plain_measured=bool(measured_plain),
+        adjusted=adjusted,
+        runs_by_config=by_key,
+        accepted_by_curve=_accepted_by_curve(local),
+    )
+
+
+def _accepted_by_curve(local: Sequence[Observation]) -> dict[tuple[object, ...], list[float]]:
+    """Per-token acceptance of each K curve (pair, method, stack, task...), from its runs'
+    accepted / drafted at the K they ran: one figure for every K of the curve."""
+    drafting = [o for o in local if o.acceptance is not None and o.config.k > 0]
+    per_token = per_token_acceptance(
+        np.array([o.acceptance for o in drafting], dtype=float),
+        np.array([o.config.k for o in drafting], dtype=float),
+    )
+    out: dict[tuple[object, ...], list[float]] = {}
+    for o, a_run in zip(drafting, per_token, strict=True):
+        out.setdefault(_k_curve(o.config), []).append(float(a_run))
+    return out
+
+
+Listed = tuple[Option, ConfigFacts, bool]  # an option, its facts, whether this host ran its curve
+
+
+def _options(
+    target: ModelRecord,
+    cands: Sequence[Candidate],
+    scores: _Scores,
+    model: SpeedPredictor,
+    local: Sequence[Observation],
+    caches: Sequence[LookupCache],
+    quality_rows: Sequence[QualityRecord],
+    *,
+    policy: str,
+    task: str,
+    temperature: float,
+    max_kld: float | None,
+    pool: Sequence[Observation],
+) -> tuple[list[Listed], int]:
+    """The options the policy allows, in candidate order, and how many behaviour-changing
+    options the KLD budget left out."""
+    cache_of = {c.name: c for c in caches}
+    over_budget = 0
+    out: list[Listed] = []
+    for i, (c, d) in enumerate(cands):
+        changes_output = c.behaviour_changing or c.temperature != temperature
+        if policy != POLICY_SPEED and changes_output:
+            continue
+        cost = None
+        if c.experts_ratio < 1:
+            cost = expert_cost(c.experts, c.default_experts, task, quality_rows)
+            if max_kld is not None and cost.mean_kld > max_kld:
+                over_budget += 1
+                continue
+        ran = [o for o in local if _k_curve(o.config) == _k_curve(c)] if c.stack else []
+        option = _option(
+            target, c, d, i, scores, model, cost, ran, cache_of, temperature=temperature,
+            pool=pool,
+        )  # fmt: skip
+        out.append((option, c, bool(ran)))
+    return out, over_budget
+
+
+def _option(
+    target: ModelRecord,
+    c: ConfigFacts,
+    d: ModelRecord | None,
+    i: int,
+    scores: _Scores,
+    model: SpeedPredictor,
+    cost: QualityCost | None,
+    ran: Sequence[Observation],
+    cache_of: dict[str, LookupCache],
+    *,
+    temperature: float,
+    pool: Sequence[Observation],
+) -> Option:
+    """Candidate `i` as an option: its band after this host's runs of exactly it, its
+    acceptance, why and evidence."""
+    meas = scores.runs_by_config.get(_config_key(c), [])
+    m, s = _posterior(float(scores.mid[i]), float(scores.sigma[i]), meas)
+    tps, tlo, thi = m, m * math.exp(-scores.z * s), m * math.exp(scores.z * s)
+    plain_tps = scores.plain_tps
+    a = float(scores.acceptance[i]) if c.method is not Method.NONE else None
+    if a is not None and (measured := scores.accepted_by_curve.get(_k_curve(c))):
+        a = float(np.median(measured))  # as this host's runs measured it
+    why = _why(c, model, a or 0.0, plain_tps)
+    if (used := scores.adjusted.used[i]) is not None:
+        why = agreement_why(why, used, c.k)
+    if cost is not None:
+        why = (*why, f"quality cost: {cost.label}")
+    if c.stack:
+        why = (_stack_why(c, cache_of.get(c.lookup_cache), ran), *why)
+    return Option(
+        method=c.method,
+        k=c.k if c.method is not Method.NONE else None,
+        experts=c.experts if c.experts_ratio < 1 else None,
+        temperature=c.temperature,
+        draft_id=d.model_id if d else None,
+        draft_name=d.display_name if d else None,
+        draft_path=d.path if d else None,
+        expert_key=target.expert_used_key if c.experts_ratio < 1 else None,
+        tps=tps,
+        tps_lo=tlo,
+        tps_hi=thi,
+        speedup=tps / plain_tps,
+        speedup_lo=tlo / plain_tps,
+        speedup_hi=thi / plain_tps,
+        acceptance=a,
+        tokens_per_step=float(expected_tokens_per_step(a, c.k)) if a is not None else None,
+        knobs=_knobs(c, d.display_name if d else None, temperature),
+        why=why,
+        evidence=_run_evidence(ran) if ran else _evidence(c, pool),
+        measured_tps=float(np.median(meas)) if meas else None,
+        n_measured=len(meas),
+        acceptance_source=scores.adjusted.sources[i],
+        agreement=scores.adjusted.used[i],
+        quality=cost,
+        stack=c.stack or None,
+        lookup_cache=c.lookup_cache or None,
+        lookup_cache_path=cache_of[c.lookup_cache].path if c.lookup_cache else None,
+    )
+
+
+def _ranked(listed: Sequence[Listed], requested: Stack | None) -> list[Option]:
+    """The options recommend lists (recommender/stacks.py decides for stacks and caches; only
+    the requested type and plain decoding when the user asked for one), fastest first."""
+    keep = shown([(c, o.draft_id, o.tps, ran) for o, c, ran in listed], requested)
+    options = [o for (o, _, _), k in zip(listed, keep, strict=True) if k]
+    if requested is not None:
+        options = [
+            o for o in options if o.spec_type == requested.spelled or o.method is Method.NONE
+        ]
+    options.sort(key=lambda o: -o.tps)
+    return options
+
+
+def _advice(
+    target: ModelRecord,
+    base: ConfigFacts,
+    model: SpeedPredictor,
+    task: str,
+    options: Sequence[Option],
+    roof: Roofline,
+    *,
+    speculate: bool,
+    has_drafts: bool,
+    requested: Stack | None,
+    over_budget: int,
+    max_kld: float | None,
+) -> list[str]:
+    """What the options alone do not say: no gain, no draft, no candidate of the requested
+    type, drafts measured agreement rules out, options over the KLD budget, slow rollbacks,
+    plain decoding far below its bound."""
+    advice: list[str] = []
+    if not speculate:
+        advice.append(
+            "do not speculate: no candidate is predicted to beat plain decoding by "
+            f"{MIN_GAIN - 1:.0%} on this host"
+        )
+    if not has_drafts:
+        advice.append(_no_draft_advice(target, base, model, task))
+    if requested is not None and not any(o.spec_type == requested.spelled for o in options):
+        advice.append(_no_candidate(requested, target, task))
+    advice.extend(_agreement_advice(options))
+    if over_budget:
+        advice.append(
+            f"{over_budget} behaviour-changing options cost more than the KLD budget "
+            f"{max_kld:g} and are not shown"
+        )
+    if target.is_hybrid or target.is_recurrent:
+        advice.append(
+            "hybrid/recurrent target: llama-server speculates on it with context checkpoints "
+            "(slower rollbacks than a plain transformer)"
+        )
+    if roof.baseline_measured and roof.fraction < 0.3:
+        advice.append(
+            f"plain decoding runs at {roof.fraction:.0%} of its roofline bound: check "
+            "threads (-t = physical cores), NUMA interleave and memory pinning first"
+        )
+    return advice
 
 
 def _usable_caches(
