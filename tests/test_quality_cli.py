@@ -58,9 +58,14 @@ def test_quality_bad_input_gets_one_line(models: dict[str, Path]) -> None:
     assert error_line(specreg("quality", str(models["moe"]))).startswith(
         "error: nothing to compare: pass --experts N (fewer MoE experts) or --against"
     )
+    # Every task the option offers has a shipped text (issue 25, point 10: `--task summarize`
+    # was offered, then refused); a word that is no task is a usage error.
     assert error_line(
-        specreg("quality", str(models["moe"]), "--experts", "1", "--task", "summarize")
-    ) == ("error: no shipped text for task 'summarize': use one of code, prose, math, json, chat")
+        specreg("quality", str(models["moe"]), "--experts", "1", "--task", "nosuch")
+    ) == (
+        "error: Invalid value for '--task': 'nosuch' is not one of 'code', 'prose', 'summarize', "
+        "'json', 'math', 'chat', 'general', 'mixed', 'summary' (see `specreg quality --help`)"
+    )
     assert (
         error_line(
             specreg("quality", str(models["moe"]), "--experts", "1", "--text", "/nonexistent.txt")

@@ -34,6 +34,7 @@ from rich.segment import Segment
 from rich.text import Span, Text
 
 from specreg.jsonout import JsonResult
+from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, STARTUP_TIMEOUT_S
 from specreg.text import ABOVE_C0, SURROGATES, TEXT_LIMIT, clip, terminal_safe
 
 if TYPE_CHECKING:
@@ -226,14 +227,13 @@ class ParamCount(click.ParamType):
 
 
 class TaskChoice(click.Choice):
-    """A task or one of its aliases (`general` is chat); the command gets the canonical task,
-    and stderr says what an alias maps to."""
+    """A task or one of its aliases (`general` is chat), the same words in every command; the
+    command gets the canonical task, and stderr says what an alias maps to."""
 
-    def __init__(self, canonical: tuple[str, ...] | None = None) -> None:
-        from specreg.terms import TASK_ALIASES, TASK_CHOICES
+    def __init__(self) -> None:
+        from specreg.terms import TASK_CHOICES
 
-        names = TASK_CHOICES if canonical is None else (*canonical, *TASK_ALIASES)
-        super().__init__(names)
+        super().__init__(TASK_CHOICES)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         from specreg.terms import canonical_task
@@ -287,6 +287,90 @@ TEMPERATURE = FiniteFloat(0.0)
 PARAM_COUNT = ParamCount()
 SPEC_STACK = SpecStack()
 TYPE_K = TypeK()
+
+
+# --- measurement options: each defined once, its default from specreg.terms ---------------
+
+POSITIVE = click.IntRange(min=1)
+
+
+def task_option(
+    func: F | None = None,
+    *,
+    multiple: bool = True,
+    default: str | None = None,
+    required: bool = False,
+    help: str = "Task prompt set (repeatable; default: every task).",
+) -> Any:
+    """`--task`: a task or an alias of one (TaskChoice), the same words in every command.
+    `multiple` (the default) gives the command `tasks`, a tuple; else `task`, one name."""
+    option = click.option(
+        "--task",
+        "tasks" if multiple else "task",
+        type=TaskChoice(),
+        multiple=multiple,
+        default=default,
+        required=required,
+        show_default=default is not None,
+        help=help,
+    )
+    return option if func is None else option(func)
+
+
+def threads_option(
+    func: F | None = None, *, help: str = "llama.cpp threads (default: physical cores)."
+) -> Any:
+    """`--threads N` (at least 1; None: llama.cpp's own choice, the physical cores)."""
+    option = click.option("--threads", type=POSITIVE, default=None, help=help)
+    return option if func is None else option(func)
+
+
+def n_predict_option(
+    func: F | None = None,
+    *,
+    default: int | None = None,
+    help: str = "Tokens generated per prompt in each timed sample.",
+) -> Any:
+    """`--n-predict N`: default `specreg.terms.DEFAULT_N_PREDICT` unless a command states its
+    own (`agree` generates longer texts)."""
+    option = click.option(
+        "--n-predict",
+        type=POSITIVE,
+        default=DEFAULT_N_PREDICT if default is None else default,
+        show_default=True,
+        help=help,
+    )
+    return option if func is None else option(func)
+
+
+def repeats_option(
+    func: F | None = None,
+    *,
+    default: int | None = None,
+    help: str = "Timed samples of each prompt.",
+) -> Any:
+    """`--repeat N` (the command's `repeats`): default `specreg.terms.DEFAULT_REPEATS` unless a
+    command states its own (`tune` spends fewer per run)."""
+    option = click.option(
+        "--repeat",
+        "repeats",
+        type=POSITIVE,
+        default=DEFAULT_REPEATS if default is None else default,
+        show_default=True,
+        help=help,
+    )
+    return option if func is None else option(func)
+
+
+def startup_timeout_option(func: F) -> F:
+    """`--timeout S`: how long llama-server may take to start (default STARTUP_TIMEOUT_S)."""
+    return click.option(
+        "--timeout",
+        type=FiniteFloat(min=1.0),
+        default=STARTUP_TIMEOUT_S,
+        show_default=True,
+        help="Seconds llama-server may take to load the models and answer.",
+    )(func)
 
 
 # --- which llama.cpp's rules -------------------------------------------------------------

