@@ -28,8 +28,10 @@ from specreg.terms import POLICIES, POLICY_QUALITY, canonical_task
 from specreg.text import clip
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from specreg.recommender.evaluate import CVReport
-    from specreg.recommender.recommend import Recommendation
+    from specreg.recommender.recommend import Option, Recommendation
     from specreg.recommender.train import TrainSummary
     from specreg.tune.tuner import TuneResult, TuneStep
 
@@ -136,31 +138,54 @@ def recommend_cmd(
         _print_recommendation(rec, commands, top)
 
 
-def _print_recommendation(rec: Recommendation, commands: Sequence[str], top: int) -> None:
-    from rich.table import Table
+def _options_table(options: Sequence[Option], speed: bool, width: int) -> Table:
+    """The ranked options, fitted to `width`: the draft's id whole, its name and file cut."""
+    from specreg.cli.tables import Column, Lines, fitted_table, model_cell
 
+    def config(o: Option) -> Lines:
+        if not o.draft_name:
+            return Lines([o.label], wrap_first=True)
+        first = o.label.replace(f" {o.draft_name}", "", 1)
+        return model_cell(o.draft_name, o.draft_path, first=first, model_id=o.draft_id)
+
+    def tps(o: Option) -> Lines:
+        ran = [f"ran {o.measured_tps:.1f} x{o.n_measured}"] if o.measured_tps else []
+        return Lines([f"{o.tps:.1f}", f"[{o.tps_lo:.1f}-{o.tps_hi:.1f}]", *ran])
+
+    def output(o: Option) -> str:
+        if o.lossless:
+            return "lossless"
+        # the cost without its basis, which the best option's why lines give
+        return "changed" + (f": {o.quality.label.split(' (')[0]}" if speed and o.quality else "")
+
+    cols = [
+        Column("#", [str(i) for i in range(1, len(options) + 1)], justify="right"),
+        Column("configuration / draft", [config(o) for o in options], flexible=True),
+        Column("t/s [80%]", [tps(o) for o in options]),
+        Column(
+            "speedup",
+            [Lines([o.speedup_str.split(" ")[0], o.speedup_str.split(" ")[1]]) for o in options],
+        ),
+        Column(
+            "acceptance",
+            [
+                f"{o.acceptance:.0%} {o.acceptance_source}" if o.acceptance is not None else "-"
+                for o in options
+            ],
+            wrap=True,
+            min_width=10,
+        ),
+        Column("output", [output(o) for o in options], wrap=True, min_width=16),
+    ]
+    table, _ = fitted_table(cols, width)
+    return table
+
+
+def _print_recommendation(rec: Recommendation, commands: Sequence[str], top: int) -> None:
     c = console()
     c.print(f"{clip(rec.target_name)}  task={rec.task}  policy={rec.policy}")
     c.print(rec.roofline.line)
-    table = Table(show_edge=False)
-    cols = ["#", "configuration", "t/s [80% band]", "speedup", "acceptance", "knobs", "measured"]
-    if rec.policy == "speed":
-        cols.append("quality cost")
-    for col in cols:
-        table.add_column(col)
-    for i, o in enumerate(rec.options[:top], start=1):
-        row = [
-            str(i),
-            clip(o.label),
-            f"{o.tps:.1f} [{o.tps_lo:.1f}-{o.tps_hi:.1f}]",
-            o.speedup_str,
-            f"{o.acceptance:.0%} {o.acceptance_source}" if o.acceptance is not None else "-",
-            "lossless" if o.lossless else "behaviour-changing",
-            f"{o.measured_tps:.1f} x{o.n_measured}" if o.measured_tps else "-",
-        ]
-        if rec.policy == "speed":
-            row.append(o.quality.label if o.quality else "-")
-        table.add_row(*row)
+    table = _options_table(rec.options[:top], rec.policy == "speed", c.width)
     c.print(table)
     best = rec.best
     c.print("do not speculate" if not rec.speculate else f"run: {clip(best.label)}")

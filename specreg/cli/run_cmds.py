@@ -13,8 +13,6 @@ from specreg.cli.common import (
     SPEC_STACK,
     TEMPERATURE,
     TYPE_K,
-    FiniteFloat,
-    TaskChoice,
     console,
     db_option,
     emit,
@@ -22,11 +20,16 @@ from specreg.cli.common import (
     err_console,
     json_option,
     llama_bin_option,
+    n_predict_option,
+    repeats_option,
     resolve_db,
     resolve_model_path,
+    startup_timeout_option,
+    task_option,
+    threads_option,
 )
 from specreg.errors import RunFailed, UsageError
-from specreg.terms import ENGINE_AUTO, ENGINES, SPEC_TYPES, TASKS
+from specreg.terms import ENGINE_AUTO, ENGINES, SPEC_TYPES
 
 if TYPE_CHECKING:
     import duckdb
@@ -82,13 +85,8 @@ def _run_options(func: F) -> F:
         click.option(
             "--ctx", type=_POSITIVE, default=4096, show_default=True, help="Context size."
         ),
-        click.option(
-            "--threads",
-            type=_POSITIVE,
-            default=None,
-            help="llama.cpp threads (default: physical cores).",
-        ),
-        click.option("--task", "tasks", multiple=True, type=TaskChoice(TASKS), help="Prompt set."),
+        threads_option,
+        task_option,
         click.option(
             "--prompts",
             "prompts_file",
@@ -98,8 +96,8 @@ def _run_options(func: F) -> F:
         click.option(
             "--max-prompts", type=_POSITIVE, default=None, help="Use only the first N prompts."
         ),
-        click.option("--n-predict", type=_POSITIVE, default=64, show_default=True),
-        click.option("--repeat", "repeats", type=_POSITIVE, default=3, show_default=True),
+        n_predict_option,
+        repeats_option,
         click.option(
             "--retries",
             type=click.IntRange(min=0),
@@ -107,13 +105,7 @@ def _run_options(func: F) -> F:
             show_default=True,
             help="Measure a sample again up to N times when other processes took CPU during it.",
         ),
-        click.option(
-            "--timeout",
-            type=FiniteFloat(min=1.0),
-            default=180.0,
-            show_default=True,
-            help="Startup timeout, s.",
-        ),
+        startup_timeout_option,
         click.option(
             "--engine",
             type=click.Choice(ENGINES),
