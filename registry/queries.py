@@ -89,6 +89,11 @@ class ModelRecord:
         return human_bytes(self.n_bytes)
 
     @property
+    def choice_label(self) -> str:
+        """The model where a user chooses one: the id prefix tables show, quant and file name."""
+        return f"{self.model_id[:10]} {self.quant or '?'} {os.path.basename(self.path)}"
+
+    @property
     def params_str(self) -> str:
         return human_count(self.n_params)
 
@@ -215,8 +220,12 @@ def resolve_model(con: duckdb.DuckDBPyConnection, ref: str | os.PathLike[str]) -
         )
     present = [r for r in rows if _record(r).status != "gone"] or rows
     if len(present) > 1:
-        ids = ", ".join(_record(r).model_id for r in present[:5])
-        raise AmbiguousModel(f"'{ref_s}' matches {len(present)} models ({ids}): give an id or path")
+        # two quants of one model share a name: each is shown by id, quant and file
+        ids = "; ".join(_record(r).choice_label for r in present[:5])
+        more = f"; and {len(present) - 5} more" if len(present) > 5 else ""
+        raise AmbiguousModel(
+            f"'{ref_s}' matches {len(present)} models ({ids}{more}): give an id or path"
+        )
     return _record(present[0])
 
 

@@ -123,9 +123,8 @@ def drafts(
 
 
 def _print_drafts(found: DraftList) -> None:
-    from rich.table import Table
-
     from specreg.auditor import Verdict
+    from specreg.cli.tables import Column, fitted_table, model_cell, short_id
     from specreg.registry.quality_store import agreement_cell
 
     out = console()
@@ -134,13 +133,27 @@ def _print_drafts(found: DraftList) -> None:
     if not found.drafts:
         out.print("no compatible draft in the registry (--rejected shows why)")
         return
-    table = Table(show_header=True, header_style="bold")
-    for col in ("draft", "verdict", "agreement", "why / warnings", "path"):
-        table.add_column(col)
-    for pv in found.drafts:
-        why = "; ".join(pv.reasons if pv.verdict is not Verdict.WARNINGS else pv.warnings)
-        agree = agreement_cell(found.agreement.get(pv.draft.model_id, {}))
-        table.add_row(clip(pv.draft.label), pv.verdict.text, agree, why, clip(pv.draft.path))
+    ranked = found.drafts
+    whys = [
+        "; ".join(pv.reasons if pv.verdict is not Verdict.WARNINGS else pv.warnings)
+        for pv in ranked
+    ]
+    cols = [
+        Column("#", [str(i) for i in range(1, len(ranked) + 1)], justify="right"),
+        Column("id", [short_id(pv.draft.model_id) for pv in ranked]),
+        Column(
+            "draft / file",
+            [model_cell(pv.draft.label, pv.draft.path) for pv in ranked],
+            flexible=True,
+        ),
+        Column("verdict", [pv.verdict.text for pv in ranked], wrap=True, min_width=10),
+        Column(
+            "agreement",
+            [agreement_cell(found.agreement.get(pv.draft.model_id, {})) for pv in ranked],
+        ),
+        Column("why / warnings", whys, wrap=True, min_width=16),
+    ]
+    table, _ = fitted_table(cols, out.width)
     out.print(table)
 
 

@@ -143,27 +143,33 @@ def models(db_path: Path | None, as_json: bool, **filters: object) -> None:
 
 
 def _print_models(rows: tuple[ModelRecord, ...]) -> None:
-    from rich.table import Table
+    from specreg.cli.tables import Column, fitted_table, left_out_note, model_cell, short_id
 
-    table = Table(show_header=True, header_style="bold")
-    for col in ("id", "name", "arch", "params", "quant", "size", "tokenizer", "vocab", "status"):
-        table.add_column(col)
-    for m in rows:
-        table.add_row(
-            m.model_id[:10],
-            clip(m.display_name),
-            clip(m.architecture or "?", 40),
-            m.params_str,
-            m.quant or "?",
-            m.size_str,
-            clip(f"{m.tok_model or '-'}/{m.tok_pre or '-'}", 40)
-            + f" {(m.tok_fingerprint or '')[:8]}",
-            str(m.n_tokens or "-"),
-            m.status,
-        )
+    cols = [
+        Column("id", [short_id(m.model_id) for m in rows]),
+        Column("name / file", [model_cell(m.display_name, m.path) for m in rows], flexible=True),
+        Column("arch", [clip(m.architecture or "?", 16) for m in rows], drop=3),
+        Column("params", [m.params_str for m in rows], justify="right"),
+        Column("quant", [m.quant or "?" for m in rows]),
+        Column("size", [m.size_str for m in rows], justify="right"),
+        Column(
+            "tokenizer",
+            [
+                clip(f"{m.tok_model or '-'}/{m.tok_pre or '-'}", 24)
+                + f" {(m.tok_fingerprint or '')[:8]}"
+                for m in rows
+            ],
+            drop=1,
+        ),
+        Column("vocab", [str(m.n_tokens or "-") for m in rows], justify="right", drop=2),
+        Column("status", [m.status for m in rows]),
+    ]
     out = console()
+    table, dropped = fitted_table(cols, out.width)
     out.print(table)
     out.print(f"{len(rows)} model(s)")
+    if note := left_out_note(dropped):
+        out.print(note)
 
 
 @click.command()
