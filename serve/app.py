@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HttpRoute
@@ -53,6 +54,23 @@ KEEPALIVE_S = 4.0
 def error(status: int, message: str, kind: str, **extra: Any) -> JSONResponse:
     """An OpenAI-shaped error body."""
     return JSONResponse({"error": {"message": message, "type": kind, **extra}}, status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 (an unknown path, a wrong method) in the OpenAI error shape:
+    clients parse `error.message`, and a text/plain "Not Found" breaks them."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    if status == 404:
+        message = (
+            f"no endpoint {request.method} {request.url.path}: this server has POST "
+            "/v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health"
+        )
+        return error(404, message, "invalid_request_error", code="unknown_url")
+    detail = exc.detail if isinstance(exc, HTTPException) else "error"
+    resp = error(status, f"{request.method} {request.url.path}: {detail}", "invalid_request_error")
+    if isinstance(exc, HTTPException) and exc.headers:
+        resp.headers.update(exc.headers)
+    return resp
 
 
 class TooLarge(Exception):
@@ -92,6 +110,7 @@ class Service:
                 HttpRoute("/specreg/routes", self.routes, methods=["GET"]),
                 HttpRoute("/specreg/backends", self.backends, methods=["GET"]),
             ],
+            exception_handlers={HTTPException: _http_error},
         )
 
     async def open(self) -> None:
@@ -174,7 +193,11 @@ class Service:
         target = self.table.find_target(model)
         if target is None:
             names = ", ".join(t.name for t in self.table.targets)
-            return error(404, f"unknown model {model!r}: this server has {names}", "not_found")
+            what = f"unknown model {model!r}" if model else "no model named"
+            return error(
+                404, f"{what}: this server has {names}", "invalid_request_error",
+                code="model_not_found", param="model",
+            )  # fmt: skip
         try:
             cls = classify(
                 self.classifier,

@@ -119,11 +119,11 @@ class RouteTable:
         raise KeyError(name)
 
     def find_target(self, model: str | None) -> Target | None:
-        """The target a request's `model` names; the only target when there is one."""
+        """The target a request's `model` names; without a `model`, the only target when there
+        is one. A `model` naming nothing here is None (a 404), even with one target: a client
+        that asked for another model must not get this one's answer as if it were that."""
         if model:
-            for t in self.targets:
-                if t.answers_to(model):
-                    return t
+            return next((t for t in self.targets if t.answers_to(model)), None)
         return self.targets[0] if len(self.targets) == 1 else None
 
     def to_json(self) -> dict[str, Any]:
