@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
@@ -141,25 +141,62 @@ def audit_all(
     models = list_models(con) if models is None else models
     vocabs = VocabCache(con)
     vdirs = vision_dirs(models)
-
     plain = [m for m in models if not m.draft_kind]
     bound = [m for m in models if m.draft_kind]
+    members = _vocab_classes(plain)
+    classes = _judge_classes(members, rules, vocabs)
+    tally = _Tally()
+    _plain_pairs(classes, members, rules, vocabs, vdirs, tally)
+    _bound_pairs(bound, models, rules, vocabs, vdirs, tally)
+    # A draft head as the target is never servable.
+    if bound and plain:
+        tally.refuse("target_is_language_model", len(bound) * len(plain))
+    return AuditResult(
+        rules_label=rules.label,
+        llama_build=rules.since_build,
+        n_models=len(models),
+        classes=tuple((cid, tuple(m.model_id or "" for m in ms)) for cid, ms in members.items()),
+        class_verdicts=tuple(classes.verdicts),
+        pairs=tuple(tally.pairs),
+        counts=dict(tally.counts),
+        refusals=dict(tally.refusals),
+        seconds=time.perf_counter() - t0,
+        vocab_comparisons=classes.n_text,
+    )
+
+
+def _vocab_classes(plain: list[ModelRecord]) -> dict[int, list[ModelRecord]]:
+    """Models with one vocabulary signature form a class; class ids in order of first member."""
     class_of_sig: dict[tuple[Any, ...], int] = {}
     members: dict[int, list[ModelRecord]] = defaultdict(list)
     for m in plain:
         cid = class_of_sig.setdefault(vocab_signature(m), len(class_of_sig))
         members[cid].append(m)
+    return members
 
-    # The vocabulary check is symmetric, so compute it once per unordered class pair; texts are
-    # compared once per unordered pair of distinct token lists.
+
+@dataclass
+class _Classes:
+    """The vocabulary check between every ordered pair of classes."""
+
+    verdicts: list[ClassVerdict]
+    outcomes: dict[tuple[int, int], VocabOutcome]  # accepted class pairs with model pairs
+    n_text: int  # distinct token lists compared text by text
+
+
+def _judge_classes(
+    members: dict[int, list[ModelRecord]], rules: RuleSet, vocabs: VocabCache
+) -> _Classes:
+    """Run the vocabulary check once per ordered pair of classes, on their first members.
+
+    The check is symmetric, so texts are compared once per unordered pair of distinct token
+    lists (none for equal lists).
+    """
     text_cache: dict[tuple[tuple[str, bool], ...], bool] = {}
-    n_text = 0
-    class_verdicts: list[ClassVerdict] = []
-    outcomes: dict[tuple[int, int], VocabOutcome] = {}
+    out = _Classes([], {}, 0)
     reps = {cid: ms[0] for cid, ms in members.items()}
-    cids = sorted(reps)
-    for a in cids:
-        for b in cids:
+    for a in sorted(reps):
+        for b in sorted(reps):
             ta, tb = reps[a], reps[b]
             outcome = None
             failed = _scalar_failures(ta, tb, rules)
@@ -178,38 +215,69 @@ def audit_all(
                     )
                     text_ok = outcome.checks[-1].passed
                     text_cache[key] = text_ok
-                    n_text += 1
+                    out.n_text += 1
                 if not text_ok:
                     failed = ("token_text",)
             n_pairs = len(members[a]) * len(members[b]) - (len(members[a]) if a == b else 0)
-            class_verdicts.append(ClassVerdict(a, b, not failed, failed, n_pairs))
+            out.verdicts.append(ClassVerdict(a, b, not failed, failed, n_pairs))
             if not failed and n_pairs:
                 if outcome is None and sides[0] == sides[1]:
                     # One token list: equal texts and no extra ids, nothing to load.
                     outcome = vocab_checks(ta, tb, None, None, rules)
-                outcomes[(a, b)] = outcome or vocab_checks(
+                out.outcomes[(a, b)] = outcome or vocab_checks(
                     ta, tb, vocabs.get(ta.vocab_sha), vocabs.get(tb.vocab_sha), rules
                 )
+    return out
 
-    counts: Counter[str] = Counter()
-    refusals: Counter[str] = Counter()
-    pairs: list[PairSummary] = []
+
+@dataclass
+class _Tally:
+    """Pairs judged so far: their summaries, counts per verdict, refusals per first check."""
+
+    pairs: list[PairSummary] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+    refusals: Counter[str] = field(default_factory=Counter)
+
+    def add(self, pair: PairSummary) -> None:
+        self.counts[pair.verdict.value] += 1
+        self.pairs.append(pair)
+
+    def refuse(self, check: str, n_pairs: int) -> None:
+        self.counts[Verdict.INCOMPATIBLE.value] += n_pairs
+        self.refusals[check] += n_pairs
+
+
+def _ratio_ok(t: ModelRecord, d: ModelRecord) -> bool | None:
+    """Whether the draft is small enough to pay for itself; None when a size is unknown."""
+    size_t, size_d = _size(t), _size(d)
+    return (size_t / size_d >= MIN_USEFUL_SIZE_RATIO) if size_t and size_d else None
+
+
+def _plain_pairs(
+    classes: _Classes,
+    members: dict[int, list[ModelRecord]],
+    rules: RuleSet,
+    vocabs: VocabCache,
+    vdirs: frozenset[str],
+    tally: _Tally,
+) -> None:
+    """Judge the model pairs of accepted class pairs; a refused class pair counts at once.
+
+    A pair's verdict is memoised on the few facts the other checks read.
+    """
     memo: dict[tuple[Any, ...], tuple[Verdict, tuple[str, ...]]] = {}
-    for cv in class_verdicts:
+    for cv in classes.verdicts:
         if not cv.accepts:
-            counts[Verdict.INCOMPATIBLE.value] += cv.n_pairs
-            refusals[cv.failed[0]] += cv.n_pairs
+            tally.refuse(cv.failed[0], cv.n_pairs)
             continue
         if not cv.n_pairs:
             continue
-        outcome = outcomes[(cv.target_class, cv.draft_class)]
+        outcome = classes.outcomes[(cv.target_class, cv.draft_class)]
         for t in members[cv.target_class]:
-            cap_t, size_t, tpl_t = _cap_signature(t, vdirs), _size(t), t.chat_template_sha256
+            cap_t, tpl_t = _cap_signature(t, vdirs), t.chat_template_sha256
             for d in members[cv.draft_class]:
                 if d is t:
                     continue
-                size_d = _size(d)
-                ratio_ok = (size_t / size_d >= MIN_USEFUL_SIZE_RATIO) if size_t and size_d else None
                 tpl_d = d.chat_template_sha256
                 memo_key = (
                     cv.target_class,
@@ -218,59 +286,50 @@ def audit_all(
                     bool(d.is_mmproj),
                     d.tok_pre,
                     bool(tpl_t and tpl_d and tpl_t != tpl_d),
-                    ratio_ok,
+                    _ratio_ok(t, d),
                 )
                 hit = memo.get(memo_key)
                 if hit is None:
                     pv = judge(t, d, rules, vocabs, outcome, vision_dirs=vdirs)
                     hit = memo[memo_key] = (pv.verdict, tuple(c.name for c in pv.failed))
-                counts[hit[0].value] += 1
-                pairs.append(PairSummary(t.model_id or "", d.model_id or "", hit[0], True, hit[1]))
+                tally.add(PairSummary(t.model_id or "", d.model_id or "", hit[0], True, hit[1]))
 
-    # Bound drafts (EAGLE-3, DFlash, DSpark) skip the vocabulary check; their binding reads the
-    # target's shape, so the memo key holds that shape instead of a vocabulary class.
-    bound_memo: dict[tuple[Any, ...], tuple[Verdict, tuple[str, ...]]] = {}
+
+def _bound_pairs(
+    bound: list[ModelRecord],
+    models: list[ModelRecord],
+    rules: RuleSet,
+    vocabs: VocabCache,
+    vdirs: frozenset[str],
+    tally: _Tally,
+) -> None:
+    """Bound drafts (EAGLE-3, DFlash, DSpark) against every model.
+
+    They skip the vocabulary check; their binding reads the target's shape, so the memo key
+    holds that shape instead of a vocabulary class.
+    """
+    memo: dict[tuple[Any, ...], tuple[Verdict, tuple[str, ...]]] = {}
     for d in bound:
-        size_d, tpl_d = _size(d), d.chat_template_sha256
+        tpl_d = d.chat_template_sha256
         d_key = (d.draft_binding, d.draft_kind, bool(d.is_mmproj), d.bos_id is None)
         for t in models:
             if t is d:
                 continue
-            size_t, tpl_t = _size(t), t.chat_template_sha256
-            ratio_ok = (size_t / size_d >= MIN_USEFUL_SIZE_RATIO) if size_t and size_d else None
-            bound_key = (
+            tpl_t = t.chat_template_sha256
+            key = (
                 d_key,
                 _cap_signature(t, vdirs),
                 t.embedding_length,
                 t.block_count,
                 t.bos_id is None,
                 bool(tpl_t and tpl_d and tpl_t != tpl_d),
-                ratio_ok,
+                _ratio_ok(t, d),
             )
-            hit = bound_memo.get(bound_key)
+            hit = memo.get(key)
             if hit is None:
                 pv = judge(t, d, rules, vocabs, vision_dirs=vdirs)
-                hit = bound_memo[bound_key] = (pv.verdict, tuple(c.name for c in pv.failed))
-            counts[hit[0].value] += 1
-            pairs.append(PairSummary(t.model_id or "", d.model_id or "", hit[0], None, hit[1]))
-
-    # A draft head as the target is never servable.
-    if bound and plain:
-        counts[Verdict.INCOMPATIBLE.value] += len(bound) * len(plain)
-        refusals["target_is_language_model"] += len(bound) * len(plain)
-
-    return AuditResult(
-        rules_label=rules.label,
-        llama_build=rules.since_build,
-        n_models=len(models),
-        classes=tuple((cid, tuple(m.model_id or "" for m in members[cid])) for cid in cids),
-        class_verdicts=tuple(class_verdicts),
-        pairs=tuple(pairs),
-        counts=dict(counts),
-        refusals=dict(refusals),
-        seconds=time.perf_counter() - t0,
-        vocab_comparisons=n_text,
-    )
+                hit = memo[key] = (pv.verdict, tuple(c.name for c in pv.failed))
+            tally.add(PairSummary(t.model_id or "", d.model_id or "", hit[0], None, hit[1]))
 
 
 def _scalar_failures(t: ModelRecord, d: ModelRecord, rules: RuleSet) -> tuple[str, ...]:
