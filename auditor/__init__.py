@@ -7,6 +7,7 @@ The functions other parts call:
 - `audit_all(con, rules=None) -> AuditResult` (every ordered pair, bucketed by vocabulary)
 - `build_graph(con, rules=None) -> networkx.Graph`
 - `rules_for_build(build) -> RuleSet` (None: the pinned llama.cpp build)
+- `target_refusal(model) -> Check | None` (why no draft can make this model a target)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from specreg.auditor.audit import AuditResult, ClassVerdict, PairSummary, audit_all
+from specreg.auditor.checks import target_refusal
 from specreg.auditor.pairs import check_pair, compatible_drafts, draftless_modes, ref
 from specreg.auditor.rules import (
     PINNED_RULES,
@@ -120,4 +122,5 @@ __all__ = [
     "rules_for_build",
     "rules_for_version",
     "stored_graph",
+    "target_refusal",
 ]

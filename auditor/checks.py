@@ -369,6 +369,36 @@ def binding_check(t: ModelFacts, d: ModelFacts) -> Check:
     )
 
 
+def _mmproj_check(role: str) -> Check:
+    return Check(
+        f"{role}_is_language_model",
+        False,
+        Severity.BLOCKS,
+        f"the {role} is a vision projector (mmproj), not a language model",
+        {"is_mmproj": True},
+    )
+
+
+def _draft_head_check(kind: str) -> Check:
+    return Check(
+        "target_is_language_model",
+        False,
+        Severity.BLOCKS,
+        f"the target is a {kind} draft head, not a model to serve",
+        {"draft_kind": kind},
+    )
+
+
+def target_refusal(t: ModelFacts) -> Check | None:
+    """The failed check that refuses `t` as a target whatever the draft (a vision projector,
+    a draft head), or None: what `audit` counts as target_is_language_model."""
+    if t.is_mmproj:
+        return _mmproj_check("target")
+    if t.draft_kind:
+        return _draft_head_check(t.draft_kind)
+    return None
+
+
 def capability_checks(
     t: ModelFacts, d: ModelFacts, rules: RuleSet, vision: bool = False
 ) -> list[Check]:
@@ -376,25 +406,9 @@ def capability_checks(
     checks: list[Check] = []
     for role, m in (("target", t), ("draft", d)):
         if m.is_mmproj:
-            checks.append(
-                Check(
-                    f"{role}_is_language_model",
-                    False,
-                    Severity.BLOCKS,
-                    f"the {role} is a vision projector (mmproj), not a language model",
-                    {"is_mmproj": True},
-                )
-            )
+            checks.append(_mmproj_check(role))
     if t.draft_kind:
-        checks.append(
-            Check(
-                "target_is_language_model",
-                False,
-                Severity.BLOCKS,
-                f"the target is a {t.draft_kind} draft head, not a model to serve",
-                {"draft_kind": t.draft_kind},
-            )
-        )
+        checks.append(_draft_head_check(t.draft_kind))
 
     recurrent = bool(t.is_recurrent)
     hybrid = bool(t.is_hybrid)

@@ -573,8 +573,16 @@ def _checked_task(task: str, policy: str) -> str:
 
 
 def _target(con: duckdb.DuckDBPyConnection, target_ref: str) -> ModelRecord:
-    """The target model, refused when the registry lacks what the speed model reads."""
+    """The target model; refused when the auditor refuses it as a target whatever the draft
+    (a draft head, a vision projector) or the registry lacks what the speed model reads."""
+    from specreg.auditor import target_refusal
+
     target = resolve_model(con, target_ref)
+    if (refusal := target_refusal(target)) is not None:
+        raise UsageError(
+            f"{target.display_name} is not a target: {refusal.message} ({refusal.name}); "
+            "recommend for the model it drafts for"
+        )
     if not target.n_params or not target.n_bytes:
         raise UsageError(
             f"{target.display_name} has no parameter count or size in the registry: rescan it"
