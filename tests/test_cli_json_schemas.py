@@ -6,6 +6,7 @@ or removing a field also bumps the result's JSON_VERSION."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ KINDS = {
     "quality", "agreement",  # validated in test_quality_json.py (built from result objects)
     "lookup-cache", "lookup-caches",  # validated in test_lookup_cache_json.py
     "serve-routes",
+    "doctor", "calibration", "sweep", "sweep-plan", "runs-export", "runs-import",
 }  # fmt: skip
 
 
@@ -132,6 +134,65 @@ def test_tune_result(scanned_db: Path) -> None:
     steps = (TuneStep(rec.options[0], 10.0, 1, "plain first"), TuneStep(rec.options[1], None, 2))
     result = TuneResult(rec.target_name, steps, rec, True, "confirmed", len(rec.options))
     validate(json.loads(json_text(result.to_json())))
+
+
+def test_doctor(tmp_path: Path) -> None:
+    # --memory: the memory_config part is filled too (else it is null)
+    args = ("doctor", "--memory", "2xDDR5-4800", "--db", str(tmp_path / "r.duckdb"), "--json")
+    doc = specreg_json(*args, codes=(0, 1))
+    assert doc["bandwidth"] and doc["memory_config"] and doc["checks"]
+    validate(doc)
+
+
+def test_calibration_result() -> None:
+    from specreg.cli.common import json_text
+    from specreg.registry.calibration import KIND_BATCH, KIND_GEN, CalibrationRecord, point
+    from specreg.runner.calibrate import CalibrationResult
+
+    batch = [point(KIND_BATCH, n, (0.01 * n, 0.011 * n)) for n in (1, 2, 4, 8, 16)]
+    record = CalibrationRecord(
+        host_fingerprint="hostA", model_id="m1", model_path="/m/t.gguf", role="target",
+        threads=2, measured_at=datetime(2026, 1, 2, tzinfo=timezone.utc), repetitions=2,
+        points=(*batch, point(KIND_GEN, 64, (0.64, 0.70), foreign_cpu_s=0.01)),
+        model_bytes=123, seconds=2.5, llama_version="b11434", llama_bin_dir="/llama/bin",
+        argv=("llama-bench", "-m", "/m/t.gguf"), load_foreign_cpu=0.02, calibration_id=1,
+    )  # fmt: skip
+    result = CalibrationResult("hostA", (record,), seconds=3.0, reruns=1)
+    validate(json.loads(json_text(result.to_json())))
+
+
+def test_sweep_plan_and_result(scanned_db: Path) -> None:
+    from specreg.cli.common import json_text
+    from specreg.tune.sweep import SweepHost, SweepResult, SweepRun
+
+    models = specreg_json("models", "--json", "--db", str(scanned_db))["models"]
+    draft = next(m["model_id"] for m in models if m["name"] == DRAFT)
+    grid = ["--grid", f"spec=none,ngram-mod,draft-simple k=2,4 draft={draft}"]
+    plan = specreg_json("sweep", TARGET, *grid, "--dry-run", "--json", "--db", str(scanned_db))
+    assert any(p["draft_id"] for p in plan["points"])
+    validate(plan)
+    runs = (
+        SweepRun("plain", 1, "u1", "alpha", "f1", "ok", None, None, 10.0, None, 1.0),
+        SweepRun("ngram-mod k=2", 2, "u2", None, "f1", "failed", "crash", "exit 1", None, None,
+                 None, attempt=2, retry_of="u0"),
+    )  # fmt: skip
+    hosts = (SweepHost("alpha", "f1", 2, 1), SweepHost(None, None, 0, 0, dropped="worker died"))
+    result = SweepResult(
+        TARGET, "abc", "spec=none,ngram-mod k=2", 2, runs, ("ngram-mod k=4",), hosts, 5.0,
+        ray_address="127.0.0.1:6379",
+    )  # fmt: skip
+    validate(json.loads(json_text(result.to_json())))
+
+
+def test_runs_export_and_import(tmp_path: Path) -> None:
+    from specreg.registry.db import opened
+    from specreg.registry.run_store import record_run
+
+    a, b, out = tmp_path / "a.duckdb", tmp_path / "b.duckdb", tmp_path / "runs.parquet"
+    with opened(a) as con:
+        record_run(con, replace(_run_record(), run_id=None, host_fingerprint="f1"))
+    validate(specreg_json("runs", "export", str(out), "--db", str(a), "--json"))
+    validate(specreg_json("runs", "import", str(out), "--db", str(b), "--json"))
 
 
 def test_every_schema_is_checked() -> None:

@@ -29,6 +29,8 @@ OPEN = {
     "extra",
     "evidence_by",
     "calibration",
+    "facts",
+    "verify_ratio",
 }
 SCALAR = {str: "string", bool: "boolean", int: "integer", float: "number"}
 
