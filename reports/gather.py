@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NOT_RECOMMENDED = (
-    "not computed for this report: `specreg report --recommend` adds the recommender's answer "
-    "per task (it takes a while), or ask `specreg recommend TARGET --task TASK`"
+    "left out of this report (--no-recommend): `specreg report` without it adds the "
+    "recommender's answer, or ask `specreg recommend TARGET --task TASK`"
 )
 _UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import os
 import shlex
 import statistics
 import time
@@ -63,6 +64,7 @@ def build_site(
     rules: Any = None,
     advise: gather.Advise | None = None,
     tasks: Sequence[str] = TASKS,
+    started: float | None = None,
 ) -> SiteResult:
     """Write the report for the registry behind `con` into `out_dir`.
 
@@ -70,9 +72,11 @@ def build_site(
     (None: draw and compile everything). `rules`: the auditor's RuleSet for the user's
     llama.cpp build (None: the pinned build). `advise`: the recommender bound to a model and
     this host, asked once per target and task (None: no recommendations, which keeps the report
-    fast; the recommender takes about half a second per question).
+    fast; the recommender takes about half a second per question). `started`: the
+    `time.perf_counter()` the caller began at (fitting the recommender, say), so the time the
+    result reports is the whole wait.
     """
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if started is None else started
     figures = plots.PlotCache(cache / "figures" if cache else None)
     site = gather_site(con, figures, db_label=db_label, rules=rules, advise=advise, tasks=tasks)
     t_gather = time.perf_counter() - t0
@@ -132,9 +136,10 @@ def gather_site(
     for m in reg.models:
         t_runs = tuple(runs_by_target.get(m.model_id, ()))
         recs, roofline, rec_note = gather.gather_recommendations(con, m, t_runs, advise, tasks)
+        # the order of `specreg drafts`: verdict, then the smallest draft first
         usable = sorted(
             (p for p in by_target.get(m.model_id, []) if p.compatible),
-            key=lambda p: (p.code, -models[p.draft_id].n_params, models[p.draft_id].name),
+            key=lambda p: (p.code, models[p.draft_id].n_params, models[p.draft_id].name),
         )
         frontier = gather_frontier(con, m.record, t_runs, roofline)
         targets.append(
@@ -160,7 +165,7 @@ def gather_site(
         gather.PartStatus(
             "recommender",
             advise is not None,
-            "" if advise is not None else "not asked for this report (specreg report --recommend)",
+            "" if advise is not None else "left out of this report (--no-recommend)",
         ),
     )
     return SiteData(
@@ -255,6 +260,7 @@ def environment(template_cache: Path | None = None) -> Environment:
         lstrip_blocks=True,
     )
     env.filters["clip"] = _clip_filter
+    env.filters["basename"] = lambda path: os.path.basename(path or "")  # the quant is in it
     env.globals["limits"] = {
         "chat_template": CHAT_TEMPLATE_MAX_CHARS,
         "command": COMMAND_MAX_CHARS,
