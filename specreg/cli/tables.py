@@ -68,10 +68,10 @@ def cut(text: str, width: int, *, middle: bool = False) -> str:
     if width <= 1:
         return "…"[:width]
     if not middle:
-        return set_cell_size(text, width - 1) + "…"
+        return set_cell_size(text, width - 1).rstrip() + "…"
     tail = (width - 1) // 2
     head = width - 1 - tail
-    return set_cell_size(text, head) + "…" + set_cell_size(text[::-1], tail)[::-1]
+    return set_cell_size(text, head).rstrip() + "…" + set_cell_size(text[::-1], tail)[::-1]
 
 
 Cell = str | Text | Lines
