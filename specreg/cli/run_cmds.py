@@ -114,6 +114,11 @@ def _run_options(func: F) -> F:
             help="llama-server, or the legacy llama-speculative/llama-lookup (auto: legacy only "
             "when this llama-server lacks the method).",
         ),
+        click.option(
+            "--force",
+            is_flag=True,
+            help="Run a draft the auditor refuses for TARGET anyway, to see llama.cpp's own word.",
+        ),
         llama_bin_option,
         db_option,
         json_option,
@@ -167,6 +172,7 @@ def _plan(con: duckdb.DuckDBPyConnection, kw: dict[str, Any]) -> Plan:
         engine=kw["engine"],
         warm_first=kw.get("warm"),
         lookup_cache=kw["lookup_cache"],
+        force=kw["force"],
     )
     for note in planned.notes:
         err_console().print(f"note: {note}")
