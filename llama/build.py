@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from specreg.errors import LlamaError
 from specreg.home import cache_dir
@@ -60,7 +61,10 @@ MARKER_FORMAT = 1
 
 @dataclass(frozen=True)
 class BuildInfo:
-    """A complete build of the pinned llama.cpp."""
+    """A complete build of the pinned llama.cpp (`specreg llama build --json`)."""
+
+    JSON_KIND = "llama-build"
+    JSON_VERSION = "2"  # 2: the build's version is llama_version (it overwrote the envelope's)
 
     version: str
     src_dir: Path
@@ -73,6 +77,14 @@ class BuildInfo:
     seconds: float  # spent in this call: minutes cold, about a second when reused
     reused: bool
     log_path: Path
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        payload = {k: v for k, v in vars(self).items() if k != "version"}
+        return document(
+            self.JSON_KIND, self.JSON_VERSION, {"llama_version": self.version, **payload}
+        )
 
     @property
     def lib_dir(self) -> Path:

@@ -13,8 +13,10 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specreg.errors import LlamaError
+from specreg.host.machine import Host
 from specreg.llama.build import cached_build
 
 # The dialects are specreg.terms' vocabulary, importable from here too.
@@ -61,6 +63,24 @@ class LlamaInstall:
         if self.dialect == DIALECT_SPEC_TYPE:
             return all(t in self.spec_types for t in types)
         return len(types) == 1 and types[0] in ("none", "draft-simple")
+
+
+@dataclass(frozen=True)
+class LlamaInfo:
+    """`specreg llama info`: the llama.cpp specreg would use, and the host it runs on."""
+
+    JSON_KIND = "llama-info"
+    JSON_VERSION = "1"
+
+    install: LlamaInstall
+    host: Host
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        return document(
+            self.JSON_KIND, self.JSON_VERSION, {"llama": self.install, "host": self.host.to_json()}
+        )
 
 
 def _candidates(bin_dir: Path | None) -> list[tuple[str, Path]]:

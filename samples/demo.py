@@ -769,6 +769,23 @@ def check_demo_folder(root: Path) -> None:
         )
 
 
+@dataclass(frozen=True)
+class DemoTree:
+    """`specreg demo DIR`: the folder and every file written under it."""
+
+    JSON_KIND = "demo"
+    JSON_VERSION = "1"
+
+    directory: Path
+    files: tuple[Path, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        payload = {"directory": str(self.directory), "files": [str(p) for p in self.files]}
+        return document(self.JSON_KIND, self.JSON_VERSION, payload)
+
+
 def make_demo_tree(root: Path, *, force: bool = False) -> list[Path]:
     """Write the demo collection under `root`, plus the ways real trees hold files:
     an LM Studio folder, a Hugging Face cache (snapshots symlinked to blobs), a stray link.

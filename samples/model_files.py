@@ -7,6 +7,7 @@ import hashlib
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specreg.errors import LlamaError
 from specreg.home import cache_dir
@@ -18,6 +19,21 @@ class SmallModel:
     quant: str
     path: Path
     n_bytes: int
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """`specreg llama models`: the test models in the cache, fetched or made."""
+
+    JSON_KIND = "llama-models"
+    JSON_VERSION = "1"
+
+    models: tuple[SmallModel, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        from specreg.jsonout import document
+
+        return document(self.JSON_KIND, self.JSON_VERSION, {"models": self.models})
 
 
 def models_dir() -> Path:

@@ -26,6 +26,7 @@ KINDS = {
     "lookup-cache", "lookup-caches",  # validated in test_lookup_cache_json.py
     "serve-routes",
     "doctor", "calibration", "sweep", "sweep-plan", "runs-export", "runs-import",
+    "llama-build", "llama-info", "llama-models",
 }  # fmt: skip
 
 
@@ -193,6 +194,27 @@ def test_runs_export_and_import(tmp_path: Path) -> None:
         record_run(con, replace(_run_record(), run_id=None, host_fingerprint="f1"))
     validate(specreg_json("runs", "export", str(out), "--db", str(a), "--json"))
     validate(specreg_json("runs", "import", str(out), "--db", str(b), "--json"))
+
+
+def test_llama_results(tmp_path: Path) -> None:
+    """llama build|info|models documents (the real commands build and fetch: llama tests)."""
+    from specreg.cli.common import json_text
+    from specreg.host.machine import detect_host
+    from specreg.llama.build import BuildInfo
+    from specreg.llama.install import LlamaInfo, LlamaInstall
+    from specreg.samples.model_files import ModelFiles, SmallModel
+
+    build = BuildInfo(
+        "0.6.0", tmp_path / "src", tmp_path / "build", tmp_path / "bin", ("llama-server",),
+        ("-DGGML_NATIVE=ON",), "Ninja", True, 1.5, True, tmp_path / "build.log",
+    )  # fmt: skip
+    install = LlamaInstall(
+        tmp_path / "bin", "cache", "11434 (pypi-sdist)", "spec-type", ("none", "ngram-mod"),
+        ("llama-server", "llama-bench"),
+    )  # fmt: skip
+    models = ModelFiles((SmallModel("smollm2", "Q4_1", tmp_path / "s.gguf", 100),))
+    for result in (build, LlamaInfo(install, detect_host()), models):
+        validate(json.loads(json_text(result.to_json())))
 
 
 def test_every_schema_is_checked() -> None:

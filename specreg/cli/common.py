@@ -11,7 +11,7 @@ holds every module of this package to that):
   or message written tomorrow can forget it. Markup and emoji codes are off: `[red]` or
   `:smile:` in a model name prints as written. Styles stay where they carry no data (header
   and column styles, given as `style=`).
-- `emit(result)` / `emit_json(kind, payload)`: the exact `--json` document. JSON already
+- `emit(result)`: the exact `--json` document a result's `to_json()` builds. JSON already
   escapes C0 controls; C1 controls, bidi controls and lone surrogates are written as `\\uXXXX`
   too, which parses back to the same value, so `--json` stays exact and is safe on a terminal.
 - `write_output(text)`: a machine document (a script, GraphML) on stdout, as the target format
@@ -41,9 +41,6 @@ if TYPE_CHECKING:
     import duckdb
 
     from specreg.auditor.rules import RuleSet
-
-# The version of payloads still built with `emit_json`; results with `to_json()` carry their own.
-JSON_SCHEMA_VERSION = "1"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -92,11 +89,6 @@ def emit(result: JsonResult) -> None:
 def emit_document(doc: dict[str, Any]) -> None:
     """Write a document a result built (`result.to_json(...)` with arguments) to stdout."""
     sys.stdout.write(json_text(doc) + "\n")
-
-
-def emit_json(kind: str, payload: dict[str, Any]) -> None:
-    """Write one versioned JSON document to stdout (for payloads without a result type)."""
-    sys.stdout.write(json_text({"version": JSON_SCHEMA_VERSION, "kind": kind, **payload}) + "\n")
 
 
 def write_output(text: str) -> None:

@@ -16,7 +16,6 @@ from specreg.cli.common import (
     console,
     db_option,
     emit,
-    emit_json,
     err_console,
     json_option,
     llama_bin_option,
@@ -377,7 +376,7 @@ def llama_build_cmd(jobs: int | None, as_json: bool) -> None:
         )
     info = llama_build.ensure_build(jobs=jobs)
     if as_json:
-        emit_json("llama-build", {**vars(info)})
+        emit(info)
         return
     state = "reused" if info.reused else f"built in {info.seconds:.0f} s"
     console().print(f"llama.cpp {info.version}: {state}; binaries in {info.bin_dir}")
@@ -389,12 +388,12 @@ def llama_build_cmd(jobs: int | None, as_json: bool) -> None:
 def llama_info_cmd(llama_bin: Path | None, as_json: bool) -> None:
     """Which llama.cpp specreg would use, its version and flag dialect."""
     from specreg.host.machine import detect_host
-    from specreg.llama.install import find_llama
+    from specreg.llama.install import LlamaInfo, find_llama
 
     install = find_llama(llama_bin)
     host = detect_host()
     if as_json:
-        emit_json("llama-info", {"llama": install, "host": host.to_json()})
+        emit(LlamaInfo(install, host))
         return
     out = console()
     out.print(f"llama-server  {install.server}  (from {install.source})")
@@ -419,6 +418,7 @@ def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
 
     from specreg.llama.install import find_llama
     from specreg.samples import qwen_pair, small_models
+    from specreg.samples.model_files import ModelFiles
 
     install = find_llama(llama_bin)
     models = small_models.ensure_test_models(install.binary("llama-quantize"))
@@ -426,7 +426,7 @@ def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
         pair = qwen_pair.ensure_qwen_pair(progress=bar.update)
     every = (*models.all, *models.synthetic, *pair.all)
     if as_json:
-        emit_json("llama-models", {"models": every})
+        emit(ModelFiles(every))
         return
     table = Table("family", "quant", "bytes", "path", box=None)
     for m in every:

@@ -14,7 +14,6 @@ from specreg.cli.common import (
     console,
     db_option,
     emit,
-    emit_json,
     err_console,
     json_option,
     resolve_db,
@@ -235,11 +234,11 @@ def demo(directory: Path, force: bool, as_json: bool) -> None:
     DIRECTORY must be new, empty or an earlier demo (exit 2 otherwise, unless --force).
     """
     from specreg.registry.queries import human_bytes
-    from specreg.samples.demo import make_demo_tree
+    from specreg.samples.demo import DemoTree, make_demo_tree
 
     made = make_demo_tree(directory, force=force)
     if as_json:
-        emit_json("demo", {"directory": str(directory), "files": [str(p) for p in made]})
+        emit(DemoTree(directory, tuple(made)))
         return
     total = sum(p.stat().st_size for p in made if p.exists() and not p.is_symlink())
     console().print(
