@@ -1,5 +1,15 @@
 """The commented skeleton `specreg init` writes."""
 
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specreg.declare.deps import DiskModel
+
 INIT_TEMPLATE = """\
 # specreg.yaml: what this model collection is for. specreg keeps it true (`specreg plan`).
 # Units: acceptance is a fraction (0.70), speeds are tokens/s, K is spelled draft_max.
@@ -31,3 +41,26 @@ roles: {}
 #        draft: qwen3-coder-draft
 #        draft_max: 16
 """
+
+
+def init_template(models: Sequence[DiskModel]) -> str:
+    """The skeleton with `models:` declaring what the registry holds now, so `specreg plan`
+    right after `specreg init` reports drift only when something changes; each model gets an
+    alias of its name and quant (two quants of one model share a name). An empty registry
+    gives the skeleton as it is."""
+    from specreg.declare.importer import _alias
+
+    present = [m for m in models if m.status != "gone"]
+    if not present:
+        return INIT_TEMPLATE
+    taken: dict[str, str] = {}
+    lines = ["models:                                # the registry's models when init wrote this"]
+    for m in present:
+        name = f"{m.name or Path(m.path).stem} {m.quant or ''}"
+        taken[m.model_id] = alias = _alias(name, m.model_id, taken)
+        lines += [
+            f"  {json.dumps(m.model_id)}:",
+            f"    path: {json.dumps(m.path)}",  # JSON's escapes are YAML's double-quoted ones
+            f"    aliases: [{alias}]",
+        ]
+    return INIT_TEMPLATE.replace("models: {}\n", "\n".join(lines) + "\n", 1)

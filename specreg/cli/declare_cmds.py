@@ -232,16 +232,30 @@ def export(
 
 @click.command()
 @spec_option
-def init(spec_path: Path) -> None:
-    """Write a commented specreg.yaml skeleton to start from."""
+@db_option
+def init(spec_path: Path, db_path: Path | None) -> None:
+    """Write a commented specreg.yaml to start from, declaring the registry's models."""
+    from specreg.declare.deps import list_models
     from specreg.declare.spec import load_spec
-    from specreg.declare.templates import INIT_TEMPLATE
+    from specreg.declare.templates import init_template
+    from specreg.registry.db import opened
 
     if spec_path.exists():
         raise UsageError(f"{spec_path} exists; edit it, or pass --spec NEW.yaml")
-    spec_path.write_text(INIT_TEMPLATE, encoding="utf-8")
-    load_spec(spec_path)  # the template itself must validate
-    console().print(f"wrote {spec_path}")
+    db = resolve_db(db_path)
+    models = []
+    if db.exists():
+        with opened(db, read_only=True) as con:
+            models = list_models(con)
+    spec_path.write_text(init_template(models), encoding="utf-8")
+    spec, _ = load_spec(spec_path)  # what init writes must validate
+    if not spec.models:
+        console().print(f"wrote {spec_path}")
+        return
+    console().print(
+        f"wrote {spec_path}, declaring the registry's {len(spec.models)} model(s); "
+        "`specreg plan` shows what changes from here"
+    )
 
 
 COMMANDS = [plan, import_, propose, apply, export, init]
