@@ -222,8 +222,11 @@ def server_command(
     *,
     server: Path | str = "llama-server",
     port: int = 8080,
+    measuring: bool = True,
 ) -> list[str]:
-    """The full command line a user would type: NUMA prefix, binary, address, flags."""
+    """The full command line a user would type: NUMA prefix, binary, address, flags.
+    `measuring=False`: the command to show a user, without the log verbosity a measurement
+    reads its figures from."""
     return [
         *host.launch_prefix(),
         str(server),
@@ -241,7 +244,7 @@ def server_command(
         # A stack's per-type statistics are logged at the same verbosity (runner/spec_stats.py).
         *(
             ["-lv", str(STATS_VERBOSITY)]
-            if config.experts is not None or config.stack.stacked
+            if measuring and (config.experts is not None or config.stack.stacked)
             else []
         ),
         *server_argv(config, target_path, draft_path, dialect, host),

@@ -75,8 +75,9 @@ def option_command(
     """The exact llama-server command line for `option` with the user's build and host."""
     draft = Path(option.draft_path) if option.draft_path else None
     return server_command(
-        option_config(option), Path(target_path), draft, dialect, host, server=server
-    )
+        option_config(option), Path(target_path), draft, dialect, host, server=server,
+        measuring=False,  # shown to users: without the measurement's log verbosity
+    )  # fmt: skip
 
 
 def llama_runner(
