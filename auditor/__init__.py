@@ -4,6 +4,7 @@ The functions other parts call:
 
 - `check_pair(con, target, draft, rules=None) -> PairVerdict`
 - `compatible_drafts(con, target, rules=None, include_rejected=False) -> list[PairVerdict]`
+  (never a model as large as the target or larger: `not_a_draft(target, draft)` says why)
 - `audit_all(con, rules=None) -> AuditResult` (every ordered pair, bucketed by vocabulary)
 - `build_graph(con, rules=None) -> networkx.Graph`
 - `rules_for_build(build) -> RuleSet` (None: the pinned llama.cpp build)
@@ -19,7 +20,13 @@ import duckdb
 
 from specreg.auditor.audit import AuditResult, ClassVerdict, PairSummary, audit_all
 from specreg.auditor.checks import target_refusal
-from specreg.auditor.pairs import check_pair, compatible_drafts, draftless_modes, ref
+from specreg.auditor.pairs import (
+    check_pair,
+    compatible_drafts,
+    draftless_modes,
+    not_a_draft,
+    ref,
+)
 from specreg.auditor.rules import (
     PINNED_RULES,
     RULESETS,
@@ -28,7 +35,14 @@ from specreg.auditor.rules import (
     rules_for_version,
 )
 from specreg.auditor.store import latest_audit_id, save_audit, stored_edges
-from specreg.auditor.verdict import Check, DraftList, PairVerdict, Severity, Verdict
+from specreg.auditor.verdict import (
+    Check,
+    DraftList,
+    NotADraft,
+    PairVerdict,
+    Severity,
+    Verdict,
+)
 from specreg.registry.quality_store import agreement_by_draft, agreement_json
 from specreg.registry.queries import ModelRecord, list_models, resolve_model
 
@@ -78,14 +92,25 @@ def drafts_for(
     """`compatible_drafts` for `target` with the modes it can speculate in without a draft."""
     rules = rules or PINNED_RULES
     model = target if isinstance(target, ModelRecord) else resolve_model(con, target)
-    found = compatible_drafts(con, model, rules, include_rejected=include_rejected)
+    found = compatible_drafts(
+        con, model, rules, include_rejected=include_rejected, include_larger=True
+    )
+    by_id = {m.model_id: m for m in list_models(con)}
+    drafts, not_drafts = [], []
+    for pv in found:
+        why = not_a_draft(model, by_id[pv.draft.model_id])
+        if why is None:
+            drafts.append(pv)
+        else:
+            not_drafts.append(NotADraft(pv, why))
     measured = agreement_by_draft(con, model.model_id)  # `specreg agree`
     return DraftList(
         target=ref(model),
         draftless=draftless_modes(model, rules),
         spec_type_flag=rules.spec_type_flag or "--spec-type",
-        drafts=tuple(found),
+        drafts=tuple(drafts),
         agreement={d: agreement_json(records) for d, records in measured.items()},
+        not_drafts=tuple(not_drafts),
     )
 
 
@@ -107,6 +132,7 @@ __all__ = [
     "Check",
     "ClassVerdict",
     "DraftList",
+    "NotADraft",
     "PairSummary",
     "PairVerdict",
     "RuleSet",
@@ -119,6 +145,7 @@ __all__ = [
     "compatible_drafts",
     "current_graph",
     "drafts_for",
+    "not_a_draft",
     "rules_for_build",
     "rules_for_version",
     "stored_graph",

@@ -20,7 +20,7 @@ from specreg.auditor.checks import (
 )
 from specreg.auditor.rules import PINNED_RULES, RuleSet
 from specreg.auditor.verdict import Check, ModelRef, PairVerdict, Severity, Verdict, verdict_of
-from specreg.registry.queries import ModelRecord, list_models, resolve_model
+from specreg.registry.queries import ModelRecord, human_count, list_models, resolve_model
 from specreg.registry.vocab_store import Vocab, load_vocab
 from specreg.terms import SPEC_MTP
 
@@ -217,13 +217,40 @@ def check_pair(
     return pv
 
 
+def not_a_draft(t: ModelFacts, d: ModelFacts) -> str | None:
+    """Why `d` is no draft for `t` whatever llama.cpp says, or None: a model as large as its
+    target or larger (in all its weights, or in those it reads per token) cannot make the
+    target faster and needs at least the target's memory again."""
+    total_t, total_d = t.n_params, d.n_params
+    active_t = t.n_params_active or total_t
+    active_d = d.n_params_active or total_d
+    if total_t and total_d and total_d >= total_t:
+        return (
+            f"{human_count(total_d)} parameters against the target's {human_count(total_t)}: "
+            "a draft must be smaller than its target"
+        )
+    if active_t and active_d and active_d >= active_t:
+        return (
+            f"reads {human_count(active_d)} parameters per token against the target's "
+            f"{human_count(active_t)}: a draft step would cost as much as a target step"
+        )
+    return None
+
+
 def compatible_drafts(
     con: duckdb.DuckDBPyConnection,
     target: str | ModelRecord,
     rules: RuleSet | None = None,
     include_rejected: bool = False,
+    *,
+    include_larger: bool = False,
 ) -> list[PairVerdict]:
-    """Every other model as a draft for `target`, best first: verdict, then smallest draft."""
+    """Every other model as a draft for `target`, best first: verdict, then smallest draft.
+
+    Models as large as the target or larger (`not_a_draft`) are left out unless
+    `include_larger` (or `include_rejected`, which lists every other model); when included
+    they come after the drafts of their verdict.
+    """
     rules = rules or PINNED_RULES
     t = target if isinstance(target, ModelRecord) else resolve_model(con, target)
     vocabs = VocabCache(con)
@@ -244,10 +271,15 @@ def compatible_drafts(
                     t, d, vocabs.get(t.vocab_sha), vocabs.get(d.vocab_sha), rules
                 )
             outcome = outcomes[sig]
+        if not (include_larger or include_rejected) and not_a_draft(t, d):
+            continue
         pv = judge(t, d, rules, vocabs, outcome, vision_dirs=vdirs)
         if include_rejected or pv.compatible:
             results.append(pv)
-    results.sort(
-        key=lambda pv: (pv.verdict.rank, by_id[pv.draft.model_id].n_params or 0, pv.draft.label)
-    )
+
+    def order(pv: PairVerdict) -> tuple[int, bool, int, str]:
+        d = by_id[pv.draft.model_id]
+        return (pv.verdict.rank, not_a_draft(t, d) is not None, d.n_params or 0, pv.draft.label)
+
+    results.sort(key=order)
     return results

@@ -158,11 +158,21 @@ class PairVerdict:
 
 
 @dataclass(frozen=True)
+class NotADraft:
+    """A model llama.cpp would take as a draft for the target, as large as it or larger."""
+
+    pair: PairVerdict
+    why: str
+
+
+@dataclass(frozen=True)
 class DraftList:
     """`specreg drafts`: every draft for a target, best first, and its draftless modes."""
 
     JSON_KIND = "drafts"
-    JSON_VERSION = "2"  # 2: "target" is the resolved model (id, name, path), not the argument
+    # 2: "target" is the resolved model (id, name, path), not the argument
+    # 3: models as large as the target or larger are not in "drafts" but in "not_drafts"
+    JSON_VERSION = "3"
 
     target: ModelRef
     draftless: tuple[str, ...]
@@ -172,6 +182,8 @@ class DraftList:
     drafts: tuple[PairVerdict, ...]
     agreement: dict[str, dict[str, float | None]] = field(default_factory=dict)
     """Draft id -> task -> same top token with the target (`specreg agree`); {} if none."""
+    not_drafts: tuple[NotADraft, ...] = ()
+    """Models as large as the target or larger: never ranked among the drafts."""
 
     def to_json(self) -> dict[str, Any]:
         from specreg.jsonout import document
@@ -184,6 +196,7 @@ class DraftList:
                 {**pv.as_dict(), "agreement": self.agreement.get(pv.draft.model_id, {})}
                 for pv in self.drafts
             ],
+            "not_drafts": [{**n.pair.as_dict(), "why": n.why} for n in self.not_drafts],
         }
         return document(self.JSON_KIND, self.JSON_VERSION, payload)
 

@@ -4,10 +4,12 @@ is no draft, a draft head is no target, and a configuration that cannot fit in m
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import duckdb
 from cli_run import specreg
+from recommender_fixtures import demo_con  # noqa: F401
 
 from specreg.registry.queries import list_models
 
@@ -32,3 +34,47 @@ def test_recommend_refuses_a_draft_head_as_the_auditor_does(scanned_db: Path) ->
         f"error: {head} is not a target: the target is a eagle3 draft head, not a model to "
         "serve (target_is_language_model); recommend for the model it drafts for"
     )
+
+
+def _sizes(db: Path) -> dict[str, int]:
+    from specreg.registry.db import opened
+
+    with opened(db, read_only=True) as con:
+        return {m.model_id or "": m.n_params or 0 for m in list_models(con)}
+
+
+def test_drafts_lists_models_as_large_as_the_target_apart(scanned_db: Path) -> None:
+    sizes = _sizes(scanned_db)
+    for target, larger in (
+        ("Qwen2.5 Coder 32B Instruct", "GLM 4.5 Air"),
+        ("Gemma 3 1b It", "Gemma 3 27b It"),
+    ):
+        r = specreg("drafts", target, "--db", str(scanned_db), "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        size_t = sizes[doc["target"]["id"]]
+        assert all(sizes[d["draft"]["id"]] < size_t for d in doc["drafts"])
+        apart = {d["draft"]["name"]: d for d in doc["not_drafts"]}
+        assert larger in apart and apart[larger]["compatible"]
+        assert apart[larger]["why"].endswith("a draft must be smaller than its target")
+
+        text = specreg("drafts", target, "--db", str(scanned_db)).stdout
+        heading = "not drafts (as large as the target or larger, so they cannot make it faster):"
+        assert heading in text and "= 0.0" not in text
+        before, after = text.split(heading)
+        assert larger not in before and larger in after
+
+
+def test_no_larger_model_is_a_draft_anywhere(demo_con: duckdb.DuckDBPyConnection) -> None:  # noqa: F811
+    from specreg.auditor import compatible_drafts
+
+    models = {m.model_id: m for m in list_models(demo_con)}
+    n_pairs = 0
+    for t in models.values():
+        if t.draft_kind or not t.n_params:
+            continue
+        for pv in compatible_drafts(demo_con, t):
+            d = models[pv.draft.model_id]
+            assert (d.n_params or 0) < t.n_params, (t.display_name, d.display_name)
+            n_pairs += 1
+    assert n_pairs > 10

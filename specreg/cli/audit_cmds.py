@@ -109,7 +109,10 @@ def drafts(
     db_path: Path | None,
     as_json: bool,
 ) -> None:
-    """Drafts in the registry for TARGET, best first (verdict, then size)."""
+    """Drafts in the registry for TARGET, best first (verdict, then size).
+
+    Models as large as TARGET or larger are listed apart: they are no drafts.
+    """
     from specreg.auditor import drafts_for
     from specreg.registry.db import opened
 
@@ -132,6 +135,7 @@ def _print_drafts(found: DraftList) -> None:
         out.print(f"without a draft: {found.spec_type_flag} " + " | ".join(found.draftless))
     if not found.drafts:
         out.print("no compatible draft in the registry (--rejected shows why)")
+        _print_not_drafts(found)
         return
     ranked = found.drafts
     whys = [
@@ -155,6 +159,17 @@ def _print_drafts(found: DraftList) -> None:
     ]
     table, _ = fitted_table(cols, out.width)
     out.print(table)
+    _print_not_drafts(found)
+
+
+def _print_not_drafts(found: DraftList) -> None:
+    """Models llama.cpp would take as drafts but as large as the target: apart, never ranked."""
+    if not found.not_drafts:
+        return
+    out = console()
+    out.print("not drafts (as large as the target or larger, so they cannot make it faster):")
+    for n in found.not_drafts:
+        out.print(f"  {n.pair.draft.model_id[:10]} {clip(n.pair.draft.label)}: {n.why}")
 
 
 @click.command()
