@@ -142,6 +142,16 @@ def parse_dialect(help_text: str) -> tuple[str, tuple[str, ...]] | None:
 
 
 def parse_version(text: str) -> str:
+    """`BUILD (COMMIT)` from `llama-server --version`, whichever way the build says it: older
+    builds print `version: 7371 (abc1234)`, newer ones `version: 0.6.0-dev (build 11434, commit
+    pypi-sdist)`, where the leading number is the project's version, not the build. A build
+    without a number (0) or a commit says so instead of passing for build 0."""
+    m = re.search(r"version:\s*(\S+)\s*\(build\s+(\d+),\s*commit\s+([^)\s]*)\)", text)
+    if m:
+        build, commit = m.group(2), m.group(3)
+        if build == "0":
+            return f"{m.group(1)} (no build number{'' if commit == 'unknown' else ', ' + commit})"
+        return f"{build} ({commit})"
     m = re.search(r"version:\s*(\S+)\s*\(([^)]*)\)", text)
     if m:
         return f"{m.group(1)} ({m.group(2)})"
