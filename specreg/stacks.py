@@ -29,6 +29,7 @@ from specreg.terms import (
     DRAFT_MODEL_TYPES,
     METHOD_OF,
     MODEL_DRAFTER_TYPES,
+    NGRAM_CACHE_DRAFT_MAX,
     NGRAM_TYPES,
     SPEC_NONE,
     SPEC_PRIORITY,
@@ -48,6 +49,17 @@ K_FLAG: dict[str, str | None] = {
     "ngram-cache": None,
 }
 NGRAM_CACHE = "ngram-cache"
+# Each type's K when no flag sets it: the pinned build's defaults (common/common.h:
+# common_params_speculative_draft.n_max, ngram_mod.n_max, ngram_map size_m) and the draft
+# length llama-server hard-codes for ngram-cache. What a run used when --k was omitted.
+K_DEFAULT: dict[str, int] = {
+    **{t: 3 for t in MODEL_DRAFTER_TYPES},
+    "ngram-mod": 64,
+    "ngram-simple": 48,
+    "ngram-map-k": 48,
+    "ngram-map-k4v": 48,
+    "ngram-cache": NGRAM_CACHE_DRAFT_MAX,
+}
 
 
 class StackError(UsageError):

@@ -476,6 +476,25 @@ def _tps(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _default_k(r: RunRecord) -> str | None:
+    """The K a run used when --k was omitted (llama.cpp's default), said in words; None when
+    the run set K or does not speculate."""
+    from specreg.stacks import K_DEFAULT, NGRAM_CACHE, StackError, parse_stack
+
+    if r.config.get("k") is not None:
+        return None
+    try:
+        stack = parse_stack(str(r.config.get("spec_type") or "none"))
+    except StackError:
+        return None
+    primary = stack.primary
+    if primary not in K_DEFAULT or dict(r.config.get("type_k") or {}).get(primary):
+        return None
+    if primary == NGRAM_CACHE:
+        return f"{K_DEFAULT[primary]} (llama-server's fixed draft length for {primary})"
+    return f"{K_DEFAULT[primary]} (llama.cpp's default for {primary}; --k sets it)"
+
+
 def _print_run(r: RunRecord) -> None:
     from rich.table import Table
 
@@ -483,6 +502,8 @@ def _print_run(r: RunRecord) -> None:
     engine = r.config.get("engine", "server")
     on = f" on {engine}" if engine != "server" else ""
     out.print(f"run {r.run_id} ({r.kind}) {r.config_label}{on}: {r.status}")
+    if default_k := _default_k(r):
+        out.print(f"  K: {default_k}")
     if not r.trusted:
         out.print(f"  NOT TRUSTED (no evidence for recommend, train, propose): {r.trust_reason}")
     if r.protocol:
@@ -565,6 +586,14 @@ def _p(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def _status_cell(r: RunRecord) -> str:
+    """The status, and why when it adds something: `interrupted`, never
+    `interrupted (interrupted)`."""
+    if r.status == "ok" or not r.error_kind or r.error_kind == r.status:
+        return r.status
+    return f"{r.status} ({r.error_kind})"
+
+
 def _print_runs(records: tuple[RunRecord, ...]) -> None:
     from rich.table import Table
 
@@ -589,7 +618,7 @@ def _print_runs(records: tuple[RunRecord, ...]) -> None:
         table.add_row(
             str(r.run_id),
             r.kind,
-            r.status if r.status == "ok" else f"{r.status} ({r.error_kind})",
+            _status_cell(r),
             Path(r.target_path or "-").name,
             r.task or "-",
             r.config_label,
