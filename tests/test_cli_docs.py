@@ -1,5 +1,7 @@
-"""The README's command table is tested against the CLI (as sqlite-utils' test_docs.py does):
-every command, subcommand and option it names exists, and every command is in it."""
+"""The README's command table is tested against the CLI (as sqlite-utils' test_docs.py does),
+in both directions: every command, subcommand and option it names exists, and every command and
+every option of every command is in it (in the table, in "More options" for that command, or in
+"Shared options" for an option that means the same wherever it is taken)."""
 
 from __future__ import annotations
 
@@ -50,6 +52,45 @@ def documented() -> list[tuple[str, str | None, tuple[str, ...]]]:
 DOCUMENTED = documented()
 
 
+def _subsection(title: str) -> str:
+    table = command_table()
+    start = table.index(f"### {title}")
+    end = table.find("\n### ", start + 1)
+    return table[start : end if end != -1 else len(table)]
+
+
+def _rows(text: str) -> list[list[str]]:
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    return [[c.strip() for c in _CELL_SPLIT.split(r)[1:-1]] for r in rows[1:]]  # no header
+
+
+def more_options() -> list[tuple[str, str | None, tuple[str, ...]]]:
+    """(command, subcommand or None, options) for each command a "More options" row names in
+    its first cell: every option in the row's second cell is that command's."""
+    ctx = click.Context(cli)
+    out = []
+    for first, rest in _rows(_subsection("More options")):
+        options = tuple(_OPTION.findall(rest.replace("\\|", "|")))
+        assert options, f"a More options row names no option: {first}"
+        for span in re.findall(r"`(specreg [^`]*)`", first):
+            words = span.split()
+            command = cli.get_command(ctx, words[1])
+            sub = words[2] if isinstance(command, click.Group) and len(words) > 2 else None
+            out.append((words[1], sub, options))
+    return out
+
+
+def shared_options() -> tuple[str, ...]:
+    """The options of the "Shared options" table: the same meaning in every command."""
+    return tuple(
+        o for first, _ in _rows(_subsection("Shared options")) for o in _OPTION.findall(first)
+    )
+
+
+MORE = more_options()
+SHARED = shared_options()
+
+
 def _command(name: str, sub: str | None) -> click.Command:
     ctx = click.Context(cli)
     command = cli.get_command(ctx, name)
@@ -70,8 +111,8 @@ def test_the_table_is_parsed() -> None:
 
 @pytest.mark.parametrize(
     ("name", "sub", "options"),
-    DOCUMENTED,
-    ids=[f"{n} {s or ''}".strip() for n, s, _ in DOCUMENTED],
+    DOCUMENTED + MORE,
+    ids=[f"{n} {s or ''}".strip() for n, s, _ in DOCUMENTED + MORE],
 )
 def test_every_documented_command_and_option_exists(
     name: str, sub: str | None, options: tuple[str, ...]
@@ -105,3 +146,36 @@ def test_every_command_is_documented(name: str, sub: str | None) -> None:
     assert (name, sub) in {(n, s) for n, s, _ in DOCUMENTED}, (
         f"`specreg {name}{' ' + sub if sub else ''}` is missing from the README's command table"
     )
+
+
+def _options(command: click.Command) -> list[click.Option]:
+    return [p for p in command.params if isinstance(p, click.Option) and "--help" not in p.opts]
+
+
+def test_shared_options_are_shared() -> None:
+    assert {"--db", "--json", "--llama-bin", "--task", "--threads"} <= set(SHARED)
+    for option in SHARED:
+        takers = [
+            (n, s) for n, s in every_command()
+            if any(option in (*p.opts, *p.secondary_opts) for p in _options(_command(n, s)))
+        ]  # fmt: skip
+        assert len(takers) >= 2, (
+            f"README calls {option} shared, but {takers or 'no command'} take it"
+        )
+
+
+@pytest.mark.parametrize(
+    ("name", "sub"), every_command(), ids=[f"{n} {s or ''}".strip() for n, s in every_command()]
+)
+def test_every_option_is_documented(name: str, sub: str | None) -> None:
+    named = set(SHARED)
+    for n, s, options in DOCUMENTED + MORE:
+        if (n, s) == (name, sub):
+            named.update(options)
+    missing = [
+        "/".join(p.opts)
+        for p in _options(_command(name, sub))
+        if not named & {*p.opts, *p.secondary_opts}
+    ]
+    where = f"specreg {name}{' ' + sub if sub else ''}"
+    assert not missing, f"README does not document {missing} of `{where}`"
