@@ -11,6 +11,7 @@ A file DuckDB cannot read is never replaced or repaired here: the user's runs li
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,13 +50,34 @@ def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-def _open(db_path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+# How long an open waits for another process's lock. A measuring process holds the registry
+# only for its short writes (runner/runs.py), and a reader only while it reads.
+LOCK_WAIT_S = 10.0
+
+
+def _connect_waiting(db_path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
+    """DuckDB's connect, tried again while another process holds a conflicting lock."""
+    import duckdb
+
+    deadline = time.monotonic() + wait
+    pause = 0.02
+    while True:
+        try:
+            return duckdb.connect(str(db_path), read_only=read_only)
+        except duckdb.Error as err:
+            if "lock" not in _first_line(err).lower() or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
+
+
+def _open(db_path: Path, read_only: bool, wait: float = LOCK_WAIT_S) -> duckdb.DuckDBPyConnection:
     import duckdb
 
     try:
         if not read_only:
             db_path.parent.mkdir(parents=True, exist_ok=True)
-        return duckdb.connect(str(db_path), read_only=read_only)
+        return _connect_waiting(db_path, read_only, wait)
     except duckdb.Error as err:
         msg = _first_line(err)
         if is_corruption(err):
@@ -88,7 +110,9 @@ def _writable(db_path: Path) -> bool:
     return os.access(target, os.W_OK) and os.access(db_path.parent, os.W_OK)
 
 
-def connect(db_path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+def connect(
+    db_path: Path, *, read_only: bool = False, wait: float = LOCK_WAIT_S
+) -> duckdb.DuckDBPyConnection:
     """Open the registry at `db_path`: read-write (created and migrated if needed), or
     read-only (it must exist and be of this specreg's schema; nothing is written)."""
     from specreg.registry.migrations import check_current, migrate
@@ -97,7 +121,7 @@ def connect(db_path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnect
         raise RegistryError(f"no registry at {db_path}: run `specreg scan DIR` first")
     if read_only and not db_path.is_file():
         raise RegistryError(f"the registry {db_path} is not a file: give --db a .duckdb file")
-    con = _open(db_path, read_only)
+    con = _open(db_path, read_only, wait)
     try:
         if read_only:
             check_current(con, db_path)
@@ -115,12 +139,15 @@ def connect(db_path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnect
 
 
 @contextmanager
-def opened(db_path: Path, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+def opened(
+    db_path: Path, *, read_only: bool = False, wait: float = LOCK_WAIT_S
+) -> Iterator[duckdb.DuckDBPyConnection]:
     """A connection for the block; damage DuckDB finds later (a block read only now, such
-    as a stored vocabulary) becomes the same one-line `corrupt_registry` error."""
+    as a stored vocabulary) becomes the same one-line `corrupt_registry` error. `wait`: how
+    long to wait for another process's lock."""
     import duckdb
 
-    con = connect(db_path, read_only=read_only)
+    con = connect(db_path, read_only=read_only, wait=wait)
     try:
         yield con
     except duckdb.Error as err:

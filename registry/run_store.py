@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -232,6 +233,34 @@ def owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def owner_gone(recorded: str | None) -> bool:
+    """Whether the process that recorded a `running` run has ended. A measuring process holds
+    the registry only for its writes, so other processes see its runs while it measures: one of
+    this host is gone when its pid is; one of another host (a registry on a shared folder) is
+    taken as gone, as before, since its process cannot be asked."""
+    if recorded == owner():
+        return False
+    host, _, pid = (recorded or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    return _zombie(int(pid))
+
+
+def _zombie(pid: int) -> bool:
+    """An ended child its parent has not reaped yet still answers signal 0."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
 def _run_values(run: RunRecord) -> list[Any]:
     values = []
     for name in _RUN_COLUMNS:
@@ -334,16 +363,20 @@ INTERRUPTED_ERROR = (
 def mark_interrupted(con: duckdb.DuckDBPyConnection) -> int:
     """Runs left `running` by a process that is gone become `interrupted`; how many.
 
-    Only one process can hold the registry open for writing, so a `running` run of another
-    process found by a writer was abandoned by a process that no longer has the registry.
+    A measuring process holds the registry only for its writes, so a `running` run is
+    abandoned only when its process has ended (`owner_gone`).
     """
     with transaction(con):
-        rows = con.execute(
-            f"UPDATE {RUNS} SET status = ?, error_kind = ?, error = ? "
-            "WHERE status = ? AND coalesce(owner, '') <> ? RETURNING run_id",
-            [STATUS_INTERRUPTED, STATUS_INTERRUPTED, INTERRUPTED_ERROR, STATUS_RUNNING, owner()],
+        running = con.execute(
+            f"SELECT run_id, owner FROM {RUNS} WHERE status = ?", [STATUS_RUNNING]
         ).fetchall()
-    return len(rows)
+        gone = [run_id for run_id, recorded in running if owner_gone(recorded)]
+        for run_id in gone:
+            con.execute(
+                f"UPDATE {RUNS} SET status = ?, error_kind = ?, error = ? WHERE run_id = ?",
+                [STATUS_INTERRUPTED, STATUS_INTERRUPTED, INTERRUPTED_ERROR, run_id],
+            )
+    return len(gone)
 
 
 def _run_from_row(row: tuple[Any, ...], prompts: tuple[PromptRecord, ...] = ()) -> RunRecord:
@@ -355,8 +388,7 @@ def _run_from_row(row: tuple[Any, ...], prompts: tuple[PromptRecord, ...] = ()) 
     data["repeat_figures"] = tuple(data["repeat_figures"] or ())
     data["trusted"] = data["trusted"] is not False
     data["started_at"] = datetime.fromtimestamp(data["started_at"], timezone.utc)
-    if data["status"] == STATUS_RUNNING and data["owner"] != owner():
-        # A reader cannot open the registry while the measuring process holds it: gone.
+    if data["status"] == STATUS_RUNNING and owner_gone(data["owner"]):
         data.update(
             status=STATUS_INTERRUPTED, error_kind=STATUS_INTERRUPTED, error=INTERRUPTED_ERROR
         )

@@ -33,8 +33,8 @@ from specreg.llama.process import (
     strip_log_prefix,
 )
 from specreg.llama.server import Completion
-from specreg.runner.measurement import Measurement, RunStart, prompt_result
-from specreg.runner.protocol import Engine, Sampler, collect, plan_protocol
+from specreg.runner.measurement import Measurement, RunStart, interrupted, prompt_result
+from specreg.runner.protocol import Engine, Sampler, SamplingInterrupted, collect, plan_protocol
 from specreg.runner.workload import Workload
 
 # The engine names are specreg.terms' vocabulary, importable from here too.
@@ -421,5 +421,7 @@ def measure_legacy(
         got = collect(LegacyTool(engine), workload, protocol, host, n_predict=n_predict)
     except ServerFailed as err:
         return start.finish(argv, (), None, failure=err, protocol=protocol)
+    except SamplingInterrupted as stop:
+        raise interrupted(start, argv, stop, True, protocol) from stop
     # The legacy tools have no plain mode: a finished run speculated (draft_n says how much).
     return start.finish(argv, tuple(prompt_result(g) for g in got), True, protocol=protocol)

@@ -30,12 +30,20 @@ from specreg.llama.server import (
     LlamaServer,
 )
 from specreg.runner import legacy
-from specreg.runner.measurement import Measurement, Probe, RunStart, first_divergence, prompt_result
+from specreg.runner.measurement import (
+    Measurement,
+    Probe,
+    RunStart,
+    first_divergence,
+    interrupted,
+    prompt_result,
+)
 from specreg.runner.protocol import WARMUP_TOKENS as WARMUP_TOKENS
 from specreg.runner.protocol import (
     Engine,
     PromptSamples,
     Sampler,
+    SamplingInterrupted,
     plan_protocol,
 )
 from specreg.runner.protocol import collect as collect_samples
@@ -187,7 +195,8 @@ def measure(
     built_from: tuple[str, ...] = (),
 ) -> Measurement:
     """Run `config` on `workload` under the measurement protocol (`runner/protocol.py`). Never
-    raises for llama.cpp failures: they are returned.
+    raises for llama.cpp failures: they are returned. Ctrl-C raises `MeasurementInterrupted`
+    with the samples taken before it.
 
     `with_probs` adds one untimed request per prompt asking for the top probabilities at
     every position; `reference_tokens` makes the server probe the first position where its
@@ -272,6 +281,9 @@ def measure(
         return start.finish(
             argv, (), server_engine.speculative_active, failure=err, protocol=protocol
         )
+    except SamplingInterrupted as stop:
+        argv = server_engine.argv or tuple(command)
+        raise interrupted(start, argv, stop, server_engine.speculative_active, protocol) from stop
     results = tuple(prompt_result(g, *extras.get(g.prompt.prompt_id, (None, None))) for g in got)
     return start.finish(
         server_engine.argv, results, server_engine.speculative_active, protocol=protocol

@@ -29,6 +29,7 @@ from specreg.runner.protocol import (
     Figures,
     PromptSamples,
     Protocol,
+    SamplingInterrupted,
     phase_figures,
     repeat_figures,
     replay_flags,
@@ -236,6 +237,28 @@ class RunStart:
             engine=self.engine,
             protocol=protocol,
         )
+
+
+class MeasurementInterrupted(KeyboardInterrupt):
+    """Ctrl-C while measuring, with the measurement of the samples taken before it."""
+
+    def __init__(self, measurement: Measurement):
+        super().__init__()
+        self.measurement = measurement
+
+
+def interrupted(
+    start: RunStart,
+    argv: tuple[str, ...],
+    stop: SamplingInterrupted,
+    speculative_active: bool | None,
+    protocol: Protocol,
+) -> MeasurementInterrupted:
+    """What an engine raises on Ctrl-C: the samples taken so far, as a measurement."""
+    prompts = tuple(prompt_result(g) for g in stop.samples)
+    return MeasurementInterrupted(
+        start.finish(argv, prompts, speculative_active, protocol=protocol)
+    )
 
 
 def prompt_result(

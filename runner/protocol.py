@@ -275,6 +275,14 @@ def _state(
         yield _State(sampler, next(sessions))
 
 
+class SamplingInterrupted(KeyboardInterrupt):
+    """Ctrl-C while sampling, with the samples taken before it (so they can be recorded)."""
+
+    def __init__(self, samples: tuple[PromptSamples, ...]):
+        super().__init__()
+        self.samples = samples
+
+
 def collect(
     engine: Engine,
     workload: Workload,
@@ -286,7 +294,8 @@ def collect(
 ) -> tuple[PromptSamples, ...]:
     """Every timed sample of `workload` under `protocol`. `finish` runs once after them, on a
     state that may have seen the workload, for untimed extras (reference probabilities, the
-    probe of a divergence). Raises the engine's failure (`ServerFailed`) as it comes."""
+    probe of a divergence). Raises the engine's failure (`ServerFailed`) as it comes, and
+    Ctrl-C as `SamplingInterrupted` with the samples taken so far."""
     check_held_out(workload, protocol.built_from)
     sessions = itertools.count()
     samples: dict[str, list[Sample]] = {p.prompt_id: [] for p in workload.prompts}
@@ -301,60 +310,66 @@ def collect(
             for p in workload.prompts
         )
 
-    if protocol.regime == REGIME_WARM:
-        repeated = workload.repeated()
-        if repeated:
-            raise UsageError(
-                f"{', '.join(repeated)} repeat(s) an earlier prompt: the warm regime sends "
-                "distinct prompts, never replays"
-            )
+    def sample_all() -> tuple[PromptSamples, ...]:
+        if protocol.regime == REGIME_WARM:
+            repeated = workload.repeated()
+            if repeated:
+                raise UsageError(
+                    f"{', '.join(repeated)} repeat(s) an earlier prompt: the warm regime sends "
+                    "distinct prompts, never replays"
+                )
+            with one_state() as state:
+                for prompt in workload.prompts:
+                    got = state.take(prompt.text, n_predict)
+                    again[prompt.prompt_id] += contended(got.completion, host)
+                    samples[prompt.prompt_id].append(got)
+                result = done()
+                if finish is not None:
+                    finish(state.sampler, result)
+            return result
+
+        if protocol.isolation == ISOLATION_FRESH:
+            for _ in range(protocol.repeats):
+                for prompt in workload.prompts:
+
+                    def fresh(text: str = prompt.text) -> Sample:
+                        with one_state() as state:
+                            return state.take(text, n_predict)
+
+                    best, n = least_contended(fresh, host, protocol.contention_retries)
+                    again[prompt.prompt_id] += n
+                    samples[prompt.prompt_id].append(best)
+            result = done()
+            if finish is not None:
+                with one_state() as state:
+                    finish(state.sampler, result)
+            return result
+
+        # One server for every sample, or a legacy tool: a process per generation.
+        per_call = protocol.isolation == ISOLATION_PROCESS
         with one_state() as state:
-            for prompt in workload.prompts:
-                got = state.take(prompt.text, n_predict)
-                again[prompt.prompt_id] += contended(got.completion, host)
-                samples[prompt.prompt_id].append(got)
+
+            def take(text: str) -> Sample:
+                got = state.take(text, n_predict)
+                # each generation of a legacy tool is its own process: a state of its own
+                return Sample(got.completion, next(sessions), 0) if per_call else got
+
+            for _ in range(protocol.repeats):
+                for prompt in workload.prompts:
+                    best, n = least_contended(
+                        functools.partial(take, prompt.text), host, protocol.contention_retries
+                    )
+                    again[prompt.prompt_id] += n
+                    samples[prompt.prompt_id].append(best)
             result = done()
             if finish is not None:
                 finish(state.sampler, result)
         return result
 
-    if protocol.isolation == ISOLATION_FRESH:
-        for _ in range(protocol.repeats):
-            for prompt in workload.prompts:
-
-                def fresh(text: str = prompt.text) -> Sample:
-                    with one_state() as state:
-                        return state.take(text, n_predict)
-
-                best, n = least_contended(fresh, host, protocol.contention_retries)
-                again[prompt.prompt_id] += n
-                samples[prompt.prompt_id].append(best)
-        result = done()
-        if finish is not None:
-            with one_state() as state:
-                finish(state.sampler, result)
-        return result
-
-    # One server for every sample, or a legacy tool: a process per generation.
-    per_call = protocol.isolation == ISOLATION_PROCESS
-    with one_state() as state:
-
-        def take(text: str) -> Sample:
-            got = state.take(text, n_predict)
-            # each generation of a legacy tool is its own process: a state of its own
-            return Sample(got.completion, next(sessions), 0) if per_call else got
-
-        for _ in range(protocol.repeats):
-            for prompt in workload.prompts:
-                best, n = least_contended(
-                    functools.partial(take, prompt.text), host, protocol.contention_retries
-                )
-                again[prompt.prompt_id] += n
-                samples[prompt.prompt_id].append(best)
-        result = done()
-        if finish is not None:
-            finish(state.sampler, result)
-    return result
+    try:
+        return sample_all()
+    except KeyboardInterrupt as err:
+        raise SamplingInterrupted(done()) from err
 
 
 # -- what the samples say ---------------------------------------------------------------------

@@ -10,10 +10,11 @@ whose later repeats accepted far more than its first (a replay) is recorded as n
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import duckdb
@@ -27,6 +28,7 @@ from specreg.llama.server import Completion
 from specreg.registry.lookup_caches import LookupCache
 from specreg.registry.queries import ModelRecord
 from specreg.registry.run_store import (
+    STATUS_INTERRUPTED,
     PromptRecord,
     RunRecord,
     finish_run,
@@ -34,11 +36,10 @@ from specreg.registry.run_store import (
     start_run,
 )
 from specreg.registry.scan import model_record
-from specreg.runner.draft_check import refuse_incompatible_draft
 from specreg.runner.legacy import LOOKUP, choose_engine
 from specreg.runner.lookup_cache import usable_cache
 from specreg.runner.measure import measure
-from specreg.runner.measurement import Measurement
+from specreg.runner.measurement import Measurement, MeasurementInterrupted
 from specreg.runner.verify import PromptVerdict, Verification, judge
 from specreg.runner.workload import Workload
 from specreg.stacks import NGRAM_CACHE
@@ -267,7 +268,6 @@ def plan(
     engine: str = ENGINE_AUTO,
     warm_first: int | None = None,
     lookup_cache: str | None = None,
-    force: bool = False,
 ) -> Plan:
     """Everything a run needs, checked before anything starts. `warm_first=N` plans the warm
     regime: the workload's distinct prompts once each on one llama-server, the later ones
@@ -286,8 +286,6 @@ def plan(
     chosen = choose_engine(install, config, engine)
     target_rec = model_record(con, target)
     draft_rec = model_record(con, draft) if draft is not None else None
-    if draft_rec is not None and not force:  # llama.cpp's own word only when asked for
-        refuse_incompatible_draft(con, install, target_rec, draft_rec)
     config, cache, notes = _stack_checks(con, config, chosen, target_rec, workload, lookup_cache)
     if config.stack.has("draft-mtp") and draft is None and not target_rec.has_mtp_tensors:
         raise UsageError(
@@ -439,7 +437,30 @@ def _started(p: Plan, kind: str, config: Config, draft: ModelRecord | None) -> R
     )
 
 
-class _Recording:
+Registry = Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]]
+"""Opens the registry for one short write and closes it after (`registry_at`)."""
+
+# How long a run's last write waits for readers to let go of the registry: the measurement is
+# lost if it cannot be recorded.
+FINISH_WAIT_S = 120.0
+
+
+def registry_at(db_path: Path) -> Registry:
+    """The registry at `db_path`, opened for each write and closed after it."""
+    from specreg.registry.db import opened
+
+    return partial(opened, db_path, wait=FINISH_WAIT_S)
+
+
+def stopped_why(err: BaseException | None) -> str:
+    """The error of a run that stopped before it finished: Ctrl-C, a kill, an error."""
+    if err is None:
+        return "stopped before it finished"
+    name = "KeyboardInterrupt" if isinstance(err, KeyboardInterrupt) else type(err).__name__
+    return f"stopped before it finished ({name})"
+
+
+class Recording:
     """A run recorded as `running`; `done` hands over its finished record."""
 
     def __init__(self, run_id: int):
@@ -450,59 +471,116 @@ class _Recording:
         self.finished = record
 
 
-@contextmanager
-def _recording(con: duckdb.DuckDBPyConnection, started: RunRecord) -> Iterator[_Recording]:
-    """Record `started` as running for the block, then its finished record. A block that ends
-    without one (Ctrl-C, an unexpected error) leaves the run interrupted, with the reason."""
-    rec = _Recording(start_run(con, started))
-    try:
-        yield rec
-    except BaseException as err:
-        interrupt_run(con, rec.run_id, f"stopped before it finished ({type(err).__name__})")
-        raise
-    if rec.finished is None:
-        interrupt_run(con, rec.run_id, "stopped before it finished")
-    else:
-        finish_run(con, rec.run_id, rec.finished)
+class RunLog:
+    """Where runs are recorded: as `running` before llama.cpp starts, then finished (ok or
+    failed), or interrupted on Ctrl-C, an error or a kill; each write is one short transaction.
 
+    Given a `Registry` (an opener), the registry is open only for those writes: no connection is
+    held while llama.cpp runs, so other specreg processes read the registry (and record their
+    own runs) during a measurement. Given an open connection, every write goes through it.
+    """
 
-def run(con: duckdb.DuckDBPyConnection, p: Plan) -> RunOutcome:
-    """Measure the planned config and record it (failed or not)."""
-    with _recording(con, _started(p, "run", p.config, p.draft)) as rec:
-        m = _measure(p, p.config, p.draft_path, engine=p.engine, warm_first=p.warm_first)
-        draft_id = p.draft.model_id if p.draft else None
-        rec.done(
-            to_record(
-                m, "run", p.target.model_id, draft_id, task=p.task, lookup_cache=p.lookup_cache
+    def __init__(self, registry: duckdb.DuckDBPyConnection | Registry):
+        self._registry = registry
+
+    def open(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
+        """A connection for one short block of work."""
+        if isinstance(self._registry, duckdb.DuckDBPyConnection):
+            return nullcontext(self._registry)
+        return self._registry()
+
+    def start(self, started: RunRecord) -> int:
+        """Record `started` as running; its run_id."""
+        with self.open() as con:
+            return start_run(con, started)
+
+    def finish(self, run_id: int, record: RunRecord) -> None:
+        with self.open() as con:
+            finish_run(con, run_id, record)
+
+    def interrupt(
+        self, run_id: int, err: BaseException | None, partial: RunRecord | None = None
+    ) -> None:
+        """Record `run_id` interrupted, with the samples of `partial` if it took any."""
+        why = stopped_why(err)
+        with self.open() as con:
+            if partial is None:
+                interrupt_run(con, run_id, why)
+            else:
+                stopped = replace(
+                    partial, status=STATUS_INTERRUPTED, error_kind=STATUS_INTERRUPTED, error=why
+                )
+                finish_run(con, run_id, stopped)
+
+    @contextmanager
+    def recording(
+        self,
+        started: RunRecord,
+        record_of: Callable[[Measurement], RunRecord] | None = None,
+    ) -> Iterator[Recording]:
+        """Record `started` as running for the block, then its finished record. A block that
+        ends without one (Ctrl-C, an unexpected error) leaves the run interrupted, with the
+        reason; a measurement stopped by Ctrl-C keeps its samples (`record_of` makes its record).
+        """
+        rec = Recording(self.start(started))
+        try:
+            yield rec
+        except BaseException as err:
+            partial = (
+                record_of(err.measurement)
+                if record_of is not None and isinstance(err, MeasurementInterrupted)
+                else None
             )
+            self.interrupt(rec.run_id, err, partial)
+            raise
+        if rec.finished is None:
+            self.interrupt(rec.run_id, None)
+        else:
+            self.finish(rec.run_id, rec.finished)
+
+
+def run(registry: duckdb.DuckDBPyConnection | Registry, p: Plan) -> RunOutcome:
+    """Measure the planned config and record it (failed or not; interrupted with the samples
+    taken on Ctrl-C). Given a `Registry`, it is open only while the run is written."""
+    draft_id = p.draft.model_id if p.draft else None
+
+    def record_of(m: Measurement) -> RunRecord:
+        return to_record(
+            m, "run", p.target.model_id, draft_id, task=p.task, lookup_cache=p.lookup_cache
         )
+
+    with RunLog(registry).recording(_started(p, "run", p.config, p.draft), record_of) as rec:
+        m = _measure(p, p.config, p.draft_path, engine=p.engine, warm_first=p.warm_first)
+        rec.done(record_of(m))
     return RunOutcome(rec.run_id, m)
 
 
-def verify(con: duckdb.DuckDBPyConnection, p: Plan) -> VerifyOutcome:
+def verify(registry: duckdb.DuckDBPyConnection | Registry, p: Plan) -> VerifyOutcome:
     """Baseline and config on the same prompts, a verdict, both runs recorded."""
-    with _recording(con, _started(p, "baseline", p.config.baseline(), None)) as base_rec:
+    log = RunLog(registry)
+    draft_id = p.draft.model_id if p.draft else None
+
+    def baseline_of(m: Measurement) -> RunRecord:
+        return to_record(m, "baseline", p.target.model_id, None, task=p.task)
+
+    started = _started(p, "baseline", p.config.baseline(), None)
+    with log.recording(started, baseline_of) as base_rec:
         base = _measure(p, p.config.baseline(), None, with_probs=True)
-        base_rec.done(to_record(base, "baseline", p.target.model_id, None, task=p.task))
+        base_rec.done(baseline_of(base))
     refs = {r.prompt.prompt_id: r.tokens for r in base.prompts} if base.ok else None
-    with _recording(con, _started(p, "verify", p.config, p.draft)) as rec:
+
+    def config_of(m: Measurement, result: Verification | None = None) -> RunRecord:
+        return to_record(
+            m, "verify", p.target.model_id, draft_id, task=p.task, verification=result,
+            baseline_run_id=base_rec.run_id, lookup_cache=p.lookup_cache,
+        )  # fmt: skip
+
+    with log.recording(_started(p, "verify", p.config, p.draft), config_of) as rec:
         if base.ok:
             cfg = _measure(p, p.config, p.draft_path, **_config_kw(p, refs))
         else:
             # No point starting the config's server when the plain model does not even run.
             cfg = replace(base, config=p.config, draft=p.draft_path, prompts=(), engine=p.engine)
         result = judge(base, cfg)
-        draft_id = p.draft.model_id if p.draft else None
-        rec.done(
-            to_record(
-                cfg,
-                "verify",
-                p.target.model_id,
-                draft_id,
-                task=p.task,
-                verification=result,
-                baseline_run_id=base_rec.run_id,
-                lookup_cache=p.lookup_cache,
-            )
-        )
+        rec.done(config_of(cfg, result))
     return VerifyOutcome(base_rec.run_id, rec.run_id, result)

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from specreg.errors import UsageError
-from specreg.registry.run_store import RunRecord, finish_run, interrupt_run, start_run
+from specreg.registry.run_store import RunRecord
+from specreg.runner.runs import RunLog
 from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS
 from specreg.tune.jobs import Hosts, Job, LocalHost, Outcome
 
@@ -226,13 +227,13 @@ class RayHosts:
 
     def run(
         self,
-        con: duckdb.DuckDBPyConnection,
+        run_log: RunLog,
         jobs: Sequence[Job],
         *,
         retry_elsewhere: bool,
         on_run: Callable[[Outcome], None] | None,
     ) -> tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]:
-        """Every job on a free host, one per host at a time, each recorded in `con` as it ends
+        """Every job on a free host, one per host at a time, each recorded in `run_log` as it ends
         (see the module's docstring for failures and retries)."""
         ray = self._ray
         queue = list(jobs)
@@ -240,7 +241,7 @@ class RayHosts:
         dropped: dict[str, str] = {}
         inflight: dict[Any, tuple[Job, int, RayHost, RunRecord, float]] = {}
         outcomes: list[Outcome] = []
-        with self._interruptible(con, inflight):
+        with self._interruptible(run_log, inflight):
             while queue or inflight:
                 for host in list(free):
                     job = next((j for j in queue if j.fits(host.name)), None)
@@ -249,7 +250,7 @@ class RayHosts:
                     queue.remove(job)
                     free.remove(host)
                     started = job.started(host.facts, host.name)
-                    run_id = start_run(con, started)
+                    run_id = run_log.start(started)
                     ref = self._job.options(resources=self._placement(host.name)).remote(
                         job, host.name
                     )
@@ -268,14 +269,14 @@ class RayHosts:
                     )
                     why = f"{kind} on {host.name}: {_first_line(err)}"
                     record = job.failed(started, kind, why, time.monotonic() - t0)
-                    finish_run(con, run_id, record)
+                    run_log.finish(run_id, record)
                     dropped[host.name] = why
                     log.warning("%s; %s gets no more jobs in this sweep", why, host.name)
                     if retry_elsewhere and job.host is None:
                         queue.insert(0, job.again(avoid=host.name))
                 else:
                     record = replace(record, run_uuid=job.run_uuid)
-                    finish_run(con, run_id, record)
+                    run_log.finish(run_id, record)
                     free.append(host)
                 outcome = Outcome(job, run_id, host.name, record)
                 outcomes.append(outcome)
@@ -288,7 +289,7 @@ class RayHosts:
     @contextmanager
     def _interruptible(
         self,
-        con: duckdb.DuckDBPyConnection,
+        run_log: RunLog,
         inflight: dict[Any, tuple[Job, int, RayHost, RunRecord, float]],
     ) -> Iterator[None]:
         """On Ctrl-C or an error of the caller: the jobs in flight are cancelled on their
@@ -301,7 +302,7 @@ class RayHosts:
                     self._ray.cancel(ref, force=True)
                 except Exception as cancel_err:  # noqa: BLE001 - best effort, then recorded
                     log.warning("cannot cancel the job on %s: %s", host.name, cancel_err)
-                interrupt_run(con, run_id, f"stopped before it finished ({type(err).__name__})")
+                run_log.interrupt(run_id, err)
             raise
 
 
@@ -363,7 +364,7 @@ def ray_runner(
             workload=workload, task=task, n_predict=n_predict, repeats=repeats, kind="run",
             host=host.name,
         )  # fmt: skip
-        (outcome,), _, _ = hosts.run(con, [job], retry_elsewhere=False, on_run=None)
+        (outcome,), _, _ = hosts.run(RunLog(con), [job], retry_elsewhere=False, on_run=None)
         record = outcome.record
         return (record.tokens_per_s if record.status == "ok" else None), outcome.run_id
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,14 +25,9 @@ from specreg.host.machine import Host
 from specreg.llama.config import Config
 from specreg.llama.install import LlamaInstall
 from specreg.registry.queries import get_model, model_fs_paths
-from specreg.registry.run_store import (
-    STATUS_FAILED,
-    RunRecord,
-    finish_run,
-    interrupt_run,
-    new_run_uuid,
-    start_run,
-)
+from specreg.registry.run_store import STATUS_FAILED, RunRecord, new_run_uuid
+from specreg.runner.measurement import Measurement
+from specreg.runner.runs import RunLog, plan, to_record
 from specreg.runner.workload import Workload
 from specreg.terms import ENGINE_AUTO, STARTUP_TIMEOUT_S
 
@@ -104,6 +100,11 @@ class Job:
             run_uuid=self.run_uuid,
         )
 
+    def record_of(self, m: Measurement, facts: dict[str, Any]) -> RunRecord:
+        """The record of this job's measurement `m`, with the facts of the host that took it."""
+        record = to_record(m, self.kind, self.target_id, self.draft_id, task=self.task)
+        return replace(record, run_uuid=self.run_uuid, host={**(record.host or {}), **facts})
+
     def failed(
         self, started: RunRecord, error_kind: str, error: str, seconds: float | None = None
     ) -> RunRecord:
@@ -147,9 +148,9 @@ def run_job(
     """Measure `job` on this host and return its record (never written here: the caller
     records it). `registry` opens this host's registry, for the models; it is closed before
     llama.cpp starts. A job this host cannot run (a model it lacks, a configuration its build
-    rejects) is a failed record saying why."""
+    rejects) is a failed record saying why; Ctrl-C raises `MeasurementInterrupted` with the
+    samples taken."""
     from specreg.runner.measure import measure
-    from specreg.runner.runs import plan, to_record
 
     started = job.started(host, None)
     facts = {**(started.host or {}), **(host_facts or {})}
@@ -177,8 +178,7 @@ def run_job(
         request_timeout=p.request_timeout, contention_retries=p.contention_retries,
         eog_texts=p.eog_texts, engine=p.engine,
     )  # fmt: skip
-    record = to_record(m, job.kind, job.target_id, job.draft_id, task=job.task)
-    return replace(record, run_uuid=job.run_uuid, host={**(record.host or {}), **facts})
+    return job.record_of(m, facts)
 
 
 @dataclass(frozen=True)
@@ -198,13 +198,13 @@ class Hosts(Protocol):
 
     def run(
         self,
-        con: duckdb.DuckDBPyConnection,
+        run_log: RunLog,
         jobs: Sequence[Job],
         *,
         retry_elsewhere: bool,
         on_run: Callable[[Outcome], None] | None,
     ) -> tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]:
-        """Run `jobs` (a job naming a host runs there), record each in `con`; return the
+        """Run `jobs` (a job naming a host runs there), record each in `run_log`; return the
         outcomes, the jobs no host could run, and hosts taken out of the sweep with why."""
         ...
 
@@ -221,7 +221,7 @@ class LocalHost:
 
     def run(
         self,
-        con: duckdb.DuckDBPyConnection,
+        run_log: RunLog,
         jobs: Sequence[Job],
         *,
         retry_elsewhere: bool,
@@ -230,14 +230,14 @@ class LocalHost:
         del retry_elsewhere  # one host: nowhere else to go
         outcomes = []
         for job in jobs:
-            run_id = start_run(con, job.started(self.host, None))
-            try:
-                record = run_job(job, nullcontext(con), self.install, self.host)
-            except BaseException as err:
-                interrupt_run(con, run_id, f"stopped before it finished ({type(err).__name__})")
-                raise
-            finish_run(con, run_id, record)
-            outcome = Outcome(job, run_id, self.host.hostname, record)
+            facts = self.host.to_json()
+            with run_log.recording(
+                job.started(self.host, None), partial(job.record_of, facts=facts)
+            ) as rec:
+                # the models are resolved on a connection closed before llama.cpp starts
+                record = run_job(job, run_log.open(), self.install, self.host)
+                rec.done(record)
+            outcome = Outcome(job, rec.run_id, self.host.hostname, record)
             outcomes.append(outcome)
             if on_run is not None:
                 on_run(outcome)

@@ -45,6 +45,7 @@ from specreg.registry.run_store import (
     get_run,
     new_run_uuid,
 )
+from specreg.runner.runs import Registry, RunLog
 from specreg.runner.workload import Workload
 from specreg.stacks import K_FLAG, parse_stack
 from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, SPEC_NONE, STARTUP_TIMEOUT_S
@@ -413,7 +414,7 @@ def _sweep_runs(
 
 
 def sweep(
-    con: duckdb.DuckDBPyConnection,
+    registry: duckdb.DuckDBPyConnection | Registry,
     p: SweepPlan,
     hosts: Hosts,
     *,
@@ -421,13 +422,16 @@ def sweep(
     ray_address: str | None = None,
     on_run: Callable[[Outcome], None] | None = None,
 ) -> SweepResult:
-    """Measure every point of `p` on `hosts`; every run recorded in `con` as it ends."""
+    """Measure every point of `p` on `hosts`; every run recorded as it ends. Given a
+    `Registry`, it is open only while a run is written (see `runner.runs.RunLog`)."""
     t0 = time.monotonic()
+    run_log = RunLog(registry)
     jobs = p.jobs(hosts.names())
     outcomes, not_run, dropped = hosts.run(
-        con, jobs, retry_elsewhere=retry_elsewhere, on_run=on_run
+        run_log, jobs, retry_elsewhere=retry_elsewhere, on_run=on_run
     )
-    runs = _sweep_runs(con, outcomes)
+    with run_log.open() as con:
+        runs = _sweep_runs(con, outcomes)
     by_host: dict[tuple[str | None, str | None], list[SweepRun]] = {}
     for r in runs:
         by_host.setdefault((r.host_name, r.host_fingerprint), []).append(r)

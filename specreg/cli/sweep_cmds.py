@@ -100,6 +100,7 @@ def sweep_cmd(target: str, **kw: Any) -> None:
     """
     from specreg.llama.config import Config
     from specreg.registry.db import opened
+    from specreg.runner.runs import registry_at
     from specreg.runner.workload import load_workload
     from specreg.tune.distributed import sweep_hosts
     from specreg.tune.sweep import parse_grid, plan_sweep, sweep
@@ -111,23 +112,25 @@ def sweep_cmd(target: str, **kw: Any) -> None:
     grid = parse_grid(kw["grids"])
     tasks = tuple(dict.fromkeys(kw["tasks"])) or ("code",)
     workload = load_workload(tasks, kw["prompts_file"]).head(kw["max_prompts"])
-    with opened(resolve_db(kw["db_path"])) as con:
+    db = resolve_db(kw["db_path"])
+    with opened(db) as con:
         p = plan_sweep(
             con, resolve_model_path(con, target), grid, workload, resolve=resolve_model_path,
             base=Config(threads=kw["threads"]), n_predict=kw["n_predict"], repeats=kw["repeats"],
             task=",".join(tasks) if kw["prompts_file"] is None else "custom",
             contention_retries=kw["retries"], startup_timeout=kw["timeout"],
         )  # fmt: skip
-        if kw["dry_run"]:
-            return emit(p) if kw["as_json"] else _print_plan(p)
-        with sweep_hosts(
-            kw["ray_address"], kw["hosts"], llama_bin=kw["llama_bin"],
-            retry_elsewhere=kw["retry_elsewhere"],
-        ) as where:  # fmt: skip
-            result = sweep(
-                con, p, where, retry_elsewhere=kw["retry_elsewhere"],
-                ray_address=kw["ray_address"], on_run=None if kw["as_json"] else _print_step,
-            )  # fmt: skip
+    if kw["dry_run"]:
+        return emit(p) if kw["as_json"] else _print_plan(p)
+    with sweep_hosts(
+        kw["ray_address"], kw["hosts"], llama_bin=kw["llama_bin"],
+        retry_elsewhere=kw["retry_elsewhere"],
+    ) as where:  # fmt: skip
+        # the registry is open only while a run is written: other commands read it meanwhile
+        result = sweep(
+            registry_at(db), p, where, retry_elsewhere=kw["retry_elsewhere"],
+            ray_address=kw["ray_address"], on_run=None if kw["as_json"] else _print_step,
+        )  # fmt: skip
     emit(result) if kw["as_json"] else _print_result(result)
     if not result.ok:
         raise RunFailed("a point of the sweep has no successful run: see the failed runs above")
