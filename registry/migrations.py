@@ -5,7 +5,8 @@ Applied migrations are never edited: a schema change is a new function appended 
 1 scan (registry), 2 runs (runner), 3 audit (auditor), 4 scan: exact bytes of odd file
 names and the vocabulary codec (registry), 5 runs: measurement protocol and trust (runner),
 6 stacks and lookup caches (runner),
-7 quality (runner), 9 calibration (runner), 10 run ids across registries (runner, Ray/exchange).
+7 quality (runner), 9 calibration (runner), 10 run ids across registries (runner, Ray/exchange),
+11 the quiet noise floor per host (runner: the load guard).
 """
 
 from __future__ import annotations
@@ -466,6 +467,12 @@ def m010_run_uuid(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("UPDATE runs SET run_uuid = CAST(uuid() AS VARCHAR)")
 
 
+def m011_noise_floors(con: duckdb.DuckDBPyConnection) -> None:
+    from specreg.registry.noise import m011_noise_floors as migration
+
+    migration(con)
+
+
 MIGRATIONS: list[tuple[int, str, Migration]] = [
     (1, "scan tables", m001_scan),
     (2, "runs tables", m002_runs),
@@ -476,6 +483,7 @@ MIGRATIONS: list[tuple[int, str, Migration]] = [
     (7, "quality and agreement measurements", m007_quality),
     (9, "calibration curves and host bandwidth", m009_calibration),
     (10, "run ids unique across registries", m010_run_uuid),
+    (11, "quiet noise floor of measurements per host", m011_noise_floors),
 ]
 
 

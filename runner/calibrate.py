@@ -22,7 +22,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,7 +32,9 @@ import duckdb
 
 from specreg.errors import LlamaError, UsageError
 from specreg.home import logs_dir
+from specreg.host import progress
 from specreg.host.cpu import CpuWatch
+from specreg.host.load import current_policy, guarded, wait_quiet
 from specreg.host.machine import Host, detect_host
 from specreg.llama.install import LlamaInstall, find_llama
 from specreg.llama.process import ServerFailed, classify_exit, llama_message, spawn
@@ -44,6 +46,7 @@ from specreg.registry.calibration import (
     point,
     record_calibration,
 )
+from specreg.registry.noise import NoiseFloor, record_noise_floor
 from specreg.registry.queries import ModelRecord, resolve_model
 
 log = logging.getLogger(__name__)
@@ -269,27 +272,16 @@ def calibrate_model(
         repetitions=repetitions,
     )
     found: dict[tuple[str, int], list[BenchTest]] = {}
-    for t in bench(batch_sizes, gen_tokens):
-        found.setdefault((t.kind, t.n_tokens), []).append(t)
     wanted = [(KIND_BATCH, n) for n in batch_sizes] + (
         [(KIND_GEN, gen_tokens)] if gen_tokens else []
     )
-    missing = [key for key in wanted if key not in found]
-    if missing:
-        raise LlamaError(
-            f"{BENCH} did not report {', '.join(f'{k}{n}' for k, n in missing)} for {path.name}; "
-            f"see {log_path}"
-        )
-    reruns = 0
-    for _ in range(retries):
-        disturbed = [k for k in wanted if _best(found[k]).contended(host.logical_cpus)]
-        if not disturbed:
-            break
-        reruns += len(disturbed)
-        sizes = [n for kind, n in disturbed if kind == KIND_BATCH]
-        gen = gen_tokens if (KIND_GEN, gen_tokens) in disturbed else 0
-        for t in bench(sizes, gen):
+    what = f"llama-bench of {path.name} ({threads} threads)"
+    # The host's lock and a quiet host (host/load.py), for the measurement only.
+    with guarded(host.logical_cpus, what) as load, progress.task(what, len(wanted)) as bar:
+        for t in bench(batch_sizes, gen_tokens):
             found.setdefault((t.kind, t.n_tokens), []).append(t)
+            bar.advance(detail=f"{t.kind} {t.n_tokens}")
+        reruns = _rerun_disturbed(found, wanted, bench, host, gen_tokens, retries, what)
     points: list[CalibrationPoint] = []
     for key in wanted:
         best = _best(found[key])
@@ -301,7 +293,8 @@ def calibrate_model(
                 wall_s=best.wall_s,
                 foreign_cpu_s=best.foreign_cpu_s,
                 reruns=len(found[key]) - 1,
-                contended=best.contended(host.logical_cpus),
+                # measured under load by --allow-load: disturbed however quiet it looked
+                contended=best.contended(host.logical_cpus) or load.busy,
             )
         )
     record = CalibrationRecord(
@@ -321,6 +314,60 @@ def calibrate_model(
         load_foreign_cpu=sum(p.foreign_cpu_s or 0.0 for p in points),
     )
     return record, reruns
+
+
+def _rerun_disturbed(
+    found: dict[tuple[str, int], list[BenchTest]],
+    wanted: Sequence[tuple[str, int]],
+    bench: Callable[[Sequence[int], int], list[BenchTest]],
+    host: Host,
+    gen_tokens: int,
+    retries: int,
+    what: str,
+) -> int:
+    """Measure the tests other processes disturbed again, up to `retries` times, each time
+    after the host is quiet again (saying why); how many tests were measured again."""
+    missing = [key for key in wanted if key not in found]
+    if missing:
+        raise LlamaError(
+            f"{BENCH} did not report {', '.join(f'{k}{n}' for k, n in missing)} ({what})"
+        )
+    reruns = 0
+    for _ in range(retries):
+        disturbed = [k for k in wanted if _best(found[k]).contended(host.logical_cpus)]
+        if not disturbed:
+            break
+        reruns += len(disturbed)
+        progress.note(
+            f"{what}: {', '.join(f'{k} {n}' for k, n in disturbed)} measured again: other "
+            "processes took the CPU during them"
+        )
+        policy = current_policy()
+        if not policy.allow_load:
+            wait_quiet(host.logical_cpus, what, policy=policy)
+        sizes = [n for kind, n in disturbed if kind == KIND_BATCH]
+        gen = gen_tokens if (KIND_GEN, gen_tokens) in disturbed else 0
+        for t in bench(sizes, gen):
+            found.setdefault((t.kind, t.n_tokens), []).append(t)
+    return reruns
+
+
+def noise_floor_of(record: CalibrationRecord) -> NoiseFloor | None:
+    """The spread of the quiet generation test's repetitions: this host's noise floor (None
+    when the test was disturbed or has fewer than two repetitions)."""
+    gen = next((p for p in record.points if p.kind == KIND_GEN), None)
+    if gen is None or gen.contended or len(gen.samples) < 2 or min(gen.samples) <= 0:
+        return None
+    return NoiseFloor(
+        host_fingerprint=record.host_fingerprint,
+        spread=max(gen.samples) / min(gen.samples) - 1.0,
+        n_samples=len(gen.samples),
+        source="calibrate",
+        measured_at=record.measured_at,
+        model_id=record.model_id,
+        threads=record.threads,
+        foreign_cpu_s=gen.foreign_cpu_s,
+    )
 
 
 def _drafts_of(
@@ -388,6 +435,9 @@ def calibrate_in(
         )
         reruns += again
         records.append(replace(rec, calibration_id=record_calibration(con, rec)))
+        floor = noise_floor_of(rec)
+        if floor is not None and role == ROLE_TARGET:
+            record_noise_floor(con, floor)
     return CalibrationResult(host.fingerprint, tuple(records), time.monotonic() - t0, reruns)
 
 

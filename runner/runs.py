@@ -36,6 +36,7 @@ from specreg.registry.run_store import (
     start_run,
 )
 from specreg.registry.scan import model_record
+from specreg.runner.draft_check import refuse_incompatible_draft
 from specreg.runner.legacy import LOOKUP, choose_engine
 from specreg.runner.lookup_cache import usable_cache
 from specreg.runner.measure import measure
@@ -268,6 +269,7 @@ def plan(
     engine: str = ENGINE_AUTO,
     warm_first: int | None = None,
     lookup_cache: str | None = None,
+    force: bool = False,
 ) -> Plan:
     """Everything a run needs, checked before anything starts. `warm_first=N` plans the warm
     regime: the workload's distinct prompts once each on one llama-server, the later ones
@@ -286,6 +288,8 @@ def plan(
     chosen = choose_engine(install, config, engine)
     target_rec = model_record(con, target)
     draft_rec = model_record(con, draft) if draft is not None else None
+    if draft_rec is not None and not force:  # llama.cpp's own word only when asked for
+        refuse_incompatible_draft(con, install, target_rec, draft_rec)
     config, cache, notes = _stack_checks(con, config, chosen, target_rec, workload, lookup_cache)
     if config.stack.has("draft-mtp") and draft is None and not target_rec.has_mtp_tensors:
         raise UsageError(

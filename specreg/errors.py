@@ -6,6 +6,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FINDINGS = 1  # findings, scan errors, failed runs, drift
 EXIT_USAGE = 2  # bad arguments, missing inputs
+EXIT_BUSY = 3  # the host was busy: nothing was measured (host/load.py)
 
 
 class SpecregError(Exception):
@@ -46,3 +47,9 @@ class LlamaError(SpecregError):
 
 class RunFailed(SpecregError):
     """A measured run failed; it has been recorded as failed."""
+
+
+class HostBusy(SpecregError):
+    """Other processes kept the host busy past the wait: nothing was measured or recorded."""
+
+    exit_code = EXIT_BUSY

@@ -16,6 +16,7 @@ from specreg.cli.common import (
     resolve_db,
     threads_option,
 )
+from specreg.cli.progress import load_options, load_policy, measuring
 from specreg.errors import EXIT_FINDINGS
 
 if TYPE_CHECKING:
@@ -118,6 +119,7 @@ def _print_doctor(report: DoctorReport) -> None:
     help="Measure a test again up to N times when other processes took CPU during it.",
 )
 @llama_bin_option
+@load_options
 @db_option
 @json_option
 def calibrate(
@@ -130,6 +132,8 @@ def calibrate(
     gen_tokens: int,
     retries: int,
     llama_bin: Path | None,
+    allow_load: bool,
+    load_wait: float | None,
     db_path: Path | None,
     as_json: bool,
 ) -> None:
@@ -137,22 +141,28 @@ def calibrate(
     32 tokens (what verifying K drafted tokens costs) and plain generation; stored per host and
     model for the recommender.
 
-    Exit 1 when a measurement stayed disturbed by other processes after every retry.
+    The quiet generation test's repetitions are this host's noise floor, stored for the load
+    guard: a run whose repeats spread far beyond it is recorded as disturbed.
+
+    Exit 1 when a measurement stayed disturbed by other processes after every retry; exit 3
+    when the host stayed busy (nothing measured).
     """
     from specreg.runner.calibrate import calibrate_target
 
-    result = calibrate_target(
-        resolve_db(db_path),
-        target,
-        drafts=() if no_drafts else drafts,
-        auto_drafts=not no_drafts and not drafts,
-        max_drafts=max_drafts,
-        threads=threads,
-        repetitions=repetitions,
-        gen_tokens=gen_tokens,
-        retries=retries,
-        llama_bin=llama_bin,
-    )
+    policy = load_policy(None, None, allow_load=allow_load, load_wait=load_wait)
+    with measuring(policy, as_json=as_json):
+        result = calibrate_target(
+            resolve_db(db_path),
+            target,
+            drafts=() if no_drafts else drafts,
+            auto_drafts=not no_drafts and not drafts,
+            max_drafts=max_drafts,
+            threads=threads,
+            repetitions=repetitions,
+            gen_tokens=gen_tokens,
+            retries=retries,
+            llama_bin=llama_bin,
+        )
     if as_json:
         emit(result)
     else:
@@ -163,6 +173,7 @@ def calibrate(
 
 def _print_calibration(result: CalibrationResult) -> None:
     from specreg.registry.text import escape_controls
+    from specreg.runner.calibrate import noise_floor_of
 
     out = console()
     for rec in result.records:
@@ -184,6 +195,17 @@ def _print_calibration(result: CalibrationResult) -> None:
         f"host {result.host_fingerprint}; {result.reruns} test(s) measured again under load; "
         f"took {result.seconds:.1f} s"
     )
+    floors = [f for f in (noise_floor_of(r) for r in result.records[:1]) if f is not None]
+    if floors:
+        out.print(
+            f"quiet noise floor: repeats spread {floors[0].spread:.1%} (stored; runs whose "
+            "repeats spread far beyond it are recorded as disturbed)"
+        )
+    if result.contended:
+        out.print(
+            "some tests stayed disturbed by other processes (see `specreg calibrate --help`): "
+            "run it again when the host is quiet; these curves mislead the recommender"
+        )
 
 
 COMMANDS = [doctor, calibrate]

@@ -18,6 +18,7 @@ Exit codes:
   0  clean
   1  findings: scan errors, incompatible pairs with --fail-on-findings, failed runs, drift
   2  usage error: bad arguments, unknown model, missing file
+  3  host busy: other processes kept the CPU busy, nothing was measured (--allow-load)
 
 Set SPECREG_HOME to relocate all state; SPECREG_DEBUG=1 shows tracebacks.
 """

@@ -16,7 +16,6 @@ from specreg.cli.common import (
     console,
     db_option,
     emit,
-    emit_json,
     err_console,
     json_option,
     llama_bin_option,
@@ -114,6 +113,11 @@ def _run_options(func: F) -> F:
             help="llama-server, or the legacy llama-speculative/llama-lookup (auto: legacy only "
             "when this llama-server lacks the method).",
         ),
+        click.option(
+            "--force",
+            is_flag=True,
+            help="Run a draft the auditor refuses for TARGET anyway, to see llama.cpp's own word.",
+        ),
         llama_bin_option,
         db_option,
         json_option,
@@ -167,6 +171,7 @@ def _plan(con: duckdb.DuckDBPyConnection, kw: dict[str, Any]) -> Plan:
         engine=kw["engine"],
         warm_first=kw.get("warm"),
         lookup_cache=kw["lookup_cache"],
+        force=kw["force"],
     )
     for note in planned.notes:
         err_console().print(f"note: {note}")
@@ -378,7 +383,7 @@ def llama_build_cmd(jobs: int | None, as_json: bool) -> None:
         )
     info = llama_build.ensure_build(jobs=jobs)
     if as_json:
-        emit_json("llama-build", {**vars(info)})
+        emit(info)
         return
     state = "reused" if info.reused else f"built in {info.seconds:.0f} s"
     console().print(f"llama.cpp {info.version}: {state}; binaries in {info.bin_dir}")
@@ -390,12 +395,12 @@ def llama_build_cmd(jobs: int | None, as_json: bool) -> None:
 def llama_info_cmd(llama_bin: Path | None, as_json: bool) -> None:
     """Which llama.cpp specreg would use, its version and flag dialect."""
     from specreg.host.machine import detect_host
-    from specreg.llama.install import find_llama
+    from specreg.llama.install import LlamaInfo, find_llama
 
     install = find_llama(llama_bin)
     host = detect_host()
     if as_json:
-        emit_json("llama-info", {"llama": install, "host": host.to_json()})
+        emit(LlamaInfo(install, host))
         return
     out = console()
     out.print(f"llama-server  {install.server}  (from {install.source})")
@@ -420,6 +425,7 @@ def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
 
     from specreg.llama.install import find_llama
     from specreg.samples import qwen_pair, small_models
+    from specreg.samples.model_files import ModelFiles
 
     install = find_llama(llama_bin)
     models = small_models.ensure_test_models(install.binary("llama-quantize"))
@@ -427,7 +433,7 @@ def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
         pair = qwen_pair.ensure_qwen_pair(progress=bar.update)
     every = (*models.all, *models.synthetic, *pair.all)
     if as_json:
-        emit_json("llama-models", {"models": every})
+        emit(ModelFiles(every))
         return
     table = Table("family", "quant", "bytes", "path", box=None)
     for m in every:
@@ -477,6 +483,25 @@ def _tps(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _default_k(r: RunRecord) -> str | None:
+    """The K a run used when --k was omitted (llama.cpp's default), said in words; None when
+    the run set K or does not speculate."""
+    from specreg.stacks import K_DEFAULT, NGRAM_CACHE, StackError, parse_stack
+
+    if r.config.get("k") is not None:
+        return None
+    try:
+        stack = parse_stack(str(r.config.get("spec_type") or "none"))
+    except StackError:
+        return None
+    primary = stack.primary
+    if primary not in K_DEFAULT or dict(r.config.get("type_k") or {}).get(primary):
+        return None
+    if primary == NGRAM_CACHE:
+        return f"{K_DEFAULT[primary]} (llama-server's fixed draft length for {primary})"
+    return f"{K_DEFAULT[primary]} (llama.cpp's default for {primary}; --k sets it)"
+
+
 def _print_run(r: RunRecord) -> None:
     from rich.table import Table
 
@@ -484,6 +509,8 @@ def _print_run(r: RunRecord) -> None:
     engine = r.config.get("engine", "server")
     on = f" on {engine}" if engine != "server" else ""
     out.print(f"run {r.run_id} ({r.kind}) {r.config_label}{on}: {r.status}")
+    if default_k := _default_k(r):
+        out.print(f"  K: {default_k}")
     if not r.trusted:
         out.print(f"  NOT TRUSTED (no evidence for recommend, train, propose): {r.trust_reason}")
     if r.protocol:
@@ -566,6 +593,14 @@ def _p(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def _status_cell(r: RunRecord) -> str:
+    """The status, and why when it adds something: `interrupted`, never
+    `interrupted (interrupted)`."""
+    if r.status == "ok" or not r.error_kind or r.error_kind == r.status:
+        return r.status
+    return f"{r.status} ({r.error_kind})"
+
+
 def _print_runs(records: tuple[RunRecord, ...]) -> None:
     from rich.table import Table
 
@@ -590,7 +625,7 @@ def _print_runs(records: tuple[RunRecord, ...]) -> None:
         table.add_row(
             str(r.run_id),
             r.kind,
-            r.status if r.status == "ok" else f"{r.status} ({r.error_kind})",
+            _status_cell(r),
             Path(r.target_path or "-").name,
             r.task or "-",
             r.config_label,
