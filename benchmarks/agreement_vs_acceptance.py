@@ -5,7 +5,8 @@
 
 For every real pair the tests can build (SmolLM2-135M Q4_1 with its Q8_0/Q4_0 self-drafts and
 the random-weight synthetic MoE, Gemma-3-270M Q4_K_M with its Q8_0/Q4_0 self-drafts, the
-synthetic MoE with its Q8_0 self-draft) and every task prompt set:
+synthetic MoE with its Q8_0 self-draft, and the real pair of two sizes: Qwen2.5-Coder-1.5B with
+its 0.5B draft, from `specreg llama models`) and every task prompt set:
 
 * agreement: `measure_agreement` (same top token on the target's own greedy text);
 * first-encounter acceptance: one draft-simple run at K on a fresh llama-server (accepted /
@@ -45,6 +46,7 @@ from specreg.registry.scan import model_record
 from specreg.runner.measure import measure
 from specreg.runner.workload import TASKS, Workload, task_prompts
 from specreg.samples.model_files import models_dir
+from specreg.samples.qwen_pair import ensure_qwen_pair
 from specreg.samples.small_models import ensure_test_models
 from specreg.samples.synthetic import ensure_synthetic_models
 from specreg.terms import Method
@@ -58,6 +60,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="default: physical cores")
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--no-gemma", action="store_true", help="SmolLM2 and the synthetic MoE only")
+    ap.add_argument("--no-qwen", action="store_true", help="leave out the Qwen2.5-Coder pair")
     ap.add_argument(
         "--agree-n-predict",
         type=int,
@@ -88,6 +91,9 @@ def main() -> None:
             (models.gemma3.path, models.draft("gemma3", "Q8_0").path),
             (models.gemma3.path, models.draft("gemma3", "Q4_0").path),
         ]
+    if not args.no_qwen:
+        pair = ensure_qwen_pair()
+        pairs.append((pair.target.path, pair.draft.path))
     pairs = [(t, d) for t, d in pairs if args.only in d.name]
     agree_n = args.agree_n_predict or args.n_predict
     home = Path(tempfile.mkdtemp(prefix="specreg-bench-"))

@@ -1,0 +1,460 @@
+"""Every prediction specreg makes for a real pair of two sizes, against a measurement, in one run.
+
+    SPECREG_CACHE=$PWD/.cache flock /tmp/specreg-llama.lock python benchmarks/real_pair.py \\
+        [--tasks code,prose,json,summarize,math] [--n-predict 32] [--threads 2] [--keep DIR]
+
+Target Qwen2.5-Coder-1.5B-Instruct, draft Qwen2.5-Coder-0.5B-Instruct (Q4_K_M both, from
+`specreg llama models`). Everything goes through the CLI, as a user runs it, into a throwaway
+registry (or --keep DIR, whose calibration and agreement are reused):
+
+1. Prediction before any speculative run: `calibrate` (target and draft) and `agree` (per
+   task) only, then `recommend --json` per task for plain; draft-simple at K = 2, 4, 8, 16;
+   ngram-mod (recommend's K); the stack ngram-mod,draft-simple (recommend's K).
+2. Measurement: `run` of each candidate on a fresh llama-server (first encounter: nothing
+   drafted or cached before), one prompt of the task, into a second registry so no run informs
+   the prediction.
+3. Per task: predicted beside measured t/s, Spearman of the two (goal >= 0.8), every t/s within
+   25 % (goal), the predicted best's measured speed within 5 % of the measured best (goal).
+   Where a goal is missed: which part of the model misses. Acceptance: predicted per-token
+   acceptance against the one the run's accepted/drafted implies at its K. Target step: plain
+   predicted against plain measured. Verify + draft cost: the seconds of one speculative step
+   (tokens per step over t/s) in plain steps, predicted against measured, beside the
+   calibrated verify cost of K + 1 tokens (llama-bench), so the rest is draft cost.
+4. Tune against the exhaustive sweep: `tune` (default budget 6) replayed over the measurements
+   of step 2: each run it asks for is answered with the measured t/s of that candidate; one the
+   sweep did not measure is answered as a failed run and named. No run is recorded, so tune's
+   refits see no new evidence (its ranking moves only through the measured steps). Its pick's
+   measured t/s against the sweep's best (goal: within 5 % on at least 4 of the 5 tasks, with
+   at most a third of the sweep's runs).
+5. The reference host (--reference): the K `recommend` picks for the shipped sweeps, scored
+   leave-family-out and on the held-out sweeps (benchmarks/recommender_cv.py), by size class
+   of target (32B, 70B and up, MoE) against the best constant K of that class.
+
+Measurements taken while other processes load the host are not quiet-host numbers: the load
+average before and after each phase is printed with the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scipy.stats import spearmanr
+
+from specreg.recommender.costmodel import expected_tokens_per_step, per_token_acceptance
+from specreg.samples.qwen_pair import ensure_qwen_pair
+
+TASKS = ("code", "prose", "json", "summarize", "math")
+DRAFT_KS = (2, 4, 8, 16)
+STACK = "ngram-mod,draft-simple"
+TOLERANCE = 0.25
+BEST_TOLERANCE = 0.05
+HERE = Path(__file__).resolve().parent
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+class Cli:
+    """`specreg` as a user runs it, on one registry."""
+
+    def __init__(self, db: Path, threads: int) -> None:
+        self.db = db
+        self.threads = threads
+        # A shared host: measurements proceed under others' load and say so (the load average
+        # is printed); a quiet host needs none of this.
+        self.env = {
+            **os.environ,
+            "SPECREG_MAX_LOAD": os.environ.get("SPECREG_MAX_LOAD", "1000"),
+            "SPECREG_MAX_SPREAD": os.environ.get("SPECREG_MAX_SPREAD", "1000"),
+        }
+
+    def __call__(self, *args: str, check: bool = True) -> dict[str, Any]:
+        argv = [sys.executable, "-m", "specreg", *args, "--db", str(self.db), "--json"]
+        r = subprocess.run(argv, capture_output=True, text=True, env=self.env)
+        if check and r.returncode != 0:
+            raise SystemExit(f"specreg {' '.join(args)} failed ({r.returncode}): {r.stderr[-800:]}")
+        return dict(json.loads(r.stdout)) if r.stdout.startswith("{") else {"error": r.stderr}
+
+
+@dataclass
+class Candidate:
+    label: str
+    spec_type: str  # none | draft-simple | ngram-mod | the stack
+    k: int | None
+    draft: bool
+    predicted_tps: float = math.nan
+    predicted_acceptance: float | None = None
+    measured_tps: float = math.nan
+    draft_n: int = 0
+    accepted: int = 0
+    run_s: float = 0.0
+    why: list[str] = field(default_factory=list)
+
+    def run_args(self, draft_path: Path) -> list[str]:
+        args = ["--spec-type", self.spec_type] if self.spec_type != "none" else []
+        args += ["--k", str(self.k)] if self.k else []
+        return args + (["--draft", str(draft_path)] if self.draft else [])
+
+    @property
+    def measured_acceptance(self) -> float | None:
+        if not self.draft_n or not self.k:
+            return None
+        return float(per_token_acceptance(self.accepted / self.draft_n, self.k))
+
+    @property
+    def error(self) -> float:
+        return self.predicted_tps / self.measured_tps - 1.0
+
+
+def predict(cli: Cli, target: Path, task: str) -> list[Candidate]:
+    """recommend's predicted t/s for each candidate on `task` (no run recorded)."""
+    by_type = {
+        s: cli("recommend", str(target), "--task", task, "--spec-type", s, "--top", "60")["options"]
+        for s in ("draft-simple", "ngram-mod", STACK)
+    }
+    plain = next(o for o in by_type["draft-simple"] if o["method"] == "none")
+    out = [Candidate("plain", "none", None, False, plain["tps"], None, why=plain["why"])]
+    for k in DRAFT_KS:
+        o = next(o for o in by_type["draft-simple"] if o["method"] == "draft" and o["k"] == k)
+        out.append(
+            Candidate(
+                f"draft-simple K={k}",
+                "draft-simple",
+                k,
+                True,
+                o["tps"],
+                o["acceptance"],
+                why=o["why"],
+            )
+        )
+    ngram = max((o for o in by_type["ngram-mod"] if o["method"] != "none"), key=lambda o: o["tps"])
+    out.append(
+        Candidate(
+            f"ngram-mod K={ngram['k']}",
+            "ngram-mod",
+            ngram["k"],
+            False,
+            ngram["tps"],
+            ngram["acceptance"],
+            why=ngram["why"],
+        )
+    )
+    stacks = [o for o in by_type[STACK] if o["stack"] == STACK]
+    if stacks:
+        s = max(stacks, key=lambda o: o["tps"])
+        out.append(
+            Candidate(
+                f"{STACK} K={s['k']}", STACK, s["k"], True, s["tps"], s["acceptance"], why=s["why"]
+            )
+        )
+    return out
+
+
+def measure(cli: Cli, target: Path, draft: Path, task: str, c: Candidate, n_predict: int) -> None:
+    t0 = time.monotonic()
+    doc = cli(
+        "run",
+        str(target),
+        *c.run_args(draft),
+        "--task",
+        task,
+        "--max-prompts",
+        "1",
+        "--n-predict",
+        str(n_predict),
+        "--repeat",
+        "1",
+        "--threads",
+        str(cli.threads),
+        "--ctx",
+        "2048",
+        check=False,
+    )
+    c.run_s = time.monotonic() - t0
+    c.measured_tps = doc.get("tokens_per_s") or math.nan
+    c.draft_n = doc.get("draft_n") or 0
+    c.accepted = doc.get("draft_n_accepted") or 0
+
+
+def attribution(c: Candidate, plain: Candidate, verify_ratio: dict[int, float]) -> str:
+    """Which part of the model misses for a candidate outside the goal."""
+    if c.spec_type == "none":
+        return f"target step: predicted {c.predicted_tps:.1f} t/s, measured {c.measured_tps:.1f}"
+    parts = []
+    a_pred, a_meas = c.predicted_acceptance, c.measured_acceptance
+    if a_pred is not None and a_meas is not None and c.k:
+        e_pred = float(expected_tokens_per_step(a_pred, c.k))
+        e_meas = float(expected_tokens_per_step(a_meas, c.k))
+        parts.append(
+            f"acceptance {a_pred:.0%} predicted vs {a_meas:.0%} measured per token "
+            f"({e_pred:.2f} vs {e_meas:.2f} tokens a step)"
+        )
+        # seconds of one speculative step in plain steps, each side with its own plain step
+        step_pred = e_pred / c.predicted_tps * plain.predicted_tps
+        step_meas = e_meas / c.measured_tps * plain.measured_tps
+        v = verify_ratio.get(c.k)
+        vtxt = (
+            f"; calibrated verify of K+1 = {v:.2f}, so draft ~{step_meas - v:.2f} measured "
+            f"vs ~{step_pred - v:.2f} predicted"
+            if v
+            else ""
+        )
+        parts.append(
+            f"verify+draft cost {step_pred:.2f} plain steps predicted vs "
+            f"{step_meas:.2f} measured{vtxt}"
+        )
+    elif not c.draft_n:
+        parts.append(
+            f"acceptance: nothing drafted on first encounter (predicted "
+            f"{c.predicted_acceptance or 0:.0%} per token)"
+        )
+    if plain.measured_tps > 0 and abs(plain.error) > TOLERANCE:
+        parts.append(f"target step off by {plain.error:+.0%}")
+    return "; ".join(parts)
+
+
+def task_report(
+    task: str, cands: list[Candidate], verify_ratio: dict[int, float]
+) -> dict[str, Any]:
+    ok = [c for c in cands if c.measured_tps > 0]
+    plain = cands[0]
+    rho = spearmanr([c.predicted_tps for c in ok], [c.measured_tps for c in ok]).statistic
+    best_meas = max(ok, key=lambda c: c.measured_tps)
+    best_pred = max(ok, key=lambda c: c.predicted_tps)
+    best_loss = 1.0 - best_pred.measured_tps / best_meas.measured_tps
+    print(f"\n## {task}")
+    print(
+        "| candidate | predicted t/s | measured t/s | error | predicted acc | measured "
+        "acc (accepted/drafted) | run s |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for c in cands:
+        acc_m = c.measured_acceptance
+        print(
+            f"| {c.label} | {c.predicted_tps:.2f} | {c.measured_tps:.2f} | {c.error:+.0%} | "
+            f"{'-' if c.predicted_acceptance is None else f'{c.predicted_acceptance:.0%}'} | "
+            f"{'-' if acc_m is None else f'{acc_m:.0%}'} ({c.accepted}/{c.draft_n}) | "
+            f"{c.run_s:.0f} |"
+        )
+    within = [c for c in ok if abs(c.error) <= TOLERANCE]
+    missed = "" if rho >= 0.8 else f": MISSED by {0.8 - rho:.2f}"
+    print(f"Spearman {rho:.2f} (goal >= 0.8{missed})")
+    print(f"within 25 %: {len(within)} of {len(ok)}")
+    print(
+        f"predicted best {best_pred.label} ({best_pred.measured_tps:.2f} t/s measured); "
+        f"measured best {best_meas.label} ({best_meas.measured_tps:.2f}): loses "
+        f"{best_loss:.1%} (goal <= 5 %{'' if best_loss <= BEST_TOLERANCE else ': MISSED'})"
+    )
+    said = "do not speculate" if best_pred.spec_type == "none" else f"speculate: {best_pred.label}"
+    right = "do not speculate" if best_meas.spec_type == "none" else f"speculate: {best_meas.label}"
+    print(f"recommend's answer: {said}; measured: {right}")
+    for c in ok:
+        if abs(c.error) > TOLERANCE:
+            print(f"  miss {c.label} {c.error:+.0%}: {attribution(c, plain, verify_ratio)}")
+    return {
+        "task": task,
+        "spearman": rho,
+        "within_25pct": len(within),
+        "n": len(ok),
+        "predicted_best": best_pred.label,
+        "measured_best": best_meas.label,
+        "predicted_best_loss": best_loss,
+        "rows": [
+            {
+                "label": c.label,
+                "predicted_tps": c.predicted_tps,
+                "measured_tps": c.measured_tps,
+                "predicted_acceptance": c.predicted_acceptance,
+                "measured_acceptance": c.measured_acceptance,
+                "draft_n": c.draft_n,
+                "accepted": c.accepted,
+            }
+            for c in cands
+        ],
+    }
+
+
+def tune_replay(db: Path, target: Path, task: str, cands: list[Candidate], budget: int) -> str:
+    """`tune` with its default budget, each run it asks for answered from the sweep."""
+    from specreg.host.facts import detect_host_facts
+    from specreg.host.machine import detect_host
+    from specreg.recommender.recommend import Option
+    from specreg.registry.db import opened
+    from specreg.tune.tuner import tune
+
+    asked: list[str] = []
+
+    def replay(option: Option) -> tuple[float | None, int | None]:
+        spec = option.stack or ("none" if option.method.value == "none" else option.spec_type)
+        hit = next(
+            (
+                c
+                for c in cands
+                if c.spec_type == spec
+                and (c.k == option.k or spec == "none")
+                and c.measured_tps > 0
+            ),
+            None,
+        )
+        asked.append(option.label + ("" if hit else " (not in the sweep)"))
+        return (hit.measured_tps if hit else None), None
+
+    facts = detect_host_facts(fingerprint=detect_host().fingerprint)
+    with opened(db) as con:
+        result = tune(con, str(target), replay, host=facts, task=task, budget=budget)
+    best = max((c for c in cands if c.measured_tps > 0), key=lambda c: c.measured_tps)
+    pick = result.best
+    got = pick.measured_tps if pick is not None and pick.measured_tps else math.nan
+    loss = 1.0 - got / best.measured_tps
+    verdict = "met" if loss <= BEST_TOLERANCE and len(asked) <= len(cands) / 3 else "MISSED"
+    return (
+        f"| {task} | {pick.label if pick else '-'} | {got:.2f} | {best.label} | "
+        f"{best.measured_tps:.2f} | {loss:.1%} | {len(asked)} of {len(cands)} | {verdict} | "
+        f"{'; '.join(asked)} |"
+    )
+
+
+def reference_host() -> None:
+    """Leave-family-out and held-out K regret by size class (benchmarks/recommender_cv.py)."""
+    spec = importlib.util.spec_from_file_location("recommender_cv", HERE / "recommender_cv.py")
+    assert spec is not None and spec.loader is not None
+    cv = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = cv  # dataclasses look their module up there
+    spec.loader.exec_module(cv)
+    from specreg.recommender.evaluate import RegretReport
+
+    data = cv.training_set(cv.load_prior().observations)
+    est = cv.SpeculationRegressor(n_members=2, random_state=0)
+    lfo = cv.leave_family_out(est, data, cv.load_sweep_series())
+    held = cv.holdout_report(cv.fit_on(est, data))
+
+    def size_class(s: Any) -> str:
+        if "moe" in s.family.lower():
+            return "MoE"
+        if s.target_params_b >= 60:
+            return "70B and up"
+        if s.target_params_b >= 20:
+            return "32B"
+        return "smaller"
+
+    print("\n## reference host: K regret by size class (model's K vs the best constant K)")
+    print("| scored | class | sweeps | model regret | best constant K | its regret | goal |")
+    print("|---|---|---|---|---|---|---|")
+    for name, rep in (("leave-family-out", lfo), ("held-out sweeps", held)):
+        classes: dict[str, list[Any]] = {}
+        for s in rep.scores:
+            classes.setdefault(size_class(s), []).append(s)
+        for cls, scores in sorted(classes.items()):
+            r = RegretReport(tuple(scores))
+            k, best = r.best_constant
+            ok = "met" if r.mean_regret <= best + 1e-9 else f"MISSED by {r.mean_regret - best:.1%}"
+            print(
+                f"| {name} | {cls} | {len(scores)} | {r.mean_regret:.1%} | K={k} | {best:.1%} "
+                f"| {ok} |"
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--n-predict", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--keep", type=Path, default=None, help="registries here (reused)")
+    ap.add_argument("--reference", action="store_true", help="also the reference-host check")
+    ap.add_argument("--predict-only", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args()
+    tasks = tuple(args.tasks.split(","))
+    pair = ensure_qwen_pair()
+    root = args.keep or Path(tempfile.mkdtemp(prefix="specreg-real-pair-"))
+    root.mkdir(parents=True, exist_ok=True)
+    predict_cli = Cli(root / "predict.duckdb", args.threads)
+    measure_cli = Cli(root / "measure.duckdb", args.threads)
+    target, draft = pair.target.path, pair.draft.path
+    print(
+        f"target {target.name}, draft {draft.name}; {args.threads} threads, "
+        f"{args.n_predict} tokens, one prompt a task; registries in {root}"
+    )
+    predict_cli("scan", str(target), str(draft))
+    t0, load0 = time.monotonic(), loadavg()
+    cal = predict_cli(
+        "calibrate",
+        str(target),
+        "--draft",
+        str(draft),
+        "--threads",
+        str(args.threads),
+        "--repetitions",
+        "3",
+        "--gen-tokens",
+        "64",
+    )
+    print(f"calibrate: {time.monotonic() - t0:.0f} s, load {load0} -> {loadavg()}")
+    verify_ratio: dict[int, float] = {}
+    for r in cal["models"]:
+        if r["role"] == "target" and r["verify_ratio"]:
+            verify_ratio = {int(k): float(v) for k, v in r["verify_ratio"].items()}
+    print(f"calibrated verify cost of K+1 tokens in plain steps: {verify_ratio}")
+    for task in tasks:
+        t0, load0 = time.monotonic(), loadavg()
+        doc = predict_cli(
+            "agree",
+            str(target),
+            str(draft),
+            "--task",
+            task,
+            "--threads",
+            str(args.threads),
+            "--n-predict",
+            str(max(args.n_predict, 64)),
+        )
+        pts = doc.get("points", [])
+        same = pts[0]["same_top"] if pts else None
+        print(
+            f"agree {task}: same top token {same}, {time.monotonic() - t0:.0f} s, "
+            f"load {load0} -> {loadavg()}"
+        )
+    predictions = {task: predict(predict_cli, target, task) for task in tasks}
+    if args.predict_only:
+        for task, cands in predictions.items():
+            print(task, [(c.label, round(c.predicted_tps, 2)) for c in cands])
+        return
+    reports = []
+    for task, cands in predictions.items():
+        load0 = loadavg()
+        for c in cands:
+            measure(measure_cli, target, draft, task, c, args.n_predict)
+        print(f"measured {task}: load {load0} -> {loadavg()}")
+        reports.append(task_report(task, cands, verify_ratio))
+    print("\n## tune (default budget 6, replayed over the sweep above) against the sweep's best")
+    print("| task | tune's pick | its t/s | sweep best | t/s | loss | runs | goal | runs asked |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for task, cands in predictions.items():
+        print(tune_replay(root / "predict.duckdb", target, task, cands, budget=6))
+    met = sum(r["predicted_best_loss"] <= BEST_TOLERANCE for r in reports)
+    rho_ok = sum(r["spearman"] >= 0.8 for r in reports)
+    print(
+        f"\nover {len(reports)} tasks: Spearman >= 0.8 on {rho_ok}; predicted best within 5 % "
+        f"on {met}; t/s within 25 % on {sum(r['within_25pct'] for r in reports)} of "
+        f"{sum(r['n'] for r in reports)} candidates"
+    )
+    if args.reference:
+        reference_host()
+    if args.json:
+        args.json.write_text(json.dumps({"tasks": reports, "verify_ratio": verify_ratio}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
