@@ -191,10 +191,15 @@ def show(model: str, full: bool, db_path: Path | None, as_json: bool) -> None:
 
 # How much of one GGUF value `show` prints without --full (templates run to kilobytes).
 KV_LIMIT = 200
+# Facts shown whole even without --full: file paths, bounded by the OS (and the console's
+# own limit), which a user copies.
+WHOLE_FIELDS = ("path", "paths", "parts_missing")
 
 
 def _print_details(d: ModelDetails, full: bool) -> None:
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     field_limit, kv_limit = (None, None) if full else (FIELD_LIMIT, KV_LIMIT)
     record = d.model
@@ -205,6 +210,10 @@ def _print_details(d: ModelDetails, full: bool) -> None:
     cut = False
     for field in dataclasses.fields(record):
         value = getattr(record, field.name)
+        if field.name in WHOLE_FIELDS:  # a path is what a user copies: never cut, one a line
+            lines = value if isinstance(value, tuple) else (value,)
+            facts.add_row(field.name, Group(*(Text(str(v), overflow="fold") for v in lines)))
+            continue
         cut = cut or len(str(value)) > FIELD_LIMIT
         if field.name == "n_bytes":
             value = f"{value} ({record.size_str})"
