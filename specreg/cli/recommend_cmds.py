@@ -13,7 +13,6 @@ from specreg.cli.common import (
     SPEC_STACK,
     TEMPERATURE,
     FiniteFloat,
-    TaskChoice,
     console,
     db_option,
     emit,
@@ -21,8 +20,11 @@ from specreg.cli.common import (
     err_console,
     json_option,
     llama_bin_option,
+    n_predict_option,
+    repeats_option,
     resolve_db,
     resolve_model_path,
+    task_option,
 )
 from specreg.terms import POLICIES, POLICY_QUALITY, canonical_task
 from specreg.text import clip
@@ -42,7 +44,7 @@ _BANDWIDTH = FiniteFloat(min=0.001)
 
 def _common(func: F) -> F:
     options: list[Callable[[F], F]] = [
-        click.option("--task", type=TaskChoice(), default="chat", show_default=True),
+        task_option(multiple=False, default="chat", help="The task to predict for."),
         click.option(
             "--policy",
             type=click.Choice(POLICIES),
@@ -240,8 +242,8 @@ def _print_train(summary: TrainSummary, report: CVReport | None) -> None:
 @click.option(
     "--budget", type=click.IntRange(min=1), default=6, show_default=True, help="Most runs to spend."
 )
-@click.option("--n-predict", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--repeat", "repeats", type=click.IntRange(min=1), default=2, show_default=True)
+@n_predict_option
+@repeats_option(default=2, help="Timed samples of each prompt in each run.")
 @click.option(
     "--ray",
     "ray_address",

@@ -9,7 +9,6 @@ import click
 
 from specreg.cli.common import (
     FiniteFloat,
-    TaskChoice,
     build_option,
     console,
     db_option,
@@ -17,6 +16,7 @@ from specreg.cli.common import (
     json_option,
     llama_rules,
     resolve_db,
+    task_option,
 )
 
 if TYPE_CHECKING:
@@ -46,13 +46,7 @@ DEFAULT_TASK = "chat"
     show_default=True,
     help="What to run on each target, as `specreg recommend` says (about 0.5 s per question).",
 )
-@click.option(
-    "--task",
-    "tasks",
-    type=TaskChoice(),
-    multiple=True,
-    help="The tasks to recommend for (repeatable; default: chat).",
-)
+@task_option(help="The tasks to recommend for (repeatable; default: chat).")
 @click.option(
     "--bandwidth", type=FiniteFloat(min=0.001), default=None, help="Memory bandwidth in GB/s."
 )

@@ -16,6 +16,7 @@ from specreg.cli.common import (
     json_option,
     llama_bin_option,
     resolve_db,
+    threads_option,
 )
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'spe
     help="Serve TASK (or default: every other task) with this configuration, e.g. "
     "code=ngram-mod:8; wins over specreg.yaml and the recommender.",
 )
-@click.option("--threads", type=int, default=None, help="Threads per backend (default: cores).")
+@threads_option(help="llama.cpp threads per backend (default: physical cores).")
 @click.option("--ctx", type=int, default=None, help="Context size per backend.")
 @click.option("--parallel", type=int, default=1, show_default=True, help="Slots per backend.")
 @click.option(
