@@ -131,7 +131,7 @@ def test_overview_lists_families_scans_and_problems(site_dir: Path) -> None:
     # alpha (600 tokens, shared by 5 models), alpha padded to 728, beta, gamma
     assert html.count('class="chip fam') >= 4
     assert "728 tokens" in html and "500 tokens" in html
-    assert "usable draft pairs of 56 audited" in html  # 8 models, every ordered pair
+    assert "usable draft pairs of 56 (target, draft) pairs in the matrix" in html  # 8 models
 
 
 def test_missing_parts_degrade_to_a_note(tmp_path: Path) -> None:

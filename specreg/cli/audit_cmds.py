@@ -209,7 +209,8 @@ def _print_audit(result: AuditResult) -> None:
     out = console()
     out.print(
         f"audit {result.audit_id}: {result.n_models} models, {result.n_pairs} ordered pairs in "
-        f"{result.seconds:.2f} s (llama.cpp {result.rules_label})"
+        f"{result.seconds:.2f} s (llama.cpp {result.rules_label}); a pair is a (target, draft) "
+        "of two models, every model with every other both ways, draft heads as targets included"
     )
     for verdict in Verdict:
         out.print(f"  {verdict.text}: {result.counts.get(verdict.value, 0)}")
