@@ -38,11 +38,11 @@ from specreg.runner.protocol import Engine, Sampler, SamplingInterrupted, collec
 from specreg.runner.workload import Workload
 
 # The engine names are specreg.terms' vocabulary, importable from here too.
+from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, NGRAM_TYPES
 from specreg.terms import ENGINE_AUTO as ENGINE_AUTO
 from specreg.terms import ENGINE_LEGACY as ENGINE_LEGACY
 from specreg.terms import ENGINE_SERVER as ENGINE_SERVER
 from specreg.terms import ENGINES as ENGINES
-from specreg.terms import NGRAM_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -386,8 +386,8 @@ def measure_legacy(
     workload: Workload,
     *,
     tool: str,
-    n_predict: int = 64,
-    repeats: int = 3,
+    n_predict: int = DEFAULT_N_PREDICT,
+    repeats: int = DEFAULT_REPEATS,
     warmup: bool = True,
     contention_retries: int = 2,
     timeout: float = 780.0,

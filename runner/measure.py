@@ -48,6 +48,7 @@ from specreg.runner.protocol import (
 )
 from specreg.runner.protocol import collect as collect_samples
 from specreg.runner.workload import Prompt, Workload
+from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS
 from specreg.terms import ENGINE_SERVER as ENGINE_SERVER
 
 log = logging.getLogger(__name__)
@@ -181,8 +182,8 @@ def measure(
     draft: Path | None,
     workload: Workload,
     *,
-    n_predict: int = 64,
-    repeats: int = 3,
+    n_predict: int = DEFAULT_N_PREDICT,
+    repeats: int = DEFAULT_REPEATS,
     warmup: bool = True,
     with_probs: bool = False,
     reference_tokens: Mapping[str, tuple[int, ...]] | None = None,
