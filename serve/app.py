@@ -28,8 +28,10 @@ from starlette.routing import Route as HttpRoute
 from specreg.errors import UsageError
 from specreg.jsonout import plain
 from specreg.registry.run_store import PromptRecord, RunRecord
+from specreg.serve.adaptive import REASON_FIXED, REASON_RETRY, SERVE_KEY, Pick, Router, finite
 from specreg.serve.backends import Backend, BackendPool, BackendUnavailable
 from specreg.serve.classify import TASK_HEADER, Classification, TaskClassifier, classify
+from specreg.serve.policy import PolicyStatus
 from specreg.serve.recorder import RunRecorder
 from specreg.serve.routes import Route, RouteTable, split_model
 from specreg.terms import STARTUP_TIMEOUT_S
@@ -45,6 +47,8 @@ HEADER_TASK_SOURCE = "X-Specreg-Task-Source"
 HEADER_BACKEND = "X-Specreg-Backend"
 HEADER_CONFIG = "X-Specreg-Config"
 HEADER_ROUTE = "X-Specreg-Route"
+HEADER_POLICY = "X-Specreg-Policy"  # why this backend: explore | exploit | only | fixed | retry
+STATUS_PATH = "/v1/specreg/status"
 _JSON = {"content-type": "application/json"}
 # The stream's last event carries `timings`; keep this much of the stream's tail to find it.
 TAIL_BYTES = 64 * 1024
@@ -88,6 +92,7 @@ class Service:
         *,
         templates: Mapping[str, RunRecord],
         recorder: RunRecorder | None = None,
+        router: Router | None = None,
         max_body: int = DEFAULT_MAX_BODY,
         ready_timeout: float = READY_TIMEOUT_S,
         request_timeout: float = REQUEST_TIMEOUT_S,
@@ -97,6 +102,11 @@ class Service:
         self.classifier = classifier
         self.templates = templates
         self.recorder = recorder
+        self.router = router or Router(table)
+        if self.router.adaptive:
+            # a crashed candidate is retired, not restarted (unless a policy has no other)
+            pool.on_crash = lambda backend, why: self.router.retire(backend.name, why)
+        self.inflight: set[_Call] = set()
         self.max_body = max_body
         self.ready_timeout = ready_timeout
         self.request_timeout = request_timeout
@@ -109,6 +119,7 @@ class Service:
                 HttpRoute("/health", self.health, methods=["GET"]),
                 HttpRoute("/specreg/routes", self.routes, methods=["GET"]),
                 HttpRoute("/specreg/backends", self.backends, methods=["GET"]),
+                HttpRoute(STATUS_PATH, self.status, methods=["GET"]),
             ],
             exception_handlers={HTTPException: _http_error},
         )
@@ -155,6 +166,30 @@ class Service:
 
     async def backends(self, request: Request) -> Response:
         return JSONResponse({"backends": plain(self.pool.status())})
+
+    def policy_status(self) -> PolicyStatus:
+        """The policy per target and task, with the backends and the memory budget."""
+        status = self.router.status()
+        extra = {
+            "memory_budget": self.pool.memory_budget,
+            "memory_used": self.pool.used(),
+            "evictions": list(self.pool.evictions),
+            "backends": [
+                {
+                    "name": b.name,
+                    "running": b.running,
+                    "ready": b.ready.is_set(),
+                    "starts": b.starts,
+                    "pss": b.last_pss,
+                    "failure": b.failure,
+                }  # fmt: skip
+                for b in self.pool.backends.values()
+            ],
+        }
+        return replace(status, extra=extra)
+
+    async def status(self, request: Request) -> Response:
+        return JSONResponse(self.policy_status().to_json())
 
     # -- the proxy ----------------------------------------------------------------------------
 
@@ -208,30 +243,65 @@ class Service:
         except UsageError as err:
             return error(400, str(err), "invalid_request_error")
         route = self.table.route(target.name, cls.task)
-        backend = self.pool[route.backend]
-        headers = {
-            HEADER_TASK: cls.task,
-            HEADER_TASK_SOURCE: cls.source,
-            HEADER_BACKEND: backend.name,
-            HEADER_CONFIG: route.config_label,
-            HEADER_ROUTE: route.source,
-        }
-        call = _Call(self, route, backend, cls, body, raw, started, t0, request.url.path)
-        try:
-            await backend.wait_ready(self.ready_timeout)
-        except BackendUnavailable as err:
-            call.record(None, 503, str(err), "unavailable")
-            resp = error(503, str(err), "backend_unavailable", backend=backend.name)
-            resp.headers.update(headers)
-            return resp
-        call.position = backend.answered
-        backend.answered += 1
-        if body.get("stream"):
-            return await call.stream(headers)
-        return await call.forward(headers)
+        pick = self.router.choose(target.name, cls.task)
+        for attempt in (1, 2):
+            backend = self.pool[pick.backend]
+            headers = {
+                HEADER_TASK: cls.task,
+                HEADER_TASK_SOURCE: cls.source,
+                HEADER_BACKEND: backend.name,
+                HEADER_CONFIG: backend.spec.config.label,
+                HEADER_ROUTE: route.source,
+                HEADER_POLICY: pick.reason,
+            }
+            call = _Call(self, route, backend, cls, body, raw, started, t0, request.url.path,
+                         target=target.name, pick=pick, attempt=attempt)  # fmt: skip
+            try:
+                await self.pool.ensure(backend, self.ready_timeout)
+            except BackendUnavailable as err:
+                retry = self._retry_after(call, str(err)) if attempt == 1 else None
+                if retry is not None:
+                    pick = retry
+                    continue
+                status = 503 if attempt == 1 else 502
+                call.record(None, status, str(err), "unavailable")
+                kind = "backend_unavailable" if status == 503 else "backend_error"
+                refused = error(status, str(err), kind, backend=backend.name)
+                refused.headers.update(headers)
+                return refused
+            call.position = backend.answered
+            backend.answered += 1
+            if body.get("stream"):
+                return await call.stream(headers)
+            resp = await call.forward(headers)
+            if call.crashed is None or attempt == 2:
+                return resp
+            retry = self._retry_after(call, call.crashed, recorded=True)
+            if retry is None:
+                return resp
+            pick = retry
+        raise AssertionError("unreachable: the second attempt returns")
+
+    def _retry_after(self, call: _Call, why: str, *, recorded: bool = False) -> Pick | None:
+        """After a candidate failed: retire it (adaptive policy) and name the current best to
+        retry on, or None (fixed policy, or nothing else to try). The failed attempt is
+        recorded as a failed run with the reason it was retired."""
+        if not self.router.adaptive:
+            return None
+        backend = call.backend
+        done = self.router.retire(backend.name, f"failed: {why}")
+        if done:
+            backend.failure = backend.failure or f"retired: {why}"
+        call.retired = why
+        best = self.router.best(call.target, call.cls.task)
+        if best == backend.name:
+            return None
+        if not recorded:
+            call.record(None, 502, why, "unavailable")
+        return Pick(best, REASON_RETRY, best)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: calls in flight are kept in a set
 class _Call:
     """One request on its way through a backend."""
 
@@ -244,7 +314,31 @@ class _Call:
     started: datetime
     t0: float
     path: str
+    target: str = ""
+    pick: Pick | None = None
+    attempt: int = 1
     position: int = 0  # requests the backend's process had been sent before this one
+    concurrency: int = 1  # the most requests in flight at once while this one was
+    crashed: str | None = None  # why the backend broke during the request
+    retired: str | None = None  # why the policy retired the candidate after this request
+    _live: bool = False
+    _recorded: bool = False
+
+    def begin(self) -> None:
+        """Count this request as decoding (with every other one in flight: same cores)."""
+        live = self.service.inflight
+        live.add(self)
+        n = len(live)
+        for other in live:
+            other.concurrency = max(other.concurrency, n)
+        self.backend.inflight += 1
+        self._live = True
+
+    def end(self) -> None:
+        if self._live:
+            self.service.inflight.discard(self)
+            self.backend.inflight -= 1
+            self._live = False
 
     @property
     def client(self) -> aiohttp.ClientSession:
@@ -253,6 +347,9 @@ class _Call:
 
     async def _broken(self, err: Exception, headers: dict[str, str]) -> Response:
         message = await self._failure_message(err)
+        self.crashed = message
+        if self.service.router.adaptive:
+            self.retired = message
         self.record(None, 502, message, "crash")
         resp = error(502, message, "backend_error", backend=self.backend.name)
         resp.headers.update(headers)
@@ -261,11 +358,12 @@ class _Call:
     async def _failure_message(self, err: Exception) -> str:
         report = await self.backend.crash_report()
         if report is not None:
-            self.service.pool.restart_soon(self.backend)
+            self.service.pool.restart_soon(self.backend)  # or retire it (adaptive policy)
             return f"backend {self.backend.name} crashed during the request: {report}"
         return f"backend {self.backend.name} broke the connection: {type(err).__name__}: {err}"
 
     async def forward(self, headers: dict[str, str]) -> Response:
+        self.begin()
         try:
             async with self.client.post(
                 self.backend.url + self.path, data=self.raw, headers=_JSON
@@ -283,6 +381,7 @@ class _Call:
         return Response(data, status_code=status, media_type=ctype, headers=headers)
 
     async def stream(self, headers: dict[str, str]) -> Response:
+        self.begin()
         try:
             resp = await self.client.post(
                 self.backend.url + self.path, data=self.raw, headers=_JSON
@@ -331,6 +430,16 @@ class _Call:
         message: str | None,
         kind: str | None = None,
     ) -> None:
+        self.end()
+        if self._recorded:
+            return
+        self._recorded = True
+        timings = answer.get("timings") if isinstance(answer, dict) else None
+        tps = finite(timings.get("predicted_per_second")) if isinstance(timings, dict) else None
+        if status == 200 and self.pick is not None:
+            self.service.router.observe(
+                self.target, self.cls.task, self.backend.name, tps, self.concurrency
+            )
         recorder = self.service.recorder
         if recorder is None:
             return
@@ -390,6 +499,16 @@ class _Call:
                 "latency_ms": round(seconds * 1000, 3),
                 "prompt_ms": timings.get("prompt_ms"),
                 "predicted_ms": timings.get("predicted_ms"),
+                SERVE_KEY: {
+                    "policy": self.service.router.name,
+                    "target": self.target,
+                    "candidate": self.backend.name,
+                    "reason": self.pick.reason if self.pick is not None else REASON_FIXED,
+                    "best": self.pick.best if self.pick is not None else None,
+                    "attempt": self.attempt,
+                    "concurrency": self.concurrency,
+                    "retired": self.retired,
+                },
             },
             temperature=float(temperature) if isinstance(temperature, (int, float)) else None,
             seed=int(seed) if isinstance(seed, int) else None,

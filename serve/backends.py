@@ -23,14 +23,14 @@ import contextlib
 import ctypes  # noqa: F401 - imported before any fork: the child's death-signal hook uses it
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from specreg.llama.process import ServerFailed, llama_message
 from specreg.llama.server import STARTUP_TIMEOUT_S, LlamaServer
-from specreg.serve.memory import Resident, resident
+from specreg.serve.memory import ANON_ESTIMATE, Resident, budget_str, file_bytes, resident
 from specreg.serve.routes import BackendSpec, RouteTable
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,10 @@ class Backend:
         self.stopping = False
         self.restarting = False
         self.answered = 0  # requests sent to the current process (a run's position in it)
+        self.last_used = 0  # the pool's request counter when a request last chose it
+        self.inflight = 0  # requests on their way through it now
+        self.starting: asyncio.Task[None] | None = None  # a lazy start under way
+        self.last_pss: int | None = None  # bytes it held when last measured
 
     # -- process --------------------------------------------------------------------------
 
@@ -148,6 +152,25 @@ class Backend:
         if self.server is not None:
             await asyncio.get_running_loop().run_in_executor(self.executor, self.server.stop)
 
+    async def evict(self) -> None:
+        """Stop the process to free its memory; the next request that needs it starts it."""
+        self.measure()
+        await self.stop()
+        self.server = None
+        self.stopping = False
+
+    @property
+    def running(self) -> bool:
+        return self.server is not None and self.exit_code() is None
+
+    def measure(self) -> int | None:
+        """The bytes the process holds now (PSS: shared pages split among their users)."""
+        pid = self.pid
+        got = resident(pid) if pid is not None and self.exit_code() is None else None
+        if got is not None:
+            self.last_pss = got.pss
+        return got.pss if got is not None else None
+
     def describe_exit(self, rc: int) -> str:
         text = self.server.log_text() if self.server is not None else ""
         how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
@@ -205,6 +228,8 @@ class BackendPool:
         logs: Path,
         startup_timeout: float = STARTUP_TIMEOUT_S,
         on_restart: Callable[[Backend, str], None] | None = None,
+        memory_budget: int | None = None,
+        lazy: bool = False,
     ):
         # One long-lived thread starts and stops every process (see the module docstring).
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specreg-backends")
@@ -216,21 +241,119 @@ class BackendPool:
             for spec in table.backends
         }
         self.on_restart = on_restart
+        self.memory_budget = memory_budget
+        self.lazy = lazy  # start a backend when a request first needs it
+        # Asked before a crashed backend is restarted: True means "do not, it is retired".
+        self.on_crash: Callable[[Backend, str], bool] | None = None
+        self.clock = 0  # counts requests: "least recently used" without reading a clock
+        self.evictions: list[str] = []  # what was stopped to make room, and why
+        self._start_lock: asyncio.Lock | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._restarts: set[asyncio.Task[None]] = set()
 
     def __getitem__(self, name: str) -> Backend:
         return self.backends[name]
 
-    async def start(self) -> None:
-        """Start every backend (one after the other: they share the cores while loading)."""
+    async def start(self, names: Iterable[str] | None = None) -> None:
+        """Start the backends named (default: every one), one after the other: they share the
+        cores while loading. The others start when a request first needs them (`ensure`)."""
+        chosen = list(self.backends) if names is None else list(dict.fromkeys(names))
         try:
-            for backend in self.backends.values():
+            for name in chosen:
+                backend = self.backends[name]
+                await self._make_room(backend)
                 await backend.start()
         except BaseException:
             await self.stop()
             raise
         self._supervisor = asyncio.create_task(self._supervise(), name="specreg-supervisor")
+
+    def touch(self, backend: Backend) -> None:
+        self.clock += 1
+        backend.last_used = self.clock
+
+    async def ensure(self, backend: Backend, timeout: float) -> None:
+        """`backend` ready to serve: started now if it is not running (within the memory
+        budget, stopping the least recently used idle backends to make room).
+        `BackendUnavailable` says why it cannot serve."""
+        self.touch(backend)
+        if backend.failure:
+            raise BackendUnavailable(f"backend {backend.name} is down: {backend.failure}")
+        if backend.ready.is_set():
+            return
+        idle = backend.server is None and backend.starting is None and not backend.restarting
+        if self.lazy and idle:
+            backend.starting = asyncio.create_task(self._lazy_start(backend))
+        task = backend.starting
+        if task is None:
+            await backend.wait_ready(timeout)
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        except asyncio.TimeoutError as err:
+            raise BackendUnavailable(
+                f"backend {backend.name} was not ready within {timeout:.0f} s"
+            ) from err
+
+    async def _lazy_start(self, backend: Backend) -> None:
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        try:
+            async with self._start_lock:  # one start at a time: memory is counted right
+                await self._make_room(backend)
+                await backend.start()
+        except ServerFailed as err:
+            backend.failure = f"failed to start: {err}"
+            raise BackendUnavailable(f"backend {backend.name} {backend.failure}") from err
+        finally:
+            backend.starting = None
+
+    def estimate(self, backend: Backend) -> int:
+        """What `backend` will hold once running: its own last measurement, else a running
+        sibling's (same target: the same weights, shared in the page cache), else its model
+        files and ANON_ESTIMATE."""
+        if backend.last_pss:
+            return backend.last_pss
+        spec = backend.spec
+        siblings = [
+            b.measure() or 0
+            for b in self.backends.values()
+            if b is not backend and b.running and b.spec.target == spec.target
+            and b.spec.draft_path == spec.draft_path
+        ]  # fmt: skip
+        if any(siblings):
+            return max(siblings)
+        return file_bytes(spec.target.path, spec.draft_path) + ANON_ESTIMATE
+
+    def used(self, *, but: Backend | None = None) -> int:
+        return sum(b.measure() or 0 for b in self.backends.values() if b.running and b is not but)
+
+    async def _make_room(self, backend: Backend) -> None:
+        budget = self.memory_budget
+        if budget is None:
+            return
+        need = self.estimate(backend)
+        while True:
+            used = self.used(but=backend)
+            if used + need <= budget:
+                return
+            idle = [
+                b for b in self.backends.values()
+                if b.running and b is not backend and b.inflight == 0 and b.starting is None
+            ]  # fmt: skip
+            if not idle:
+                raise BackendUnavailable(
+                    f"backend {backend.name} needs about {budget_str(need)}: the memory budget "
+                    f"({budget_str(budget)}; serve --memory-budget) holds {budget_str(used)} in "
+                    "backends that are busy or none to stop"
+                )
+            victim = min(idle, key=lambda b: b.last_used)
+            self.evictions.append(
+                f"stopped {victim.name} (least recently used) to start {backend.name}: "
+                f"{budget_str(used)} held + {budget_str(need)} needed > {budget_str(budget)}"
+            )
+            log.info(self.evictions[-1])
+            await victim.evict()
 
     async def stop(self) -> None:
         if self._supervisor is not None:
@@ -250,6 +373,14 @@ class BackendPool:
         """Restart `backend` in the background unless that is already under way."""
         if backend.restarting or backend.stopping or backend.failure:
             return
+        if self.on_crash is not None:
+            rc = backend.exit_code()
+            how = backend.describe_exit(rc) if rc is not None else "the connection broke"
+            if self.on_crash(backend, f"crashed: {how}"):
+                backend.failure = f"retired after a crash: {how}"
+                backend.last_exit = how
+                backend.ready.clear()
+                return
         backend.restarting = True
         backend.ready.clear()
         task = asyncio.create_task(self._restart(backend), name=f"restart-{backend.name}")

@@ -8,6 +8,7 @@ the weights once per backend.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,3 +59,56 @@ def resident(pid: int, proc: Path = Path("/proc")) -> Resident | None:
         shared=values.get("Shared_Clean", 0) + values.get("Shared_Dirty", 0),
         private=values.get("Private_Clean", 0) + values.get("Private_Dirty", 0),
     )
+
+
+# What a backend holds beyond its mapped files before it has run (KV cache, compute buffers):
+# assumed until one of the target's backends has been measured.
+ANON_ESTIMATE = 256 * 2**20
+BUDGET_SHARE = 0.9  # of the memory available at start-up, by default
+
+
+def meminfo(proc: Path = Path("/proc")) -> dict[str, int]:
+    """/proc/meminfo in bytes (empty where there is none)."""
+    try:
+        text = (proc / "meminfo").read_text()
+    except OSError:
+        return {}
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[key.strip()] = int(parts[0]) * (KIB if parts[1:] == ["kB"] else 1)
+    return out
+
+
+def default_budget(proc: Path = Path("/proc")) -> int | None:
+    """The memory backends may hold together: a share of what is available now."""
+    info = meminfo(proc)
+    available = info.get("MemAvailable")
+    return int(available * BUDGET_SHARE) if available else None
+
+
+def file_bytes(*paths: str | None) -> int:
+    """Apparent sizes of the model files a backend maps (split GGUFs: the first part only)."""
+    total = 0
+    for p in paths:
+        if p:
+            with contextlib.suppress(OSError):
+                total += Path(p).stat().st_size
+    return total
+
+
+def budget_str(n: int | None) -> str:
+    return "none" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def parse_size(text: str) -> int:
+    """`8G`, `512M`, `1.5GiB`, `123456` (bytes) -> bytes; ValueError otherwise."""
+    units = {"": 1, "K": KIB, "M": KIB**2, "G": KIB**3, "T": KIB**4}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in units and t[-1:] != "" and not t[-1:].isdigit() else ""
+    number = float(t[:-1] if unit else t)
+    if number <= 0:
+        raise ValueError(text)
+    return int(number * units[unit])

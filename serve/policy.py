@@ -436,10 +436,18 @@ class PolicyStatus:
     policy: str
     seed: int
     tasks: tuple[dict[str, Any], ...]
+    replayed: int = 0  # stored requests read back at start-up
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. the memory budget, backends
 
     def to_json(self) -> dict[str, Any]:
         return document(
             self.JSON_KIND,
             self.JSON_VERSION,
-            {"policy": self.policy, "seed": self.seed, "tasks": list(self.tasks)},
+            {
+                "policy": self.policy,
+                "seed": self.seed,
+                "replayed": self.replayed,
+                "tasks": list(self.tasks),
+                **self.extra,
+            },
         )

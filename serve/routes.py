@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +25,32 @@ from specreg.jsonout import document
 from specreg.llama.config import SPEC_NONE, SPEC_TYPES, Config, server_argv
 from specreg.llama.install import LlamaInstall
 from specreg.recommender.advisor import Advisor
+from specreg.recommender.recommend import Option, Recommendation
 from specreg.registry.queries import ModelRecord, get_model
 from specreg.registry.scan import model_record
 from specreg.runner.runs import with_expert_key
-from specreg.terms import TASKS, canonical_task
+from specreg.serve.policy import (
+    KIND_CACHE,
+    KIND_DRAFT,
+    KIND_EXPERTS,
+    KIND_NGRAM,
+    KIND_PLAIN,
+    KIND_STACK,
+    ORIGIN_PIN,
+    ORIGIN_RECOMMEND,
+    Candidate,
+    pick_candidates,
+)
+from specreg.terms import TASKS, Method, canonical_task
 from specreg.tune.tuner import option_config
 
 SOURCE_PINNED = "pinned"
 SOURCE_RECOMMENDED = "recommended"
+# --policy: `fixed` serves each task with one configuration (the pin or the recommender's top),
+# `adaptive` chooses among a few candidates per request (specreg.serve.policy).
+POLICY_FIXED = "fixed"
+POLICY_ADAPTIVE = "adaptive"
+POLICIES = (POLICY_ADAPTIVE, POLICY_FIXED)
 # specreg.yaml's and --pin's name for "every task not pinned on its own".
 DEFAULT_TASK = "default"
 # llama-server slots per backend. One, as every measurement the recommendation rests on was
@@ -95,16 +113,50 @@ class Route:
 
 
 @dataclass(frozen=True)
+class CandidateRoute:
+    """A configuration the adaptive policy may send a (target, task)'s requests to.
+
+    `reserve`: not offered at first; joins when K moves outward to it (specreg.serve.policy).
+    The prior is the recommender's prediction for this host with its band."""
+
+    target: str
+    task: str
+    backend: str
+    label: str
+    kind: str
+    family: str | None
+    k: int | None
+    prior_tps: float
+    prior_lo: float
+    prior_hi: float
+    prior_band: float
+    origin: str
+    reserve: bool = False
+
+    @property
+    def key(self) -> str:
+        return self.backend
+
+
+@dataclass(frozen=True)
 class RouteTable:
-    """Targets, their routes per task and the backends the routes share."""
+    """Targets, their routes per task and the backends the routes share.
+
+    `routes` are the fixed policy's choice per task (and the adaptive policy's first choice);
+    `candidates` what the adaptive policy chooses among (empty under --policy fixed)."""
 
     JSON_KIND = "serve-routes"
-    JSON_VERSION = "1"
+    JSON_VERSION = "2"
 
     targets: tuple[Target, ...]
     routes: tuple[Route, ...]
     backends: tuple[BackendSpec, ...]
     notes: tuple[str, ...] = ()
+    policy: str = POLICY_FIXED
+    candidates: tuple[CandidateRoute, ...] = ()
+
+    def candidates_of(self, target: str, task: str) -> list[CandidateRoute]:
+        return [c for c in self.candidates if c.target == target and c.task == task]
 
     def route(self, target: str, task: str) -> Route:
         for r in self.routes:
@@ -147,6 +199,8 @@ class RouteTable:
                     for b in self.backends
                 ],
                 "notes": self.notes,
+                "policy": self.policy,
+                "candidates": self.candidates,
             },
         )
 
@@ -280,6 +334,8 @@ class _Choice:
     draft: ModelRecord | None
     source: str
     reason: str
+    recommendation: Recommendation | None = None
+    n_pins: int = 0  # pins naming this task: one is a pin, several a candidate set
 
 
 def _choose(
@@ -291,20 +347,20 @@ def _choose(
     task: str,
 ) -> _Choice:
     """--pin, then specreg.yaml, then the recommender."""
-    by_task = {p.task: p for p in pins}
-    pin = by_task.get(task) or by_task.get(DEFAULT_TASK)
-    if pin is not None:
-        draft = _model(con, pin.draft) if pin.draft else None
-        config = Config(spec_type=pin.spec_type, k=pin.k)
-        if config.needs_draft and draft is None:
-            raise UsageError(f"--pin {pin.text!r}: {pin.spec_type} needs @DRAFT (a draft model)")
-        return _Choice(config, draft, SOURCE_PINNED, f"pinned by --pin {pin.text}")
+    mine = _pins_for(pins, task)
+    if mine:
+        config, draft = _pin_config(con, mine[0])
+        why = f"pinned by --pin {mine[0].text}"
+        if len(mine) > 1:
+            why = "candidate set pinned by --pin " + ", ".join(p.text for p in mine)
+        return _Choice(config, draft, SOURCE_PINNED, why, n_pins=len(mine))
     role = _role_for(spec, rec)
     cfg = _pinned(role, task)
     if cfg is not None and role is not None and spec is not None:
         config, draft = pinned_config(con, spec, cfg, rec)
         return _Choice(config, draft, SOURCE_PINNED, f"pinned in {cfg.where} (role {role.name})")
-    best = advisor.recommend(con, rec.model_id, task=task).best
+    recommendation = advisor.recommend(con, rec.model_id, task=task)
+    best = recommendation.best
     reason = f"recommend: {best.label} predicted {best.tps:.1f} t/s ({best.speedup_str} vs plain)"
     if best.n_measured:
         reason += f", {best.n_measured} run(s) measured here"
@@ -313,7 +369,53 @@ def _choose(
         get_model(con, best.draft_id) if best.draft_id else None,
         SOURCE_RECOMMENDED,
         reason,
+        recommendation,
     )
+
+
+def _pins_for(pins: Sequence[Pin], task: str) -> list[Pin]:
+    """The --pin options for `task`: its own, else the `default` ones."""
+    own = [p for p in pins if p.task == task]
+    return own or [p for p in pins if p.task == DEFAULT_TASK]
+
+
+def _pin_config(con: duckdb.DuckDBPyConnection, pin: Pin) -> tuple[Config, ModelRecord | None]:
+    draft = _model(con, pin.draft) if pin.draft else None
+    config = Config(spec_type=pin.spec_type, k=pin.k)
+    if config.needs_draft and draft is None:
+        raise UsageError(f"--pin {pin.text!r}: {pin.spec_type} needs @DRAFT (a draft model)")
+    return config, draft
+
+
+def _kind_of(option: Option) -> tuple[str, str | None] | None:
+    """The policy's kind and family of a recommended option (None: not worth serving)."""
+    experts = f"|experts={option.experts}" if option.experts is not None else ""
+    if option.method is Method.NONE:
+        return (KIND_EXPERTS, None) if option.experts is not None else (KIND_PLAIN, None)
+    if option.stack is not None and "," in option.stack:
+        return KIND_STACK, option.stack + experts
+    if option.method in (Method.DRAFT, Method.MTP):
+        return KIND_DRAFT, f"{option.spec_type}@{option.draft_id or 'self'}{experts}"
+    if option.lookup_cache is not None:
+        return KIND_CACHE, f"ngram-cache@{option.lookup_cache}"
+    if option.spec_type == "ngram-cache":
+        return None  # without a workload cache it stops drafting after a request (notes 7)
+    return KIND_NGRAM, option.spec_type + experts
+
+
+def _prior_of(
+    recommendation: Recommendation | None, config: Config, draft: ModelRecord | None
+) -> tuple[float, float, float]:
+    """The recommender's prediction for a pinned configuration (its closest option)."""
+    if recommendation is None:
+        return (1.0, 0.0, 0.0)
+    draft_id = draft.model_id if draft is not None else None
+    same = [o for o in recommendation.options if o.spec_type == config.spec_type
+            and o.draft_id == draft_id]  # fmt: skip
+    if not same:
+        return (recommendation.best.tps, 0.0, 0.0)  # no band: the policy's default width
+    o = min(same, key=lambda o: abs((o.k or 0) - (config.k or o.k or 0)))
+    return (o.tps, o.tps_lo, o.tps_hi)
 
 
 def _backend(
@@ -368,8 +470,21 @@ def plan_routes(
     threads: int | None = None,
     ctx: int | None = None,
     parallel: int = DEFAULT_PARALLEL,
+    policy: str = POLICY_FIXED,
 ) -> RouteTable:
-    """Choose every (target, task)'s configuration and the backends that serve them."""
+    """Choose every (target, task)'s configuration and the backends that serve them; under
+    the adaptive policy also each (target, task)'s candidates (pins stay pins: a task pinned
+    once has one candidate, a task pinned several times has the pinned set)."""
+    if policy not in POLICIES:
+        raise UsageError(f"--policy {policy!r}: one of {', '.join(POLICIES)}")
+    if policy == POLICY_FIXED:
+        for task in (*TASKS, DEFAULT_TASK):
+            own = [p.text for p in pins if p.task == task]
+            if len(own) > 1:
+                raise UsageError(
+                    f"--pin {own[0]!r} and {own[1]!r} pin one task twice: a candidate set "
+                    "needs --policy adaptive"
+                )
     refs = list(targets)
     if not refs and spec is not None:
         refs = list(dict.fromkeys(role.target for role in spec.roles))
@@ -389,18 +504,123 @@ def plan_routes(
             "no runs on this host yet: recommendations come from the shipped prior; served "
             "requests are recorded and refine them"
         )
+    candidates: list[CandidateRoute] = []
+    band = advisor.model.band
     for rec in records:
         target = _target(rec, spec, taken)
         out_targets.append(target)
         for task in TASKS:
             choice = _choose(con, advisor, spec, pins, rec, task)
-            config = choice.config.with_(threads=threads, **({"ctx": ctx} if ctx else {}))
-            b = _backend(backends, install, host, target, config, choice.draft, parallel)
+
+            def backend_of(
+                config: Config, draft: ModelRecord | None, target: Target = target
+            ) -> BackendSpec:
+                config = config.with_(threads=threads, **({"ctx": ctx} if ctx else {}))
+                return _backend(backends, install, host, target, config, draft, parallel)
+
+            b = backend_of(choice.config, choice.draft)
             routes.append(
-                Route(target.name, task, b.name, config.label, choice.source, choice.reason)
+                Route(target.name, task, b.name, b.config.label, choice.source, choice.reason)
             )
+            if policy == POLICY_ADAPTIVE:
+                if choice.source == SOURCE_PINNED and choice.recommendation is None:
+                    choice = replace(
+                        choice, recommendation=advisor.recommend(con, rec.model_id, task=task)
+                    )
+                candidates += _task_candidates(con, pins, target, task, choice, b, band,
+                                               backend_of)  # fmt: skip
     notes += [n for b in backends.values() if (n := ngram_cache_note(b))]
-    return RouteTable(tuple(out_targets), tuple(routes), tuple(backends.values()), tuple(notes))
+    return RouteTable(
+        tuple(out_targets), tuple(routes), tuple(backends.values()), tuple(notes),
+        policy=policy, candidates=tuple(candidates),
+    )  # fmt: skip
+
+
+def _task_candidates(
+    con: duckdb.DuckDBPyConnection,
+    pins: Sequence[Pin],
+    target: Target,
+    task: str,
+    choice: _Choice,
+    route_backend: BackendSpec,
+    band: float,
+    backend_of: Callable[[Config, ModelRecord | None], BackendSpec],
+) -> list[CandidateRoute]:
+    """A (target, task)'s candidates: see `plan_routes`."""
+    recommendation = choice.recommendation
+
+    def made(b: BackendSpec, prior: tuple[float, float, float], kind: str, family: str | None,
+             origin: str, reserve: bool = False) -> CandidateRoute:  # fmt: skip
+        return CandidateRoute(
+            target.name, task, b.name, b.config.label + (f" {Path(b.draft_path).stem}"
+            if b.draft_path else ""), kind, family, b.config.k, *prior, band, origin, reserve,
+        )  # fmt: skip
+
+    if choice.source == SOURCE_PINNED:
+        own = _pins_for(pins, task) if choice.n_pins > 1 else []
+        if not own:  # one pin: the pinned configuration only
+            prior = _prior_of(recommendation, route_backend.config, choice.draft)
+            return [made(route_backend, prior, KIND_PLAIN, None, ORIGIN_PIN)]
+        out = []
+        for pin in own:
+            config, draft = _pin_config(con, pin)
+            b = backend_of(config, draft)
+            kind = KIND_PLAIN if config.spec_type == SPEC_NONE else KIND_NGRAM
+            out.append(made(b, _prior_of(recommendation, config, draft), kind, None, ORIGIN_PIN))
+        return _unique(out)
+    assert recommendation is not None
+    offers: list[Candidate] = []
+    for i, option in enumerate(recommendation.options):
+        kind_family = _kind_of(option)
+        if kind_family is None:
+            continue
+        offers.append(
+            Candidate(
+                f"option-{i}",
+                option.label,
+                option.tps,
+                option.tps_lo,
+                option.tps_hi,
+                band,
+                k=option.k,
+                family=kind_family[1],
+                kind=kind_family[0],
+                payload=option,
+            )  # fmt: skip
+        )
+    picked = pick_candidates(offers)
+    keys = {c.key for c in picked}
+    families = {c.family for c in picked if c.kind == KIND_DRAFT}
+    reserve = [o for o in offers if o.kind == KIND_DRAFT and o.family in families
+               and o.key not in keys]  # fmt: skip
+    out = [made(route_backend, _prior_of(recommendation, route_backend.config, choice.draft),
+                *_route_kind(offers, route_backend), ORIGIN_RECOMMEND)]  # fmt: skip
+    for c, spare in [*((c, False) for c in picked), *((c, True) for c in reserve)]:
+        option = c.payload
+        draft = get_model(con, option.draft_id) if option.draft_id else None
+        b = backend_of(option_config(option).with_(temperature=0.0), draft)
+        prior = (c.prior_tps, c.prior_lo, c.prior_hi)
+        out.append(made(b, prior, c.kind, c.family, ORIGIN_RECOMMEND, reserve=spare))
+    return _unique(out)
+
+
+def _route_kind(offers: Sequence[Candidate], route: BackendSpec) -> tuple[str, str | None]:
+    """The kind and family of the route's own configuration (the recommender's top)."""
+    for o in offers:
+        option = o.payload
+        if option_config(option).with_(temperature=0.0).label == route.config.label and (
+            option.draft_path == route.draft_path
+        ):
+            return o.kind, o.family
+    return KIND_PLAIN, None
+
+
+def _unique(cands: Sequence[CandidateRoute]) -> list[CandidateRoute]:
+    """One candidate per backend, the first one given, in order."""
+    seen: dict[str, CandidateRoute] = {}
+    for c in cands:
+        seen.setdefault(c.backend, c)
+    return list(seen.values())
 
 
 def ngram_cache_note(backend: BackendSpec) -> str | None:

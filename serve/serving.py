@@ -13,6 +13,7 @@ import ipaddress
 import logging
 import signal
 import socket
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -27,20 +28,25 @@ from specreg.llama.install import LlamaInstall
 from specreg.llama.server import STARTUP_TIMEOUT_S
 from specreg.registry.run_store import RunRecord
 from specreg.runner.protocol import Protocol, state_source
+from specreg.serve.adaptive import Router
 from specreg.serve.app import DEFAULT_MAX_BODY, KIND_SERVE, REQUEST_TIMEOUT_S, Service
 from specreg.serve.backends import BackendPool, BackendStatus
 from specreg.serve.classify import fitted_classifier
+from specreg.serve.memory import default_budget
 from specreg.serve.recorder import RunRecorder
 from specreg.serve.routes import (
     DEFAULT_PARALLEL,
+    POLICY_ADAPTIVE,
+    POLICY_FIXED,
     BackendSpec,
     RouteTable,
     parse_pin,
     plan_routes,
 )
-from specreg.terms import REGIME_WARM, keeps_state
+from specreg.terms import REGIME_WARM, TASKS, keeps_state
 
 if TYPE_CHECKING:
+    import duckdb
     import uvicorn
 
 log = logging.getLogger(__name__)
@@ -59,6 +65,8 @@ class ServeOptions:
     startup_timeout: float = STARTUP_TIMEOUT_S
     request_timeout: float = REQUEST_TIMEOUT_S
     record: bool = True
+    seed: int = 0  # the adaptive policy's: the same evidence gives the same choices
+    memory_budget: int | None = None  # bytes all backends may hold; None: MemAvailable share
 
     @property
     def loopback(self) -> bool:
@@ -100,6 +108,13 @@ class Prepared:
     table: RouteTable
     install: LlamaInstall
     host: Host
+    evidence: tuple[RunRecord, ...] = ()  # served runs of the targets, for the policy
+
+    def router(self, seed: int = 0) -> Router:
+        """The policy with the stored evidence read back (what a restarted server knows)."""
+        router = Router(self.table, seed=seed)
+        router.replay(self.evidence)
+        return router
 
 
 def prepare(
@@ -113,6 +128,7 @@ def prepare(
     threads: int | None = None,
     ctx: int | None = None,
     parallel: int = DEFAULT_PARALLEL,
+    policy: str = POLICY_FIXED,
 ) -> Prepared:
     """Find llama.cpp, read specreg.yaml when there is one, and plan every route."""
     from specreg.declare.spec import load_spec
@@ -134,9 +150,20 @@ def prepare(
         advisor = open_advisor(con, detect_host_facts(bandwidth, fingerprint=host.fingerprint))
         table = plan_routes(
             con, install, host, advisor, targets,
-            spec=spec, pins=parsed, threads=threads, ctx=ctx, parallel=parallel,
+            spec=spec, pins=parsed, threads=threads, ctx=ctx, parallel=parallel, policy=policy,
         )  # fmt: skip
-    return Prepared(table, install, host)
+        evidence = served_runs(con, table) if policy == POLICY_ADAPTIVE else ()
+    return Prepared(table, install, host, evidence)
+
+
+def served_runs(con: duckdb.DuckDBPyConnection, table: RouteTable) -> tuple[RunRecord, ...]:
+    """Every served request recorded for the table's targets (the policy's evidence)."""
+    from specreg.registry.run_store import list_runs
+
+    runs: list[RunRecord] = []
+    for target in table.targets:
+        runs += [r for r in list_runs(con, model_id=target.model_id) if r.kind == KIND_SERVE]
+    return tuple(runs)
 
 
 def run_template(spec: BackendSpec, install: LlamaInstall, host: Host) -> RunRecord:
@@ -172,6 +199,13 @@ def run_template(spec: BackendSpec, install: LlamaInstall, host: Host) -> RunRec
     )
 
 
+def initial_backends(table: RouteTable, router: Router) -> list[str]:
+    """The backends to start with: each (target, task)'s current best, most wanted first."""
+    wanted = [router.best(t.name, task) for t in table.targets for task in TASKS]
+    counts = Counter(wanted)
+    return sorted(dict.fromkeys(wanted), key=lambda name: -counts[name])
+
+
 def serve_protocol(spec_type: str) -> Protocol:
     """How a served request's figures were taken: one sample, on a long-lived server that has
     answered other requests before (the warm regime: stateful methods have learned from them)."""
@@ -195,11 +229,14 @@ def serve(
     options: ServeOptions,
     *,
     on_ready: Callable[[list[BackendStatus]], None] | None = None,
+    router: Router | None = None,
 ) -> str:
     """Serve until SIGTERM/SIGINT; return why it stopped. `ServerFailed` if a backend
-    cannot start (nothing is left running)."""
+    cannot start (nothing is left running). `router`: the policy with its evidence
+    (`Prepared.router`); by default one without evidence."""
     check_port(options.host, options.port)
-    main = _main(table, install, host, db_path, options, on_ready)
+    router = router or Router(table, seed=options.seed)
+    main = _main(table, install, host, db_path, options, on_ready, router)
     try:
         import uvloop  # the [serve] extra's faster event loop, where it installs
     except ImportError:
@@ -220,6 +257,7 @@ async def _main(
     db_path: Path,
     options: ServeOptions,
     on_ready: Callable[[list[BackendStatus]], None] | None,
+    router: Router,
 ) -> str:
     import uvicorn
 
@@ -238,22 +276,31 @@ async def _main(
 
     classifier = fitted_classifier()
     recorder = RunRecorder(db_path).start() if options.record else None
+    adaptive = router.adaptive
+    budget = options.memory_budget
+    if budget is None and adaptive:
+        budget = default_budget()
     pool = BackendPool(
-        table, env=host.env(), logs=logs_dir(), startup_timeout=options.startup_timeout
-    )
+        table, env=host.env(), logs=logs_dir(), startup_timeout=options.startup_timeout,
+        memory_budget=budget, lazy=adaptive,
+    )  # fmt: skip
     service = Service(
         table,
         pool,
         classifier,
         templates={b.name: run_template(b, install, host) for b in table.backends},
         recorder=recorder,
+        router=router,
         max_body=options.max_body,
         ready_timeout=options.startup_timeout,
         request_timeout=options.request_timeout,
     )
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        await pool.start()
+        # Fixed: every route's backend now. Adaptive: each task's current best now (in
+        # order, within the budget: a task whose best does not fit waits for its request),
+        # the other candidates when the policy first sends a request there.
+        await pool.start(initial_backends(table, router) if adaptive else None)
         await service.open()
         config = uvicorn.Config(
             service.app,

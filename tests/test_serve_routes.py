@@ -119,8 +119,16 @@ def test_dry_run_json_lists_routes_and_commands(
     tmp_path: Path, specreg_home: Path, small_models: SmallModels, llama_install: LlamaInstall
 ) -> None:
     doc = dry_run(tmp_path, specreg_home, small_models, llama_install, "--threads", "1")
-    assert (doc["version"], doc["kind"]) == ("1", "serve-routes")
-    assert set(doc) == {"version", "kind", "targets", "routes", "backends", "notes"}
+    assert (doc["version"], doc["kind"]) == ("2", "serve-routes")
+    assert set(doc) == {
+        "version", "kind", "targets", "routes", "backends", "notes", "policy", "candidates"
+    }  # fmt: skip
+    # pins stay pins under the adaptive policy: one candidate per task, the pinned one
+    assert doc["policy"] == "adaptive"
+    assert {(c["task"], c["label"], c["origin"]) for c in doc["candidates"]} == {
+        *((t, "plain", "pinned") for t in ("prose", "summarize", "json", "math", "chat")),
+        ("code", "ngram-mod k=8", "pinned"),
+    }
     assert set(doc["routes"][0]) == {
         "target", "task", "backend", "config_label", "source", "reason"
     }  # fmt: skip

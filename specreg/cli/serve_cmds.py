@@ -21,6 +21,7 @@ from specreg.cli.common import (
 
 if TYPE_CHECKING:
     from specreg.serve.backends import BackendStatus
+    from specreg.serve.policy import PolicyStatus
     from specreg.serve.routes import RouteTable
 
 SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'specreg[serve]'"
@@ -61,6 +62,26 @@ SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'spe
 )
 @llama_bin_option
 @click.option("--bandwidth", type=float, default=None, help="Memory bandwidth in GB/s.")
+@click.option(
+    "--policy",
+    type=click.Choice(["adaptive", "fixed"]),
+    default="adaptive",
+    show_default=True,
+    help="adaptive: a few candidate configurations per task, chosen per request by Thompson "
+    "sampling on the decode speed each request measured (starting from the recommender's "
+    "prediction, continuing from the registry's served runs after a restart); fixed: one "
+    "configuration per task, as pinned or recommended.",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="The adaptive policy's random seed."
+)
+@click.option(
+    "--memory-budget",
+    default=None,
+    metavar="SIZE",
+    help="Memory all backends may hold together (e.g. 16G); the least recently used idle "
+    "backend stops to make room (default: 90% of the memory available at start).",
+)
 @click.option("--no-record", is_flag=True, help="Do not record served requests as runs.")
 @click.option(
     "--dry-run", is_flag=True, help="Print the route table with the reasons; start nothing."
@@ -79,6 +100,9 @@ def serve_cmd(
     max_body: int,
     llama_bin: Path | None,
     bandwidth: float | None,
+    policy: str,
+    seed: int,
+    memory_budget: str | None,
     no_record: bool,
     dry_run: bool,
     db_path: Path | None,
@@ -101,25 +125,43 @@ def serve_cmd(
         raise UsageError(SERVE_EXTRA_HINT) from err
     prepared = serving.prepare(
         resolve_db(db_path), targets, spec_path=spec_path, pins=pins, llama_bin=llama_bin,
-        bandwidth=bandwidth, threads=threads, ctx=ctx, parallel=parallel,
+        bandwidth=bandwidth, threads=threads, ctx=ctx, parallel=parallel, policy=policy,
     )  # fmt: skip
-    options = serving.ServeOptions(host=bind, port=port, max_body=max_body, record=not no_record)
+    options = serving.ServeOptions(
+        host=bind, port=port, max_body=max_body, record=not no_record, seed=seed,
+        memory_budget=_budget(memory_budget),
+    )  # fmt: skip
+    router = prepared.router(seed)
     if not options.loopback:
         err_console().print(
             f"warning: listening on {bind}, not loopback: anyone who can reach this machine "
             "can use these models (there is no authentication)"
         )
     if dry_run:
-        _print_routes(prepared.table, as_json)
+        _print_routes(prepared.table, router.status() if router.adaptive else None, as_json)
         return
     why = serving.serve(
         prepared.table, prepared.install, prepared.host, resolve_db(db_path), options,
         on_ready=lambda status: _print_ready(options.url, prepared.table, status),
+        router=router,
     )  # fmt: skip
     err_console().print(f"stopped ({why}); every backend has exited")
 
 
-def _print_routes(table: RouteTable, as_json: bool) -> None:
+def _budget(text: str | None) -> int | None:
+    if text is None:
+        return None
+    from specreg.serve.memory import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        from specreg.errors import UsageError
+
+        raise UsageError(f"--memory-budget {text!r}: write a size such as 16G or 512M") from err
+
+
+def _print_routes(table: RouteTable, status: PolicyStatus | None, as_json: bool) -> None:
     if as_json:
         emit(table)
         return
@@ -128,10 +170,38 @@ def _print_routes(table: RouteTable, as_json: bool) -> None:
     for r in table.routes:
         grid.add_row(r.target, r.task, r.backend, r.config_label, r.source, r.reason)
     out.print(grid)
+    if status is not None:
+        _print_policy(status)
     for b in table.backends:
         out.print(f"{b.name}:  {b.command}")
     for note in table.notes:
         out.print(f"note: {note}")
+
+
+def _print_policy(status: PolicyStatus) -> None:
+    """Per target and task: the candidates, each posterior with its band, the requests each
+    received, the current choice and why."""
+    out = console()
+    out.print()
+    out.print(
+        f"adaptive policy (seed {status.seed}; {status.replayed} stored request(s) read back; "
+        "* = current choice; status endpoint /v1/specreg/status)"
+    )
+    for t in status.tasks:
+        if not t["candidates"]:
+            continue
+        out.print(f"{t['target']} / {t['task']}: {t['why']}")
+        grid = Table("", "candidate", "prior t/s", "posterior t/s [90%]", "requests", "status",
+                     box=None)  # fmt: skip
+        for c in t["candidates"]:
+            mark = "*" if c["key"] == t["choice"] else ""
+            grid.add_row(
+                mark, c["label"],
+                f"{c['prior_tps']:.1f} [{c['prior_lo']:.1f}-{c['prior_hi']:.1f}]",
+                f"{c['posterior_tps']:.1f} [{c['posterior_lo']:.1f}-{c['posterior_hi']:.1f}]",
+                str(c["requests"]), c["status"] + (f": {c['why']}" if c["why"] else ""),
+            )  # fmt: skip
+        out.print(grid)
 
 
 def _print_ready(url: str, table: RouteTable, status: list[BackendStatus]) -> None:

@@ -1,0 +1,180 @@
+"""The running server's choices: one policy per (target, task), fed by served requests.
+
+Under `--policy fixed` every request of a task goes to its route (today's behaviour). Under
+`--policy adaptive` each (target, task) has a `TaskPolicy` (specreg.serve.policy) over the
+candidates the plan gave it; a candidate is the name of the backend that runs it. The evidence
+is the registry's served runs: at start-up `replay` feeds every recorded request of this
+target and task back in order, so a restarted server continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from specreg.registry.run_store import RunRecord
+from specreg.serve.policy import (
+    Candidate,
+    PolicyStatus,
+    TaskPolicy,
+)
+from specreg.serve.routes import POLICY_ADAPTIVE, POLICY_FIXED, CandidateRoute, RouteTable
+from specreg.terms import TASKS
+
+REASON_FIXED = "fixed"  # the fixed policy's only reason
+REASON_RETRY = "retry"  # the second attempt of a request, on the current best
+SERVE_KEY = "serve"  # a served run's config[SERVE_KEY]: policy, candidate, reason, concurrency
+
+
+@dataclass(frozen=True)
+class Pick:
+    """Where one request goes: the backend, and why the policy sent it there."""
+
+    backend: str
+    reason: str  # explore | exploit | only | fixed | retry
+    best: str  # the backend with the best posterior when it was chosen
+
+
+def _candidate(c: CandidateRoute) -> Candidate:
+    return Candidate(
+        key=c.backend,
+        label=c.label,
+        prior_tps=c.prior_tps,
+        prior_lo=c.prior_lo,
+        prior_hi=c.prior_hi,
+        prior_band=c.prior_band,
+        k=c.k,
+        family=c.family,
+        kind=c.kind,
+        origin=c.origin,
+    )
+
+
+class Router:
+    """Every (target, task)'s policy; the fixed policy is a table lookup."""
+
+    def __init__(self, table: RouteTable, *, seed: int = 0):
+        self.table = table
+        self.seed = seed
+        self.adaptive = table.policy == POLICY_ADAPTIVE
+        self.policies: dict[tuple[str, str], TaskPolicy] = {}
+        self.replayed = 0
+        if not self.adaptive:
+            return
+        for target in table.targets:
+            for task in TASKS:
+                cands = table.candidates_of(target.name, task)
+                active = [_candidate(c) for c in cands if not c.reserve]
+                if not active:
+                    continue
+                reserve = [_candidate(c) for c in cands if c.reserve]
+                ladder = sorted({c.k for c in cands if c.k is not None and c.family is not None})
+
+                def k_source(
+                    family: str, k: int, near: Candidate, _reserve: list[Candidate] = reserve
+                ) -> Candidate | None:
+                    return next((r for r in _reserve if r.family == family and r.k == k), None)
+
+                self.policies[(target.name, task)] = TaskPolicy(
+                    f"{target.name}/{task}",
+                    active,
+                    seed=seed,
+                    k_ladder=ladder,
+                    k_source=k_source,
+                )
+
+    @property
+    def name(self) -> str:
+        return POLICY_ADAPTIVE if self.adaptive else POLICY_FIXED
+
+    def policy(self, target: str, task: str) -> TaskPolicy | None:
+        return self.policies.get((target, task))
+
+    def choose(self, target: str, task: str) -> Pick:
+        policy = self.policy(target, task)
+        if policy is None:
+            route = self.table.route(target, task)
+            return Pick(route.backend, REASON_FIXED, route.backend)
+        d = policy.choose()
+        return Pick(d.key, d.reason, d.best_key)
+
+    def best(self, target: str, task: str) -> str:
+        policy = self.policy(target, task)
+        if policy is None:
+            return self.table.route(target, task).backend
+        return policy.best().candidate.key
+
+    def observe(
+        self, target: str, task: str, backend: str, tps: float | None, concurrency: int
+    ) -> None:
+        policy = self.policy(target, task)
+        if policy is not None:
+            policy.observe(backend, tps, concurrency=concurrency)
+
+    def retire(self, backend: str, why: str) -> bool:
+        """Retire `backend` in every policy offering it; True when none keeps it (it was
+        nobody's last candidate), so it need not run again."""
+        kept = False
+        for policy in self.policies.values():
+            if backend in policy.arms:
+                policy.retire(backend, why)
+                kept = kept or policy[backend].active
+        return self.adaptive and not kept and not self._routed_fixed(backend)
+
+    def _routed_fixed(self, backend: str) -> bool:
+        return any(
+            r.backend == backend
+            for r in self.table.routes
+            if (r.target, r.task) not in self.policies
+        )
+
+    def replay(self, runs: Iterable[RunRecord]) -> int:
+        """Feed recorded served requests (any order: sorted oldest first here) back in."""
+        if not self.adaptive:
+            return 0
+        by_id = {t.model_id: t.name for t in self.table.targets}
+        ordered = sorted(runs, key=lambda r: (r.started_at, r.run_id or 0))
+        n = 0
+        for run in ordered:
+            target = by_id.get(run.target_model_id or "")
+            backend = run.config.get("backend")
+            if run.kind != "serve" or target is None or run.task is None or backend is None:
+                continue
+            policy = self.policy(target, run.task)
+            if policy is None or backend not in policy.arms:
+                continue
+            info = run.config.get(SERVE_KEY) or {}
+            retired = info.get("retired") if isinstance(info, dict) else None
+            if retired:
+                policy.retire(backend, str(retired))
+                continue
+            if run.status != "ok" or not run.tokens_per_s:
+                continue
+            concurrency = int(info.get("concurrency", 1)) if isinstance(info, dict) else 1
+            policy.observe(backend, run.tokens_per_s, concurrency=concurrency)
+            n += 1
+        self.replayed += n
+        return n
+
+    def status(self) -> PolicyStatus:
+        tasks: list[dict[str, Any]] = []
+        for target in self.table.targets:
+            for task in TASKS:
+                policy = self.policy(target.name, task)
+                if policy is not None:
+                    doc = policy.to_json()
+                else:
+                    route = self.table.route(target.name, task)
+                    doc = {"name": f"{target.name}/{task}", "choice": route.backend,
+                           "why": route.reason, "candidates": [], "events": []}  # fmt: skip
+                tasks.append({"target": target.name, "task": task, **doc})
+        return PolicyStatus(self.name, self.seed, tuple(tasks), replayed=self.replayed)
+
+
+def finite(value: Any) -> float | None:
+    """A number fit for evidence (llama-server reports 0 or inf for empty generations)."""
+    if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
+        return float(value)
+    return None

@@ -1,0 +1,301 @@
+"""The adaptive policy inside `serve`, at the process boundary: fake llama-servers (a short
+Python script) that report chosen timings, crash, fail to start or hold memory. Convergence,
+retirement with a retry on the best, K moving outward, the memory budget and the restart from
+stored evidence are checked deterministically (fixed timings, seeded policy)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from specreg.host.machine import detect_host
+from specreg.llama.config import Config
+from specreg.llama.install import LlamaInstall
+from specreg.serve.adaptive import SERVE_KEY, Router
+from specreg.serve.app import Service
+from specreg.serve.backends import BackendPool
+from specreg.serve.classify import fitted_classifier
+from specreg.serve.policy import KIND_DRAFT, KIND_NGRAM, KIND_PLAIN, ORIGIN_K_OUTWARD
+from specreg.serve.routes import (
+    POLICY_ADAPTIVE,
+    BackendSpec,
+    CandidateRoute,
+    Route,
+    RouteTable,
+    Target,
+)
+from specreg.serve.serving import run_template
+from specreg.terms import TASKS
+
+FAKE = r"""
+import json, os, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args = sys.argv[1:]
+def opt(name, default=None):
+    return args[args.index(name) + 1] if name in args else default
+
+tps = float(opt("--fake-tps", "10"))
+mode = opt("--fake-mode", "ok")
+hold = bytearray(b"x" * (int(opt("--fake-mem", "0")) << 20))  # resident: written pages
+if mode == "no-start":
+    print("E main: failed to load model '/models/broken.gguf'", file=sys.stderr, flush=True)
+    sys.exit(1)
+served = 0
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def reply(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        if self.path == "/health":
+            self.reply(200, {"status": "ok"})
+        elif self.path == "/slots":
+            self.reply(200, [{"id": 0, "speculative": True}])
+        else:
+            self.reply(404, {"error": {"message": "no"}})
+    def do_POST(self):
+        global served
+        n = int(self.headers.get("content-length", 0))
+        self.rfile.read(n)
+        served += 1
+        if mode == "crash":
+            print("E ggml_abort: fake crash", file=sys.stderr, flush=True)
+            os._exit(134)
+        self.reply(200, {
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                         "finish_reason": "length"}],
+            "timings": {"prompt_n": 5, "prompt_ms": 5.0, "predicted_n": 24,
+                        "predicted_ms": 24000.0 / tps, "predicted_per_second": tps},
+        })
+
+ThreadingHTTPServer(("127.0.0.1", int(opt("--port"))), H).serve_forever()
+"""
+
+INSTALL = LlamaInstall(Path("/nonexistent"), "test", "0 (test)", "spec-type", (), ())
+TARGET = Target("tiny", "f" * 32, "/models/tiny.gguf")
+
+
+def backend(fake: Path, name: str, config: Config, *flags: str) -> BackendSpec:
+    return BackendSpec(
+        name=name, target=TARGET, config=config, draft_id=None, draft_path=None,
+        prefix=(sys.executable,), binary=str(fake), flags=flags,
+    )  # fmt: skip
+
+
+def cand(b: BackendSpec, kind: str, prior: float, *, family: str | None = None,
+         reserve: bool = False) -> CandidateRoute:  # fmt: skip
+    return CandidateRoute(
+        "tiny", "code", b.name, b.name, kind, family, b.config.k, prior, prior / 1.6,
+        prior * 1.6, 0.8, "recommend", reserve,
+    )  # fmt: skip
+
+
+def table(backends: list[BackendSpec], cands: list[CandidateRoute]) -> RouteTable:
+    routes = tuple(
+        Route("tiny", task, backends[0].name, "plain", "recommended", "test") for task in TASKS
+    )
+    return RouteTable((TARGET,), routes, tuple(backends), policy=POLICY_ADAPTIVE,
+                      candidates=tuple(cands))  # fmt: skip
+
+
+Body = Callable[[httpx.AsyncClient, Service], Awaitable[Any]]
+
+
+def serve(tmp_path: Path, t: RouteTable, body: Body, *, budget: int | None = None,
+          router: Router | None = None, recorder: Any = None) -> Any:  # fmt: skip
+    async def main() -> Any:
+        pool = BackendPool(t, env=dict(os.environ), logs=tmp_path / "logs", memory_budget=budget,
+                           lazy=True, startup_timeout=30)  # fmt: skip
+        service = Service(
+            t, pool, fitted_classifier(),
+            templates={b.name: run_template(b, INSTALL, detect_host()) for b in t.backends},
+            router=router or Router(t, seed=0), recorder=recorder, ready_timeout=30,
+        )  # fmt: skip
+        await pool.start([t.routes[0].backend])
+        await service.open()
+        transport = httpx.ASGITransport(app=service.app)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://serve") as client:
+                return await body(client, service)
+        finally:
+            await service.close()
+            await pool.stop()
+
+    return asyncio.run(main())
+
+
+async def ask(client: httpx.AsyncClient) -> httpx.Response:
+    return await client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 24},
+        headers={"X-Specreg-Task": "code"},
+    )
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Path:
+    path = tmp_path / "fake-llama-server.py"
+    path.write_text(FAKE)
+    return path
+
+
+def test_it_converges_and_the_status_shows_why(tmp_path: Path, fake: Path) -> None:
+    plain = backend(fake, "plain", Config(), "--fake-tps", "20")
+    ngram = backend(fake, "ngram", Config(spec_type="ngram-mod"), "--fake-tps", "34")
+    t = table([plain, ngram], [cand(plain, KIND_PLAIN, 22.0), cand(ngram, KIND_NGRAM, 20.0)])
+
+    async def body(client: httpx.AsyncClient, service: Service) -> Any:
+        got = [await ask(client) for _ in range(30)]
+        status = (await client.get("/v1/specreg/status")).json()
+        return got, status
+
+    got, status = serve(tmp_path, t, body)
+    assert {r.status_code for r in got} == {200}
+    chosen = [r.headers["x-specreg-backend"] for r in got]
+    assert chosen[-10:] == ["ngram"] * 10
+    assert Counter(chosen)["plain"] <= 5
+    assert {r.headers["x-specreg-policy"] for r in got} <= {"explore", "exploit", "only"}
+    (code,) = [x for x in status["tasks"] if x["task"] == "code"]
+    assert code["choice"] == "ngram"
+    assert code["why"].startswith("ngram: best posterior 3") or "only candidate" in code["why"]
+    arms = {c["key"]: c for c in code["candidates"]}
+    assert arms["ngram"]["requests"] == Counter(chosen)["ngram"]
+    assert arms["ngram"]["posterior_lo"] < 34 < arms["ngram"]["posterior_hi"]
+    assert status["kind"] == "serve-policy" and status["policy"] == "adaptive"
+
+
+def test_a_crash_retires_the_candidate_and_the_request_is_retried(
+    tmp_path: Path, fake: Path
+) -> None:
+    plain = backend(fake, "plain", Config(), "--fake-tps", "20")
+    broken = backend(fake, "broken", Config(spec_type="ngram-mod"), "--fake-mode", "crash")
+    nostart = backend(fake, "nostart", Config(spec_type="ngram-simple"), "--fake-mode",
+                      "no-start")  # fmt: skip
+    # the broken ones are predicted far faster: the policy tries them first
+    t = table([plain, broken, nostart], [cand(plain, KIND_PLAIN, 10.0),
+              cand(broken, KIND_NGRAM, 80.0), cand(nostart, KIND_NGRAM, 70.0)])  # fmt: skip
+
+    async def body(client: httpx.AsyncClient, service: Service) -> Any:
+        got = [await ask(client) for _ in range(6)]
+        return got, service.router.status().to_json(), service.pool
+
+    got, status, pool = serve(tmp_path, t, body)
+    # 1st request: one of the two fails, the retry goes to the best left (the other one),
+    # which fails too: a 502 naming it. Then both are retired and plain serves.
+    assert [r.status_code for r in got] == [502] + [200] * 5
+    assert got[0].headers["x-specreg-policy"] == "retry"
+    second = got[0].headers["x-specreg-backend"]
+    message = got[0].json()["error"]["message"]
+    assert message.startswith(
+        "backend nostart failed to start"
+        if second == "nostart"
+        else "backend broken crashed during the request"
+    )
+    assert {r.headers["x-specreg-backend"] for r in got[1:]} == {"plain"}
+    (code,) = [x for x in status["tasks"] if x["task"] == "code"]
+    arms = {c["key"]: c for c in code["candidates"]}
+    assert arms["broken"]["status"] == "retired"
+    assert arms["broken"]["why"] == (
+        "crashed: llama-server exited with code 134; llama.cpp's last message: ggml_abort: "
+        "fake crash"
+    )
+    assert arms["nostart"]["status"] == "retired"
+    assert "failed to start" in arms["nostart"]["why"]
+    assert "failed to load model" in arms["nostart"]["why"]
+    assert pool["broken"].starts == 1  # retired: never restarted
+
+
+def test_k_moves_outward_to_a_reserve_k(tmp_path: Path, fake: Path) -> None:
+    def d(k: int, tps: int) -> BackendSpec:
+        return backend(fake, f"d{k}", Config(spec_type="ngram-mod", k=k), "--fake-tps", str(tps))
+
+    plain = backend(fake, "plain", Config(), "--fake-tps", "10")
+    d4, d8, d16, d2 = d(4, 12), d(8, 16), d(16, 26), d(2, 6)
+    t = table(
+        [plain, d4, d8, d16, d2],
+        [cand(plain, KIND_PLAIN, 10.0), cand(d4, KIND_DRAFT, 14.0, family="d"),
+         cand(d8, KIND_DRAFT, 15.0, family="d"),
+         cand(d16, KIND_DRAFT, 13.0, family="d", reserve=True),
+         cand(d2, KIND_DRAFT, 9.0, family="d", reserve=True)],
+    )  # fmt: skip
+
+    async def body(client: httpx.AsyncClient, service: Service) -> Any:
+        got = [await ask(client) for _ in range(40)]
+        return got, service.router.status().to_json()
+
+    got, status = serve(tmp_path, t, body)
+    chosen = [r.headers["x-specreg-backend"] for r in got]
+    assert chosen[-10:] == ["d16"] * 10
+    assert "d2" not in chosen  # the low edge never was the best
+    (code,) = [x for x in status["tasks"] if x["task"] == "code"]
+    arms = {c["key"]: c for c in code["candidates"]}
+    assert arms["d16"]["origin"] == ORIGIN_K_OUTWARD and code["choice"] == "d16"
+    assert any(e.startswith("added d16: d8 is the best of its K range") for e in code["events"])
+
+
+def test_the_memory_budget_stops_the_least_recently_used(tmp_path: Path, fake: Path) -> None:
+    mem = ("--fake-mem", "100")
+    plain = backend(fake, "plain", Config(), "--fake-tps", "10", *mem)
+    a = backend(fake, "a", Config(spec_type="ngram-mod"), "--fake-tps", "11", *mem)
+    b = backend(fake, "b", Config(spec_type="ngram-simple"), "--fake-tps", "12", *mem)
+    t = table([plain, a, b], [cand(plain, KIND_PLAIN, 10.0), cand(a, KIND_NGRAM, 10.0),
+              cand(b, KIND_NGRAM, 10.0)])  # fmt: skip
+    budget = 300 * 2**20  # two fakes (100 MiB and Python each), never three
+
+    async def body(client: httpx.AsyncClient, service: Service) -> Any:
+        most = 0
+        for _ in range(24):
+            assert (await ask(client)).status_code == 200
+            most = max(most, sum(x.running for x in service.pool.backends.values()))
+        used = [x.last_pss or 0 for x in service.pool.backends.values()]
+        return most, list(service.pool.evictions), used
+
+    most, evictions, used = serve(tmp_path, t, body, budget=budget)
+    assert most == 2
+    assert evictions and "(least recently used)" in evictions[0]
+    assert all(100 * 2**20 < u < 150 * 2**20 for u in used)
+
+
+def test_a_restart_continues_from_the_stored_evidence(tmp_path: Path, fake: Path) -> None:
+    plain = backend(fake, "plain", Config(), "--fake-tps", "20")
+    ngram = backend(fake, "ngram", Config(spec_type="ngram-mod"), "--fake-tps", "34")
+    t = table([plain, ngram], [cand(plain, KIND_PLAIN, 22.0), cand(ngram, KIND_NGRAM, 20.0)])
+    runs: list[Any] = []
+
+    async def body(client: httpx.AsyncClient, service: Service) -> Any:
+        for _ in range(20):
+            await ask(client)
+        return service.router.status().to_json()
+
+    class Keep:
+        def put(self, run: Any) -> None:
+            runs.append(run)
+
+    first = serve(tmp_path, t, body, recorder=Keep())
+    assert len(runs) == 20 and all(r.config[SERVE_KEY]["candidate"] for r in runs)
+    # the recorder's clock orders the runs; give them distinct times as the registry would
+    base = datetime.now(timezone.utc)
+    stored = [r.__class__(**{**r.__dict__, "started_at": base + timedelta(seconds=i)})
+              for i, r in enumerate(runs)]  # fmt: skip
+    again = Router(t, seed=0)
+    assert again.replay(stored) == 20
+    before = {c["key"]: c for c in first["tasks"][0]["candidates"]}
+    after = {c["key"]: c for c in again.status().to_json()["tasks"][0]["candidates"]}
+    assert after == before
+    assert again.best("tiny", "code") == "ngram"
