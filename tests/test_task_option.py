@@ -5,20 +5,16 @@ refused, and `quality --task summarize` was offered, then failed for want of a t
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import click
 import pytest
+from test_quality_cli import MOE_KV, specreg  # specreg: without llama.cpp anywhere
 
 from specreg.cli.common import TaskChoice
 from specreg.cli.main import COMMAND_MODULES, cli
 from specreg.quality.kld import quality_texts, shipped_text
 from specreg.terms import TASK_ALIASES, TASK_CHOICES, TASKS
-
-MOE_KV = {"qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 2}
 
 
 def task_options() -> list[tuple[str, click.Parameter]]:
@@ -59,16 +55,6 @@ def test_every_offered_task_has_a_shipped_text(task: str) -> None:
 
 def test_the_default_texts_are_every_task() -> None:
     assert [t.task for t in quality_texts()] == list(TASKS)
-
-
-def specreg(*args: str) -> subprocess.CompletedProcess[str]:
-    # No llama.cpp anywhere: a request the options accept gets as far as looking for it.
-    env = {"PATH": "/usr/bin:/bin", "SPECREG_LLAMA_BIN": "/nonexistent"}
-    env.update({k: v for k, v in os.environ.items() if k.startswith(("SPECREG_HOME", "HOME"))})
-    env["SPECREG_CACHE"] = os.environ["SPECREG_HOME"] + "/cache"
-    return subprocess.run(
-        [sys.executable, "-m", "specreg", *args], capture_output=True, text=True, env=env
-    )
 
 
 @pytest.mark.parametrize(
