@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +23,14 @@ from specreg.declare import deps, units
 from specreg.declare.deps import DiskModel
 from specreg.declare.spec import SPEC_VERSION, key_line, read_yaml, validate, write_yaml
 from specreg.errors import UsageError
+from specreg.stacks import NGRAM_CACHE
+from specreg.terms import POLICY_QUALITY, POLICY_SPEED, SPEC_DRAFT_SIMPLE
 
 # acceleration.type -> spec types; None means "no speculation"
 ACCEL_TYPES: dict[str, tuple[str, ...] | None] = {
-    "speculative_decoding": ("draft-simple",),
+    "speculative_decoding": (SPEC_DRAFT_SIMPLE,),
     "moe_expert_reduction": None,  # experts only; a nested speculative_decoding adds a draft
-    "prompt_lookup": ("ngram-cache",),
+    "prompt_lookup": (NGRAM_CACHE,),
     "none": None,
     "baseline": None,
 }
@@ -364,6 +366,49 @@ def _k(cx: _Ctx, node: Any, dotted: str) -> int | None:
 def _role(
     cx: _Ctx, role: Any, dotted: str, role_model: dict[str, str], is_draft: bool
 ) -> CommentedMap | None:
+    """One source role as a specreg.yaml role (None for a draft: it is only a model)."""
+    _report_role_keys(cx, role, dotted, is_draft)
+    if is_draft:
+        _draft_role(cx, role, dotted)
+        return None
+    out = CommentedMap()
+    out["target"] = role_model[str(dotted.split(".", 1)[1])]
+    forbid = _constraints(cx, role, dotted, out)
+    found = _Accel()
+    acc = role.get("acceleration")
+    if isinstance(acc, dict):
+        _acceleration(cx, acc, f"{dotted}.acceleration", role_model, found)
+    cfg = _pinned_config(found)
+    banned = [t for t in found.spec_types if _family(t) in forbid]
+    if banned:
+        cx.bad(
+            role, "acceleration", f"{dotted}.acceleration",
+            f"{banned[0]} conflicts with constraints.forbid ({', '.join(forbid)}): "
+            "the two sections disagree; configuration not imported",
+        )  # fmt: skip
+        cfg = CommentedMap()
+    out["policy"] = found.policy
+    if forbid:
+        out["forbid"] = CommentedSeq(forbid)
+    _attach_evidence(cx, role, dotted, cfg)
+    if cfg:
+        configs = CommentedMap()
+        configs["default"] = cfg
+        out["configs"] = configs
+    return out
+
+
+@dataclass
+class _Accel:
+    """What a role's acceleration block pins, gathered step by step."""
+
+    spec_types: list[str] = field(default_factory=list)
+    policy: str = POLICY_QUALITY
+    cfg: CommentedMap = field(default_factory=CommentedMap)
+
+
+def _report_role_keys(cx: _Ctx, role: Any, dotted: str, is_draft: bool) -> None:
+    """The role's keys specreg.yaml has no place for, each with the reason."""
     for k in role:
         if k in ("model", "acceleration", "performance", "constraints", "deprecated"):
             continue
@@ -373,186 +418,162 @@ def _role(
             cx.bad(role, k, f"{dotted}.{k}", "compatible_targets on a non-draft role")
             continue
         cx.bad(role, k, f"{dotted}.{k}", ROLE_REASONS.get(str(k), "not part of specreg.yaml v1"))
-    if is_draft:
-        for k in ("acceleration", "performance", "constraints"):
-            if k in role:
-                cx.bad(
-                    role,
-                    k,
-                    f"{dotted}.{k}",
-                    "a draft (tier D) role has no configuration of its own",
-                )
-        cx.ok(role, "model", dotted, "a draft: declared under models, used via draft:")
-        return None
 
-    out = CommentedMap()
-    out["target"] = role_model[str(dotted.split(".", 1)[1])]
-    policy = "quality"
+
+def _draft_role(cx: _Ctx, role: Any, dotted: str) -> None:
+    for k in ("acceleration", "performance", "constraints"):
+        if k in role:
+            cx.bad(
+                role, k, f"{dotted}.{k}", "a draft (tier D) role has no configuration of its own"
+            )
+    cx.ok(role, "model", dotted, "a draft: declared under models, used via draft:")
+
+
+def _constraints(cx: _Ctx, role: Any, dotted: str, out: CommentedMap) -> list[str]:
+    """`constraints:` as forbid: (returned) and its reason as the role's note."""
     forbid: list[str] = []
     cons = role.get("constraints")
-    if isinstance(cons, dict):
-        for i, f in enumerate(cons.get("forbid") or []):
-            fam = FORBID_MAP.get(str(f))
-            if fam is None:
-                cx.bad(
-                    cons["forbid"],
-                    i,
-                    f"{dotted}.constraints.forbid[{i}]",
-                    f"{f!r} is not a speculation family specreg knows",
-                )
-            elif fam not in forbid:
-                forbid.append(fam)
-        if forbid:
-            cx.ok(cons, "forbid", f"{dotted}.constraints.forbid", f"forbid: {', '.join(forbid)}")
-        for k in cons:
-            if k not in ("forbid", "reason"):
-                cx.bad(cons, k, f"{dotted}.constraints.{k}", "not part of specreg.yaml v1")
-        if cons.get("reason"):
-            out["note"] = str(cons["reason"])
-            cx.ok(cons, "reason", f"{dotted}.constraints.reason", "note")
-
-    cfg = CommentedMap()
-    acc = role.get("acceleration")
-    spec_types: list[str] = []
-    draft_node: Any = None
-    draft_dot = ""
-    if isinstance(acc, dict):
-        adot = f"{dotted}.acceleration"
-        atype = str(acc.get("type", "none"))
-        if atype not in ACCEL_TYPES:
+    if not isinstance(cons, dict):
+        return forbid
+    for i, f in enumerate(cons.get("forbid") or []):
+        fam = FORBID_MAP.get(str(f))
+        if fam is None:
             cx.bad(
-                acc,
-                "type",
-                f"{adot}.type",
-                f"{atype}: no llama-server equivalent specreg v1 renders; role imported without it",
-            )
-            for k in acc:
-                if k != "type":
-                    cx.bad(acc, k, f"{adot}.{k}", f"part of the {atype} block, not imported")
-            acc = CommentedMap()
-        else:
-            if ACCEL_TYPES[atype]:
-                spec_types += list(ACCEL_TYPES[atype] or ())
-            if atype != "prompt_lookup" and "type" in acc:
-                cx.ok(acc, "type", f"{adot}.type", f"configs.default ({atype})")
-        if atype == "speculative_decoding":
-            draft_node, draft_dot = acc, adot
-        if atype == "prompt_lookup":
-            cx.ok(
-                acc, "type", f"{adot}.type", "spec_type ngram-cache (llama-lookup's prompt lookup)"
-            )
-        nested = acc.get("speculative_decoding")
-        if isinstance(nested, dict):
-            draft_node, draft_dot = nested, f"{adot}.speculative_decoding"
-            spec_types.append("draft-simple")
-            if "type" in nested:
-                cx.ok(nested, "type", f"{draft_dot}.type", "configs.default.spec_type draft-simple")
-        if atype == "moe_expert_reduction" or "experts" in acc:
-            _experts(cx, acc, adot, cfg)
-            policy = "speed"
+                cons["forbid"], i, f"{dotted}.constraints.forbid[{i}]",
+                f"{f!r} is not a speculation family specreg knows",
+            )  # fmt: skip
+        elif fam not in forbid:
+            forbid.append(fam)
+    if forbid:
+        cx.ok(cons, "forbid", f"{dotted}.constraints.forbid", f"forbid: {', '.join(forbid)}")
+    for k in cons:
+        if k not in ("forbid", "reason"):
+            cx.bad(cons, k, f"{dotted}.constraints.{k}", "not part of specreg.yaml v1")
+    if cons.get("reason"):
+        out["note"] = str(cons["reason"])
+        cx.ok(cons, "reason", f"{dotted}.constraints.reason", "note")
+    return forbid
+
+
+def _acceleration(cx: _Ctx, acc: Any, adot: str, role_model: dict[str, str], found: _Accel) -> None:
+    """`acceleration:`: its type, a draft (its own block or a nested one), experts, lookup."""
+    atype = str(acc.get("type", "none"))
+    if atype not in ACCEL_TYPES:
+        cx.bad(
+            acc, "type", f"{adot}.type",
+            f"{atype}: no llama-server equivalent specreg v1 renders; role imported without it",
+        )  # fmt: skip
         for k in acc:
-            if k in (
-                "type",
-                "draft_role",
-                "experts",
-                "override_key",
-                "speculative_decoding",
-                "lookup",
-                *units.K_KEYS,
-            ):
-                continue
+            if k != "type":
+                cx.bad(acc, k, f"{adot}.{k}", f"part of the {atype} block, not imported")
+        return
+    found.spec_types += list(ACCEL_TYPES[atype] or ())
+    if atype != "prompt_lookup" and "type" in acc:
+        cx.ok(acc, "type", f"{adot}.type", f"configs.default ({atype})")
+    draft_node: Any = acc if atype == "speculative_decoding" else None
+    draft_dot = adot if atype == "speculative_decoding" else ""
+    if atype == "prompt_lookup":
+        cx.ok(acc, "type", f"{adot}.type", "spec_type ngram-cache (llama-lookup's prompt lookup)")
+    nested = acc.get("speculative_decoding")
+    if isinstance(nested, dict):
+        draft_node, draft_dot = nested, f"{adot}.speculative_decoding"
+        found.spec_types.append(SPEC_DRAFT_SIMPLE)
+        if "type" in nested:
+            cx.ok(nested, "type", f"{draft_dot}.type", "configs.default.spec_type draft-simple")
+    if atype == "moe_expert_reduction" or "experts" in acc:
+        _experts(cx, acc, adot, found.cfg)
+        found.policy = POLICY_SPEED
+    for k in acc:
+        if k not in ACCEL_KEYS:
             cx.bad(acc, k, f"{adot}.{k}", "not a setting specreg v1 pins")
-        if draft_node is not None:
-            dr = draft_node.get("draft_role")
-            if dr is None and "draft-simple" in spec_types:
-                cx.bad(draft_node, "type", draft_dot, "speculative_decoding without draft_role")
-                spec_types.remove("draft-simple")
-            elif dr is not None:
-                if str(dr) in role_model:
-                    cfg["draft"] = role_model[str(dr)]
-                    cx.ok(
-                        draft_node,
-                        "draft_role",
-                        f"{draft_dot}.draft_role",
-                        f"draft: {cfg['draft']}",
-                    )
-                else:
-                    cx.bad(
-                        draft_node,
-                        "draft_role",
-                        f"{draft_dot}.draft_role",
-                        f"draft role {dr} has no model on disk; the draft config was not imported",
-                    )
-                    spec_types = [t for t in spec_types if t != "draft-simple"]
-            k = _k(cx, draft_node, draft_dot)
-            if k is not None and "draft" in cfg:
-                cfg["draft_max"] = k
-            if draft_node.get("lookup"):
-                spec_types.append("ngram-cache")
-                policy = "speed"
-                cx.ok(
-                    draft_node,
-                    "lookup",
-                    f"{draft_dot}.lookup",
-                    "spec_type ngram-cache next to the draft",
-                )
-            if draft_node is not acc:
-                for k2 in draft_node:
-                    if k2 not in ("type", "draft_role", "lookup", *units.K_KEYS):
-                        cx.bad(draft_node, k2, f"{draft_dot}.{k2}", "not a setting specreg v1 pins")
-        if draft_node is not acc:
-            for kk in (k for k in units.K_KEYS if k in acc):
-                where = (
-                    "outside its speculative_decoding block" if draft_node else "without a draft"
-                )
-                cx.bad(acc, kk, f"{adot}.{kk}", f"K {where}: not imported")
-            if acc.get("lookup") and draft_node is None:
-                spec_types.append("ngram-cache")
-                cx.ok(acc, "lookup", f"{adot}.lookup", "spec_type ngram-cache")
-            elif "lookup" in acc and not acc.get("lookup"):
-                cx.ok(acc, "lookup", f"{adot}.lookup", "no n-gram type")
-    if spec_types and spec_types != ["draft-simple"]:
-        cfg["spec_type"] = CommentedSeq(list(dict.fromkeys(spec_types)))
+    if draft_node is not None:
+        _draft_settings(cx, draft_node, draft_dot, acc, role_model, found)
+    if draft_node is not acc:
+        _outside_draft(cx, acc, adot, draft_node, found)
+
+
+# The keys of an acceleration block that are read (the others are reported).
+ACCEL_KEYS = (
+    "type", "draft_role", "experts", "override_key", "speculative_decoding", "lookup",
+    *units.K_KEYS,
+)  # fmt: skip
+
+
+def _draft_settings(
+    cx: _Ctx, node: Any, ddot: str, acc: Any, role_model: dict[str, str], found: _Accel
+) -> None:
+    """A speculative_decoding block: its draft role as draft:, its K, a lookup beside it."""
+    dr = node.get("draft_role")
+    if dr is None and SPEC_DRAFT_SIMPLE in found.spec_types:
+        cx.bad(node, "type", ddot, "speculative_decoding without draft_role")
+        found.spec_types.remove(SPEC_DRAFT_SIMPLE)
+    elif dr is not None:
+        if str(dr) in role_model:
+            found.cfg["draft"] = role_model[str(dr)]
+            cx.ok(node, "draft_role", f"{ddot}.draft_role", f"draft: {found.cfg['draft']}")
+        else:
+            cx.bad(
+                node, "draft_role", f"{ddot}.draft_role",
+                f"draft role {dr} has no model on disk; the draft config was not imported",
+            )  # fmt: skip
+            found.spec_types = [t for t in found.spec_types if t != SPEC_DRAFT_SIMPLE]
+    k = _k(cx, node, ddot)
+    if k is not None and "draft" in found.cfg:
+        found.cfg["draft_max"] = k
+    if node.get("lookup"):
+        found.spec_types.append(NGRAM_CACHE)
+        found.policy = POLICY_SPEED
+        cx.ok(node, "lookup", f"{ddot}.lookup", "spec_type ngram-cache next to the draft")
+    if node is not acc:
+        for k2 in node:
+            if k2 not in ("type", "draft_role", "lookup", *units.K_KEYS):
+                cx.bad(node, k2, f"{ddot}.{k2}", "not a setting specreg v1 pins")
+
+
+def _outside_draft(cx: _Ctx, acc: Any, adot: str, draft_node: Any, found: _Accel) -> None:
+    """An acceleration block's own K (not imported) and lookup, beside a nested draft or
+    without one."""
+    for kk in (k for k in units.K_KEYS if k in acc):
+        where = "outside its speculative_decoding block" if draft_node else "without a draft"
+        cx.bad(acc, kk, f"{adot}.{kk}", f"K {where}: not imported")
+    if acc.get("lookup") and draft_node is None:
+        found.spec_types.append(NGRAM_CACHE)
+        cx.ok(acc, "lookup", f"{adot}.lookup", "spec_type ngram-cache")
+    elif "lookup" in acc and not acc.get("lookup"):
+        cx.ok(acc, "lookup", f"{adot}.lookup", "no n-gram type")
+
+
+def _pinned_config(found: _Accel) -> CommentedMap:
+    """The pinned configuration in specreg.yaml's key order; a lone draft-simple is implied by
+    draft: and not written."""
+    cfg = found.cfg
+    if found.spec_types and found.spec_types != [SPEC_DRAFT_SIMPLE]:
+        cfg["spec_type"] = CommentedSeq(list(dict.fromkeys(found.spec_types)))
     order = ("spec_type", "draft", "draft_max", "experts")
-    cfg = CommentedMap(
+    return CommentedMap(
         (k, cfg[k]) for k in (*order, *(k for k in cfg if k not in order)) if k in cfg
     )
-    banned = [t for t in spec_types if _family(t) in forbid]
-    if banned:
-        cx.bad(
-            role,
-            "acceleration",
-            f"{dotted}.acceleration",
-            f"{banned[0]} conflicts with constraints.forbid ({', '.join(forbid)}): "
-            "the two sections disagree; configuration not imported",
-        )
-        cfg = CommentedMap()
-    out["policy"] = policy
-    if forbid:
-        out["forbid"] = CommentedSeq(forbid)
+
+
+def _attach_evidence(cx: _Ctx, role: Any, dotted: str, cfg: CommentedMap) -> None:
+    """`performance:` as the pinned configuration's evidence (reported when there is none)."""
     perf = role.get("performance")
-    if isinstance(perf, dict):
-        ev = _evidence(cx, perf, f"{dotted}.performance", role)
-        if ev and cfg:
-            cfg["evidence"] = ev
-        elif ev:
-            cx.bad(
-                role,
-                "performance",
-                f"{dotted}.performance",
-                "measurements without a pinned configuration to attach them to",
-            )
-    if cfg:
-        configs = CommentedMap()
-        configs["default"] = cfg
-        out["configs"] = configs
-    return out
+    if not isinstance(perf, dict):
+        return
+    ev = _evidence(cx, perf, f"{dotted}.performance", role)
+    if ev and cfg:
+        cfg["evidence"] = ev
+    elif ev:
+        cx.bad(
+            role, "performance", f"{dotted}.performance",
+            "measurements without a pinned configuration to attach them to",
+        )  # fmt: skip
 
 
 def _family(t: str) -> str | None:
-    from specreg.declare.spec import SPEC_TYPES
+    from specreg.declare.spec import FORBID_KIND_OF
 
-    return SPEC_TYPES.get(t)
+    return FORBID_KIND_OF.get(t)
 
 
 def _experts(cx: _Ctx, acc: Any, adot: str, cfg: CommentedMap) -> None:

@@ -358,6 +358,6 @@ def beaten_configs(con: duckdb.DuckDBPyConnection, spec: Spec) -> list[Beaten]:
 
 
 def _families(types: Iterable[str]) -> list[str]:
-    from specreg.declare.spec import SPEC_TYPES
+    from specreg.declare.spec import FORBID_KIND_OF
 
-    return [f for t in types if (f := SPEC_TYPES.get(t))]
+    return [f for t in types if (f := FORBID_KIND_OF.get(t))]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,26 +24,31 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from specreg.declare import SPEC_FILENAME
 from specreg.errors import UsageError
-from specreg.stacks import StackError, parse_stack
+from specreg.stacks import NGRAM_CACHE, StackError, parse_stack
 from specreg.terms import (
     DIALECT_AUTO,
     DRAFT_MODEL_TYPES,
     METHOD_OF,
     POLICIES,
+    POLICY_QUALITY,
+    SPEC_DRAFT_SIMPLE,
     SPEC_FILE_DIALECTS,
+    SPEC_NONE,
     Method,
 )
 from specreg.terms import SPEC_TYPES as TERMS_SPEC_TYPES
 
 SPEC_VERSION = 1
 
-DIALECTS = (DIALECT_AUTO, *SPEC_FILE_DIALECTS)
+# What `llama.dialect` may say: a flag dialect of specreg.terms, or auto (probe the build).
+LLAMA_DIALECT_CHOICES = (DIALECT_AUTO, *SPEC_FILE_DIALECTS)
 STORES = ("lmstudio", "huggingface", "llama-cpp", "ollama")
 # What a role may forbid (`forbid:`): a method of specreg.terms, or a draft head type of its own.
 _OWN_KIND = {"draft-eagle3": "eagle3", "draft-dflash": "dflash", "draft-dspark": "dspark"}
-FAMILIES = ("draft", "ngram", "mtp", "eagle3", "dflash", "dspark")
-# llama.cpp's speculative types, each with what `forbid:` calls it (None: plain decoding).
-SPEC_TYPES: dict[str, str | None] = {
+FORBIDDABLE_KINDS = ("draft", "ngram", "mtp", "eagle3", "dflash", "dspark")
+# llama.cpp's speculative types (specreg.terms.SPEC_TYPES), each with what `forbid:` calls it
+# (None: plain decoding, never forbidden).
+FORBID_KIND_OF: dict[str, str | None] = {
     t: None if METHOD_OF[t] is Method.NONE else _OWN_KIND.get(t, METHOD_OF[t].value)
     for t in TERMS_SPEC_TYPES
 }
@@ -123,7 +128,7 @@ class PinnedConfig:
 
     @property
     def families(self) -> tuple[str, ...]:
-        return tuple(f for t in self.spec_types if (f := SPEC_TYPES[t]) is not None)
+        return tuple(f for t in self.spec_types if (f := FORBID_KIND_OF[t]) is not None)
 
 
 @dataclass(frozen=True)
@@ -483,8 +488,34 @@ def load_spec(path: Path) -> tuple[Spec, CommentedMap]:
 
 
 def validate(doc: CommentedMap, path: Path) -> Spec:
+    """The `Spec` of a parsed specreg.yaml, checked key by key (a `SpecFileError` names the
+    file, line, dotted key and what was expected)."""
     c = _Checker(str(path))
     top = c.mapping(doc, None, "", TOP_KEYS)
+    _check_version(c, top, path)
+    llama = _llama(c, top)
+    roots = c.str_list(top, "roots", "roots", what="folder paths") if "roots" in top else ()
+    stores = c.str_list(top, "stores", "stores", choices=STORES) if "stores" in top else ()
+    exclude = (
+        c.str_list(top, "exclude", "exclude", what="glob patterns") if "exclude" in top else ()
+    )
+    models = _models(c, top)
+    return Spec(
+        path=path,
+        llama=llama,
+        roots=roots,
+        stores=stores,
+        exclude=exclude,
+        models=models,
+        roles=_roles(c, top, _model_ref(c, models)),
+    )
+
+
+ModelRef = Callable[[Any, str, str], str]
+"""Checks that `parent[key]` names a declared model (id, alias or unique id prefix)."""
+
+
+def _check_version(c: _Checker, top: CommentedMap, path: Path) -> None:
     if "version" not in top:
         raise SpecFileError(str(path), 1, "version", f"missing (expected version: {SPEC_VERSION})")
     if top["version"] != SPEC_VERSION:
@@ -492,132 +523,134 @@ def validate(doc: CommentedMap, path: Path) -> Spec:
             top, "version", "version", f"expected {SPEC_VERSION}, got {_show(top['version'])}"
         )
 
-    llama = LlamaDecl()
-    if "llama" in top:
-        ln = c.mapping(top, "llama", "llama", LLAMA_KEYS)
-        llama = LlamaDecl(
-            bin_dir=c.string(ln, "bin_dir", "llama.bin_dir", what="a folder")
-            if "bin_dir" in ln
-            else None,
-            dialect=c.choice(ln, "dialect", "llama.dialect", DIALECTS)
-            if "dialect" in ln
-            else "auto",
-            threads=c.integer(ln, "threads", "llama.threads", 1, 4096, "threads")
-            if "threads" in ln
-            else None,
-            numa=c.string(ln, "numa", "llama.numa") if "numa" in ln else None,
-            where=c.where(top, "llama", "llama"),
-            lines={k: key_line(ln, k) for k in ln},
-        )
-    roots = c.str_list(top, "roots", "roots", what="folder paths") if "roots" in top else ()
-    stores = c.str_list(top, "stores", "stores", choices=STORES) if "stores" in top else ()
-    exclude = (
-        c.str_list(top, "exclude", "exclude", what="glob patterns") if "exclude" in top else ()
+
+def _llama(c: _Checker, top: CommentedMap) -> LlamaDecl:
+    """`llama:`, the build and flags every launch uses."""
+    if "llama" not in top:
+        return LlamaDecl()
+    ln = c.mapping(top, "llama", "llama", LLAMA_KEYS)
+    return LlamaDecl(
+        bin_dir=c.string(ln, "bin_dir", "llama.bin_dir", what="a folder")
+        if "bin_dir" in ln
+        else None,
+        dialect=c.choice(ln, "dialect", "llama.dialect", LLAMA_DIALECT_CHOICES)
+        if "dialect" in ln
+        else DIALECT_AUTO,
+        threads=c.integer(ln, "threads", "llama.threads", 1, 4096, "threads")
+        if "threads" in ln
+        else None,
+        numa=c.string(ln, "numa", "llama.numa") if "numa" in ln else None,
+        where=c.where(top, "llama", "llama"),
+        lines={k: key_line(ln, k) for k in ln},
     )
 
+
+def _models(c: _Checker, top: CommentedMap) -> tuple[ModelDecl, ...]:
+    """`models:`, each by id with its path and aliases (an alias names one model only)."""
+    if "models" not in top:
+        return ()
     models: list[ModelDecl] = []
     seen_names: dict[str, str] = {}
-    if "models" in top:
-        mn = c.mapping(top, "models", "models", None)
-        for mid, _node, dotted in c.items(mn, "models"):
-            if not _MODEL_ID.match(mid):
-                raise c.fail(
-                    mn, mid, dotted, "expected a model id (the fingerprint `specreg show` prints)"
-                )
-            m = c.mapping(mn, mid, dotted, MODEL_KEYS, MODEL_HINTS)
-            aliases = (
-                c.str_list(m, "aliases", f"{dotted}.aliases", what="names")
-                if "aliases" in m
-                else ()
+    mn = c.mapping(top, "models", "models", None)
+    for mid, _node, dotted in c.items(mn, "models"):
+        if not _MODEL_ID.match(mid):
+            raise c.fail(
+                mn, mid, dotted, "expected a model id (the fingerprint `specreg show` prints)"
             )
-            for a in aliases:
-                if not _NAME.match(a):
-                    raise c.fail(
-                        m,
-                        "aliases",
-                        f"{dotted}.aliases",
-                        f"expected a name of letters, digits, _.+-, got {a!r}",
-                    )
-                if a in seen_names:
-                    raise c.fail(
-                        m,
-                        "aliases",
-                        f"{dotted}.aliases",
-                        f"alias {a!r} already names models.{seen_names[a]} (one alias, one model)",
-                    )
-                seen_names[a] = mid
-            models.append(
-                ModelDecl(
-                    id=mid,
-                    path=c.string(m, "path", f"{dotted}.path", what="a file path")
-                    if "path" in m
-                    else None,
-                    aliases=aliases,
-                    where=c.where(mn, mid, dotted),
-                )
+        m = c.mapping(mn, mid, dotted, MODEL_KEYS, MODEL_HINTS)
+        aliases = _aliases(c, m, mid, dotted, seen_names)
+        models.append(
+            ModelDecl(
+                id=mid,
+                path=c.string(m, "path", f"{dotted}.path", what="a file path")
+                if "path" in m
+                else None,
+                aliases=aliases,
+                where=c.where(mn, mid, dotted),
             )
+        )
+    return tuple(models)
 
+
+def _aliases(
+    c: _Checker, m: CommentedMap, mid: str, dotted: str, seen_names: dict[str, str]
+) -> tuple[str, ...]:
+    """A model's aliases, each a name not taken by another model (recorded in `seen_names`)."""
+    if "aliases" not in m:
+        return ()
+    aliases = c.str_list(m, "aliases", f"{dotted}.aliases", what="names")
+    for a in aliases:
+        if not _NAME.match(a):
+            raise c.fail(
+                m, "aliases", f"{dotted}.aliases",
+                f"expected a name of letters, digits, _.+-, got {a!r}",
+            )  # fmt: skip
+        if a in seen_names:
+            raise c.fail(
+                m, "aliases", f"{dotted}.aliases",
+                f"alias {a!r} already names models.{seen_names[a]} (one alias, one model)",
+            )  # fmt: skip
+        seen_names[a] = mid
+    return aliases
+
+
+def _model_ref(c: _Checker, models: tuple[ModelDecl, ...]) -> ModelRef:
     def ref(parent: Any, key: str, dotted: str) -> str:
         r = c.string(parent, key, dotted, what="a model id or alias declared under models")
         if not any(r == m.id or r in m.aliases for m in models) and not (
             len(r) >= 8 and sum(m.id.startswith(r) for m in models) == 1
         ):
             raise c.fail(
-                parent,
-                key,
-                dotted,
+                parent, key, dotted,
                 f"expected a model id or alias declared under models, got {r!r}",
-            )
+            )  # fmt: skip
         return r
 
-    roles: list[RoleDecl] = []
-    if "roles" in top:
-        rn = c.mapping(top, "roles", "roles", None)
-        for name, _node, dotted in c.items(rn, "roles"):
-            if not _NAME.match(name):
-                raise c.fail(rn, name, dotted, "expected a role name of letters, digits, _.+-")
-            r = c.mapping(rn, name, dotted, ROLE_KEYS, ROLE_HINTS)
-            if "target" not in r:
-                raise c.fail(rn, name, dotted, "missing target: (the model this role serves)")
-            target = ref(r, "target", f"{dotted}.target")
-            policy = (
-                c.choice(r, "policy", f"{dotted}.policy", POLICIES) if "policy" in r else "quality"
-            )
-            forbid = (
-                c.str_list(r, "forbid", f"{dotted}.forbid", choices=FAMILIES)
-                if "forbid" in r
-                else ()
-            )
-            max_kld = (
-                c.number(r, "max_kld", f"{dotted}.max_kld", 0.0, 100.0, "nats per token")
-                if "max_kld" in r
-                else None
-            )
-            configs: list[PinnedConfig] = []
-            if "configs" in r:
-                cn = c.mapping(r, "configs", f"{dotted}.configs", None)
-                for task, _cnode, cdot in c.items(cn, f"{dotted}.configs"):
-                    configs.append(_config(c, cn, task, cdot, policy, forbid, ref))
-            roles.append(
-                RoleDecl(
-                    name=name,
-                    target=target,
-                    policy=policy,
-                    forbid=forbid,
-                    configs=tuple(configs),
-                    where=c.where(rn, name, dotted),
-                    target_where=c.where(r, "target", f"{dotted}.target"),
-                    max_kld=max_kld,
-                )
-            )
-    return Spec(
-        path=path,
-        llama=llama,
-        roots=roots,
-        stores=stores,
-        exclude=exclude,
-        models=tuple(models),
-        roles=tuple(roles),
+    return ref
+
+
+def _roles(c: _Checker, top: CommentedMap, ref: ModelRef) -> tuple[RoleDecl, ...]:
+    """`roles:`, each a target with its policy, what it forbids and its pinned configs."""
+    if "roles" not in top:
+        return ()
+    rn = c.mapping(top, "roles", "roles", None)
+    return tuple(_role(c, rn, name, dotted, ref) for name, _node, dotted in c.items(rn, "roles"))
+
+
+def _role(c: _Checker, rn: CommentedMap, name: str, dotted: str, ref: ModelRef) -> RoleDecl:
+    if not _NAME.match(name):
+        raise c.fail(rn, name, dotted, "expected a role name of letters, digits, _.+-")
+    r = c.mapping(rn, name, dotted, ROLE_KEYS, ROLE_HINTS)
+    if "target" not in r:
+        raise c.fail(rn, name, dotted, "missing target: (the model this role serves)")
+    target = ref(r, "target", f"{dotted}.target")
+    policy = (
+        c.choice(r, "policy", f"{dotted}.policy", POLICIES) if "policy" in r else POLICY_QUALITY
+    )
+    forbid = (
+        c.str_list(r, "forbid", f"{dotted}.forbid", choices=FORBIDDABLE_KINDS)
+        if "forbid" in r
+        else ()
+    )
+    max_kld = (
+        c.number(r, "max_kld", f"{dotted}.max_kld", 0.0, 100.0, "nats per token")
+        if "max_kld" in r
+        else None
+    )
+    configs: list[PinnedConfig] = []
+    if "configs" in r:
+        cn = c.mapping(r, "configs", f"{dotted}.configs", None)
+        for task, _cnode, cdot in c.items(cn, f"{dotted}.configs"):
+            configs.append(_config(c, cn, task, cdot, policy, forbid, ref))
+    return RoleDecl(
+        name=name,
+        target=target,
+        policy=policy,
+        forbid=forbid,
+        configs=tuple(configs),
+        where=c.where(rn, name, dotted),
+        target_where=c.where(r, "target", f"{dotted}.target"),
+        max_kld=max_kld,
     )
 
 
@@ -628,45 +661,14 @@ def _config(
     dotted: str,
     policy: str,
     forbid: tuple[str, ...],
-    ref: Any,
+    ref: ModelRef,
 ) -> PinnedConfig:
+    """One pinned configuration of a role (`roles.NAME.configs.TASK`)."""
     n = c.mapping(cn, task, dotted, CONFIG_KEYS, CONFIG_HINTS)
-    if "spec_type" in n:
-        raw = n["spec_type"]
-        if isinstance(raw, str) and "," in raw:  # llama.cpp's own spelling of a stack
-            types = tuple(t.strip() for t in raw.split(","))
-        else:
-            types = c.str_list(n, "spec_type", f"{dotted}.spec_type", choices=tuple(SPEC_TYPES))
-        try:
-            types = parse_stack(types).types or ("none",)
-        except StackError as err:
-            raise c.fail(n, "spec_type", f"{dotted}.spec_type", str(err)) from err
-    else:
-        types = ("draft-simple",) if "draft" in n else ("none",)
-    needs_draft = [t for t in types if t in DRAFT_MODEL_TYPES]
-    if needs_draft and "draft" not in n:
-        raise c.fail(
-            cn, task, dotted, f"spec_type {needs_draft[0]} needs draft: (a declared model)"
-        )
-    if "draft" in n and not needs_draft:
-        raise c.fail(
-            n,
-            "draft",
-            f"{dotted}.draft",
-            f"a draft model needs a draft-* spec_type (draft-simple), got {', '.join(types)}",
-        )
+    types = _stack_types(c, n, dotted)
+    _check_draft(c, cn, n, task, dotted, types)
     draft = ref(n, "draft", f"{dotted}.draft") if "draft" in n else None
-    lookup_cache = None
-    if "lookup_cache" in n:
-        lookup_cache = c.string(n, "lookup_cache", f"{dotted}.lookup_cache")
-        if "ngram-cache" not in types:
-            raise c.fail(
-                n,
-                "lookup_cache",
-                f"{dotted}.lookup_cache",
-                "a lookup cache is read by ngram-cache only: add ngram-cache to spec_type "
-                f"(got {', '.join(types)})",
-            )
+    lookup_cache = _lookup_cache(c, n, dotted, types)
     draft_max = (
         c.integer(n, "draft_max", f"{dotted}.draft_max", 1, 256, "drafted tokens per step")
         if "draft_max" in n
@@ -682,49 +684,12 @@ def _config(
         if "experts" in n
         else None
     )
-    for t in types:
-        fam = SPEC_TYPES[t]
-        if fam is not None and fam in forbid:
-            raise c.fail(
-                n,
-                "spec_type" if "spec_type" in n else "draft",
-                f"{dotted}.spec_type",
-                f"{t} is forbidden for this role (forbid: {', '.join(forbid)})",
-            )
-    if policy == "quality" and experts is not None:
+    _check_forbidden(c, n, dotted, types, forbid)
+    if policy == POLICY_QUALITY and experts is not None:
         raise c.fail(
-            n,
-            "experts",
-            f"{dotted}.experts",
+            n, "experts", f"{dotted}.experts",
             "policy quality runs all experts; remove experts or set policy: speed",
-        )
-    evidence = None
-    if "evidence" in n:
-        e = c.mapping(n, "evidence", f"{dotted}.evidence", EVIDENCE_KEYS, EVIDENCE_HINTS)
-        ed = f"{dotted}.evidence"
-        acc_hint = ""
-        if "acceptance" in e and isinstance(e["acceptance"], (int, float, str)):
-            acc_hint = _acceptance_hint(e["acceptance"])
-        evidence = Evidence(
-            tokens_per_s=c.number(e, "tokens_per_s", f"{ed}.tokens_per_s", 0.0, None, "tokens/s")
-            if "tokens_per_s" in e
-            else None,
-            baseline_tokens_per_s=c.number(
-                e, "baseline_tokens_per_s", f"{ed}.baseline_tokens_per_s", 0.0, None, "tokens/s"
-            )
-            if "baseline_tokens_per_s" in e
-            else None,
-            acceptance=c.number(
-                e, "acceptance", f"{ed}.acceptance", 0.0, 1.0, "a fraction", acc_hint
-            )
-            if "acceptance" in e
-            else None,
-            runs=c.str_list(e, "runs", f"{ed}.runs", what="run ids") if "runs" in e else (),
-            protocol=_opt_str(c, e, "protocol", ed),
-            host=_opt_str(c, e, "host", ed),
-            date=_opt_str(c, e, "date", ed),
-            source=_opt_str(c, e, "source", ed),
-        )
+        )  # fmt: skip
     return PinnedConfig(
         task=task,
         spec_types=types,
@@ -732,10 +697,96 @@ def _config(
         draft_max=draft_max,
         draft_p_min=p_min,
         experts=experts,
-        evidence=evidence,
+        evidence=_evidence(c, n, dotted) if "evidence" in n else None,
         lookup_cache=lookup_cache,
         where=c.where(cn, task, dotted),
         lines={k: key_line(n, k) for k in n},
+    )
+
+
+def _stack_types(c: _Checker, n: CommentedMap, dotted: str) -> tuple[str, ...]:
+    """The config's speculative types in llama.cpp's order: `spec_type` (a list, or llama.cpp's
+    comma spelling), else draft-simple with a draft and plain decoding without."""
+    if "spec_type" not in n:
+        return (SPEC_DRAFT_SIMPLE,) if "draft" in n else (SPEC_NONE,)
+    raw = n["spec_type"]
+    if isinstance(raw, str) and "," in raw:  # llama.cpp's own spelling of a stack
+        types = tuple(t.strip() for t in raw.split(","))
+    else:
+        types = c.str_list(n, "spec_type", f"{dotted}.spec_type", choices=tuple(FORBID_KIND_OF))
+    try:
+        return parse_stack(types).types or (SPEC_NONE,)
+    except StackError as err:
+        raise c.fail(n, "spec_type", f"{dotted}.spec_type", str(err)) from err
+
+
+def _check_draft(
+    c: _Checker, cn: CommentedMap, n: CommentedMap, task: str, dotted: str, types: tuple[str, ...]
+) -> None:
+    """A draft model is given exactly when a type of the stack reads one."""
+    needs_draft = [t for t in types if t in DRAFT_MODEL_TYPES]
+    if needs_draft and "draft" not in n:
+        raise c.fail(
+            cn, task, dotted, f"spec_type {needs_draft[0]} needs draft: (a declared model)"
+        )
+    if "draft" in n and not needs_draft:
+        raise c.fail(
+            n, "draft", f"{dotted}.draft",
+            f"a draft model needs a draft-* spec_type ({SPEC_DRAFT_SIMPLE}), got "
+            f"{', '.join(types)}",
+        )  # fmt: skip
+
+
+def _lookup_cache(c: _Checker, n: CommentedMap, dotted: str, types: tuple[str, ...]) -> str | None:
+    if "lookup_cache" not in n:
+        return None
+    lookup_cache = c.string(n, "lookup_cache", f"{dotted}.lookup_cache")
+    if NGRAM_CACHE not in types:
+        raise c.fail(
+            n, "lookup_cache", f"{dotted}.lookup_cache",
+            "a lookup cache is read by ngram-cache only: add ngram-cache to spec_type "
+            f"(got {', '.join(types)})",
+        )  # fmt: skip
+    return lookup_cache
+
+
+def _check_forbidden(
+    c: _Checker, n: CommentedMap, dotted: str, types: tuple[str, ...], forbid: tuple[str, ...]
+) -> None:
+    """No type of the stack is of a kind the role forbids."""
+    for t in types:
+        kind = FORBID_KIND_OF[t]
+        if kind is not None and kind in forbid:
+            raise c.fail(
+                n, "spec_type" if "spec_type" in n else "draft", f"{dotted}.spec_type",
+                f"{t} is forbidden for this role (forbid: {', '.join(forbid)})",
+            )  # fmt: skip
+
+
+def _evidence(c: _Checker, n: CommentedMap, dotted: str) -> Evidence:
+    """`evidence:` of a pinned config: what was measured, in specreg's units."""
+    e = c.mapping(n, "evidence", f"{dotted}.evidence", EVIDENCE_KEYS, EVIDENCE_HINTS)
+    ed = f"{dotted}.evidence"
+    acc_hint = ""
+    if "acceptance" in e and isinstance(e["acceptance"], (int, float, str)):
+        acc_hint = _acceptance_hint(e["acceptance"])
+    return Evidence(
+        tokens_per_s=c.number(e, "tokens_per_s", f"{ed}.tokens_per_s", 0.0, None, "tokens/s")
+        if "tokens_per_s" in e
+        else None,
+        baseline_tokens_per_s=c.number(
+            e, "baseline_tokens_per_s", f"{ed}.baseline_tokens_per_s", 0.0, None, "tokens/s"
+        )
+        if "baseline_tokens_per_s" in e
+        else None,
+        acceptance=c.number(e, "acceptance", f"{ed}.acceptance", 0.0, 1.0, "a fraction", acc_hint)
+        if "acceptance" in e
+        else None,
+        runs=c.str_list(e, "runs", f"{ed}.runs", what="run ids") if "runs" in e else (),
+        protocol=_opt_str(c, e, "protocol", ed),
+        host=_opt_str(c, e, "host", ed),
+        date=_opt_str(c, e, "date", ed),
+        source=_opt_str(c, e, "source", ed),
     )
 
 

@@ -37,9 +37,10 @@ def canonical_task(task: str) -> str:
 # --- speculative types (llama.cpp's own names, common/speculative.cpp) ---------------------
 
 SPEC_NONE = "none"
+SPEC_DRAFT_SIMPLE = "draft-simple"  # a draft model, the default with a draft
 # Types that need a separate draft GGUF (`-md`).
 DRAFT_MODEL_TYPES: tuple[str, ...] = (
-    "draft-simple",
+    SPEC_DRAFT_SIMPLE,
     "draft-eagle3",
     "draft-dflash",
     "draft-dspark",
