@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import networkx as nx
 
@@ -93,10 +93,10 @@ def _svg(fig: Any, salt: str) -> str:
     return _XML_DECL.sub("", buf.getvalue()).strip()
 
 
-def _figure(width: float, height: float) -> Any:
+def _figure(width: float, height: float, *, layout: Literal["constrained"] | None = None) -> Any:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=72)
+    fig = Figure(figsize=(width, height), dpi=72, layout=layout)
     fig.patch.set_alpha(0)
     return fig
 
@@ -267,9 +267,13 @@ def sweep_svg(
     }
 
     def draw(salt: str) -> str:
-        fig = _figure(11.5, 3.4)
+        from matplotlib.ticker import MaxNLocator
+
+        # constrained: the layout makes room for the legend below, however long its labels
+        fig = _figure(
+            11.5, 3.4 + 0.2 * ((len({p.series for p in points}) + 3) // 2), layout="constrained"
+        )
         ax_s, ax_a = fig.subplots(1, 2)
-        fig.subplots_adjust(left=0.06, right=0.76, bottom=0.15, top=0.9, wspace=0.22)
         series: dict[str, list[SweepPoint]] = defaultdict(list)
         for p in points:
             series[p.series].append(p)
@@ -316,16 +320,27 @@ def sweep_svg(
         ax_a.set_ylabel("acceptance %")
         ax_a.set_ylim(0, 100)
         ax_a.set_title("acceptance", fontsize=10)
+        # One or two K values: a span of K around them, whole numbers only (K is a count),
+        # and speeds from 0, so a single point is not the middle of an axis of decimals.
+        ks = [p.k for p in points]
+        lo, hi = min(ks), max(ks)
+        pad = max(1.0, (4 - (hi - lo)) / 2) if hi - lo < 4 else 0.5
+        top = max([p.tokens_per_s for p in points] + [baseline_tps or 0.0, roofline_tps or 0.0])
+        ax_s.set_ylim(0, top * 1.15 or 1.0)
         for ax in (ax_s, ax_a):
+            ax.set_xlim(max(lo - pad, 0), hi + pad)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
             ax.spines[["top", "right"]].set_visible(False)
-        # Beside the plots, where it hides no line (and "best" would cost a search).
+        # Below the plots, where it hides no line and has the figure's whole width.
+        handles, labels = ax_s.get_legend_handles_labels()
         fig.legend(
-            *ax_s.get_legend_handles_labels(),
+            handles,
+            labels,
             fontsize=8,
             frameon=False,
-            loc="center left",
-            bbox_to_anchor=(0.77, 0.5),
+            loc="outside lower center",
+            ncols=min(2, len(labels)) or 1,
         )
         return _svg(fig, salt)
 
@@ -348,9 +363,8 @@ def frontier_svg(points: Sequence[Any], cache: PlotCache) -> str:
     }
 
     def draw(salt: str) -> str:
-        fig = _figure(8.0, 3.6)
+        fig = _figure(8.0, 3.6, layout="constrained")
         ax = fig.subplots()
-        fig.subplots_adjust(left=0.09, right=0.97, bottom=0.15, top=0.9)
         front = sorted((p for p in shown if p.on_frontier), key=lambda p: p.mean_kld)
         if len(front) > 1:
             ax.plot(
@@ -385,6 +399,11 @@ def frontier_svg(points: Sequence[Any], cache: PlotCache) -> str:
         ax.set_xlabel("quality cost: mean KL divergence from the reference (nats/token)")
         ax.set_ylabel("tokens/s")
         ax.set_title("speed against quality cost", fontsize=10)
+        # Both axes from 0 (no cost, no speed), and room on the right for the last point's
+        # label, so two points are not the corners of the plot with their labels cut.
+        kld_top = max(p.mean_kld for p in shown) or 0.01
+        ax.set_xlim(0, kld_top * 1.45)
+        ax.set_ylim(0, max(p.tokens_per_s for p in shown) * 1.2 or 1.0)
         ax.grid(alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
         ax.legend(fontsize=8, frameon=False, loc="best")
