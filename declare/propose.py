@@ -28,6 +28,7 @@ from specreg.declare.spec import (
     write_yaml,
 )
 from specreg.errors import UsageError
+from specreg.terms import SPEC_DRAFT_SIMPLE
 
 PROPOSAL_SCHEMA = "specreg.proposal.v1"
 CONFIG_FIELDS = ("spec_type", "draft", "draft_max", "experts", "evidence")
@@ -99,7 +100,7 @@ def _change(spec: Any, doc: CommentedMap, b: Beaten) -> Change:
     best = b.best
     now: dict[str, Any] = {}
     add_model = None
-    if best.spec_types != ("draft-simple",) or not best.draft_id:
+    if best.spec_types != (SPEC_DRAFT_SIMPLE,) or not best.draft_id:
         now["spec_type"] = list(best.spec_types)
     if best.draft_id:
         decl = next((m for m in spec.models if m.id == best.draft_id), None)

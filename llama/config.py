@@ -17,7 +17,7 @@ from specreg.llama.spec_stats import STATS_VERBOSITY
 from specreg.stacks import K_FLAG, Stack, parse_stack
 
 # The vocabulary is specreg.terms'; these names are importable from here too.
-from specreg.terms import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, SPEC_MTP
+from specreg.terms import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, SPEC_DRAFT_SIMPLE, SPEC_MTP
 from specreg.terms import DRAFT_MODEL_TYPES as DRAFT_MODEL_TYPES
 from specreg.terms import NGRAM_TYPES as NGRAM_TYPES
 from specreg.terms import SPEC_NONE as SPEC_NONE
@@ -168,7 +168,7 @@ def _spec_type_flags(config: Config, draft_path: Path | None) -> list[str]:
 def _draft_max_flags(config: Config, draft_path: Path | None) -> list[str]:
     if not config.speculative:
         return []
-    if config.spec_type != "draft-simple":
+    if config.spec_type != SPEC_DRAFT_SIMPLE:
         raise UsageError(
             f"{config.spec_type} is not available in this llama.cpp's server (it predates "
             "--spec-type): use a draft model, or llama.cpp from 2026 or later"

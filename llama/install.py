@@ -23,6 +23,7 @@ from specreg.llama.build import cached_build
 from specreg.terms import DIALECT_DRAFT_MAX as DIALECT_DRAFT_MAX
 from specreg.terms import DIALECT_SPEC_TYPE as DIALECT_SPEC_TYPE
 from specreg.terms import DIALECTS as DIALECTS
+from specreg.terms import SPEC_DRAFT_SIMPLE, SPEC_NONE
 
 ENV_LLAMA_BIN = "SPECREG_LLAMA_BIN"
 SERVER = "llama-server"
@@ -62,7 +63,7 @@ class LlamaInstall:
         types = [t for t in spec_type.split(",") if t] or ["none"]
         if self.dialect == DIALECT_SPEC_TYPE:
             return all(t in self.spec_types for t in types)
-        return len(types) == 1 and types[0] in ("none", "draft-simple")
+        return len(types) == 1 and types[0] in (SPEC_NONE, SPEC_DRAFT_SIMPLE)
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def parse_dialect(help_text: str) -> tuple[str, tuple[str, ...]] | None:
                 if m:
                     types = tuple(t for t in re.split(r"[,|]", m.group(1)) if t)
                 break
-        return DIALECT_SPEC_TYPE, types or ("none", "draft-simple")
+        return DIALECT_SPEC_TYPE, types or (SPEC_NONE, SPEC_DRAFT_SIMPLE)
     if re.search(r"(^|[\s,])--draft-max\b", help_text, re.M):
         return DIALECT_DRAFT_MAX, ()
     return None

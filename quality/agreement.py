@@ -61,6 +61,7 @@ from specreg.registry.queries import ModelRecord
 from specreg.registry.scan import model_record
 from specreg.runner.measure import measure
 from specreg.runner.workload import TASKS, Workload, task_prompts
+from specreg.terms import SPEC_DRAFT_SIMPLE
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ def agreement_drafts(
             if d.model_id == target.model_id:
                 raise UsageError(f"{Path(path).name} is the target itself: give another draft")
             pv = auditor.check_pair(con, target, d)
-            if not pv.compatible or pv.spec_type != "draft-simple":
+            if not pv.compatible or pv.spec_type != SPEC_DRAFT_SIMPLE:
                 why = "; ".join(pv.reasons) or f"it drafts as {pv.spec_type}"
                 raise UsageError(
                     f"{Path(path).name} cannot draft for {Path(target.path).name} ({why}): "
@@ -242,7 +243,7 @@ def agreement_drafts(
         return out
     found = auditor.compatible_drafts(con, target)
     return [
-        model_record(con, Path(pv.draft.path)) for pv in found if pv.spec_type == "draft-simple"
+        model_record(con, Path(pv.draft.path)) for pv in found if pv.spec_type == SPEC_DRAFT_SIMPLE
     ]
 
 

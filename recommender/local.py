@@ -27,7 +27,7 @@ from specreg.recommender.calibrated import Calibration, load_calibration
 from specreg.recommender.features import ConfigFacts
 from specreg.recommender.prior import Observation
 from specreg.registry.queries import ModelRecord, get_model
-from specreg.registry.run_store import RunRecord, list_runs
+from specreg.registry.run_store import STATUS_OK, RunRecord, list_runs
 from specreg.stacks import NGRAM_CACHE, StackError, stack_of
 from specreg.terms import DEFAULT_TYPE_OF, NGRAM_CACHE_DRAFT_MAX, Method, arch_family
 
@@ -95,7 +95,7 @@ SOURCE_OTHER_HOST = "other-host"
 def _evidence_runs(con: duckdb.DuckDBPyConnection) -> list[RunRecord]:
     """Successful runs with a measured speed that are evidence of first use."""
     try:
-        runs = list_runs(con, status="ok")
+        runs = list_runs(con, status=STATUS_OK)
     except duckdb.Error:  # a registry without the runs tables has no local evidence
         return []
     # Runs whose figures are no evidence of first use (replays of a method that keeps state,

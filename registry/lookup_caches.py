@@ -24,6 +24,7 @@ import duckdb
 
 from specreg.errors import UsageError
 from specreg.registry.queries import human_bytes, human_count
+from specreg.registry.run_store import STATUS_OK
 from specreg.registry.sql import transaction, where_equal
 
 LOOKUP_CACHES = "lookup_caches"
@@ -287,7 +288,7 @@ def runs_without_text(
         ).fetchone()
         if row is None:
             out.append((run_id, "no such run"))
-        elif row[0] != "ok":
+        elif row[0] != STATUS_OK:
             out.append((run_id, f"it is {row[0]}"))
         elif not row[1]:
             out.append((run_id, "it is not trusted"))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specreg.registry.queries import ModelRecord, ScanRecord, human_bytes, human_count
+from specreg.registry.run_store import STATUS_OK
 from specreg.text import clip
 
 # Display lengths of untrusted text in the report. Any string a page shows is cut to
@@ -162,7 +163,7 @@ class RunView:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == STATUS_OK
 
     @property
     def is_baseline(self) -> bool:

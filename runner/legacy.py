@@ -38,7 +38,7 @@ from specreg.runner.protocol import Engine, Sampler, SamplingInterrupted, collec
 from specreg.runner.workload import Workload
 
 # The engine names are specreg.terms' vocabulary, importable from here too.
-from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, NGRAM_TYPES
+from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, NGRAM_TYPES, SPEC_DRAFT_SIMPLE
 from specreg.terms import ENGINE_AUTO as ENGINE_AUTO
 from specreg.terms import ENGINE_LEGACY as ENGINE_LEGACY
 from specreg.terms import ENGINE_SERVER as ENGINE_SERVER
@@ -136,7 +136,7 @@ def generated_text(stdout: str, prompt: str, eog_texts: Sequence[str] = ()) -> t
 
 def legacy_tool(spec_type: str) -> str | None:
     """The legacy binary that implements `spec_type`, if any (none runs a stack)."""
-    if spec_type == "draft-simple":
+    if spec_type == SPEC_DRAFT_SIMPLE:
         return SPECULATIVE
     if spec_type in NGRAM_TYPES:
         return LOOKUP

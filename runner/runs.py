@@ -28,7 +28,9 @@ from specreg.llama.server import Completion
 from specreg.registry.lookup_caches import LookupCache
 from specreg.registry.queries import ModelRecord
 from specreg.registry.run_store import (
+    STATUS_FAILED,
     STATUS_INTERRUPTED,
+    STATUS_OK,
     PromptRecord,
     RunRecord,
     finish_run,
@@ -167,7 +169,7 @@ def to_record(
             else None
         ),
         kind=kind,
-        status="ok" if m.ok else "failed",
+        status=STATUS_OK if m.ok else STATUS_FAILED,
         started_at=m.started_at,
         seconds=m.seconds,
         error_kind=failure.kind if failure else None,

@@ -27,7 +27,7 @@ from starlette.routing import Route as HttpRoute
 
 from specreg.errors import UsageError
 from specreg.jsonout import plain
-from specreg.registry.run_store import PromptRecord, RunRecord
+from specreg.registry.run_store import STATUS_FAILED, STATUS_OK, PromptRecord, RunRecord
 from specreg.serve.adaptive import REASON_FIXED, REASON_RETRY, SERVE_KEY, Pick, Router, finite
 from specreg.serve.backends import Backend, BackendPool, BackendUnavailable
 from specreg.serve.classify import TASK_HEADER, Classification, TaskClassifier, classify
@@ -484,7 +484,7 @@ class _Call:
         max_tokens = self.body.get("max_tokens", self.body.get("n_predict"))
         return replace(
             template,
-            status="ok" if ok else "failed",
+            status=STATUS_OK if ok else STATUS_FAILED,
             started_at=self.started,
             seconds=seconds,
             error_kind=None if ok else (kind or "request"),

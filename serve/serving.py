@@ -26,7 +26,7 @@ from specreg.home import logs_dir
 from specreg.host.machine import Host
 from specreg.llama.install import LlamaInstall
 from specreg.llama.server import STARTUP_TIMEOUT_S
-from specreg.registry.run_store import RunRecord
+from specreg.registry.run_store import STATUS_OK, RunRecord
 from specreg.runner.protocol import Protocol, state_source
 from specreg.serve.adaptive import Router
 from specreg.serve.app import DEFAULT_MAX_BODY, KIND_SERVE, REQUEST_TIMEOUT_S, Service
@@ -171,7 +171,7 @@ def run_template(spec: BackendSpec, install: LlamaInstall, host: Host) -> RunRec
     c = spec.config
     return RunRecord(
         kind=KIND_SERVE,
-        status="ok",
+        status=STATUS_OK,
         started_at=datetime.now(timezone.utc),
         config={**c.to_json(), "engine": "server", "backend": spec.name},
         config_label=c.label,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from specreg.errors import UsageError
-from specreg.registry.run_store import RunRecord
+from specreg.registry.run_store import STATUS_OK, RunRecord
 from specreg.runner.runs import RunLog
 from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS
 from specreg.tune.jobs import Hosts, Job, LocalHost, Outcome
@@ -366,7 +366,7 @@ def ray_runner(
         )  # fmt: skip
         (outcome,), _, _ = hosts.run(RunLog(con), [job], retry_elsewhere=False, on_run=None)
         record = outcome.record
-        return (record.tokens_per_s if record.status == "ok" else None), outcome.run_id
+        return (record.tokens_per_s if record.status == STATUS_OK else None), outcome.run_id
 
     return run_option
 

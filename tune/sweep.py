@@ -48,7 +48,13 @@ from specreg.registry.run_store import (
 from specreg.runner.runs import Registry, RunLog
 from specreg.runner.workload import Workload
 from specreg.stacks import K_FLAG, parse_stack
-from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, SPEC_NONE, STARTUP_TIMEOUT_S
+from specreg.terms import (
+    DEFAULT_N_PREDICT,
+    DEFAULT_REPEATS,
+    SPEC_DRAFT_SIMPLE,
+    SPEC_NONE,
+    STARTUP_TIMEOUT_S,
+)
 from specreg.tune.jobs import Hosts, Job, Outcome
 
 log = logging.getLogger(__name__)
@@ -125,7 +131,7 @@ def parse_grid(specs: Sequence[str]) -> Grid:
     if "spec" not in axes:
         if not drafts:
             raise UsageError(f"the grid names no speculative type: add spec=... ({GRID_EXAMPLE})")
-        axes["spec"] = ["draft-simple"]
+        axes["spec"] = [SPEC_DRAFT_SIMPLE]
     spec_types = tuple(dict.fromkeys(parse_stack(s.split("+")).spelled for s in axes["spec"]))
     return Grid(
         spec_types=spec_types,

@@ -144,8 +144,14 @@ def _print_plan(p: SweepPlan) -> None:
 
 
 def _print_step(outcome: Outcome) -> None:
+    from specreg.registry.run_store import STATUS_OK
+
     r = outcome.record
-    got = f"{_fmt(r.tokens_per_s, '.1f')} tok/s" if r.status == "ok" else f"{r.status}: {r.error}"
+    got = (
+        f"{_fmt(r.tokens_per_s, '.1f')} tok/s"
+        if r.status == STATUS_OK
+        else f"{r.status}: {r.error}"
+    )
     err_console().print(
         f"  [{outcome.host_name}] {outcome.job.label}: {got} (run {outcome.run_id})"
     )
@@ -158,11 +164,13 @@ def _fmt(value: float | None, spec: str) -> str:
 def _print_result(r: SweepResult) -> None:
     from rich.table import Table
 
+    from specreg.registry.run_store import STATUS_OK
+
     out = console()
     out.print(f"sweep of {r.target_name}: {len(r.runs)} runs in {r.seconds:.0f} s ({r.grid})")
     table = Table("host", "config", "tok/s", "accept", "speedup", "run", "status", box=None)
     for run in sorted(r.runs, key=lambda x: (x.host_name or "", -(x.tokens_per_s or 0))):
-        status = run.status if run.status == "ok" else f"{run.status} ({run.error_kind})"
+        status = run.status if run.status == STATUS_OK else f"{run.status} ({run.error_kind})"
         table.add_row(
             run.host_name or (run.host_fingerprint or "-"), run.label,
             _fmt(run.tokens_per_s, ".1f"), _fmt(run.acceptance, ".0%"),
