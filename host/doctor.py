@@ -1,7 +1,8 @@
 """`specreg doctor`: the host settings that decide llama.cpp's speed, each with its cost and fix.
 
 Every check reads the kernel's own interfaces (/proc, /sys) through a `SystemView`, so tests run
-them against fake trees; the memory bandwidth is measured (runner/membw.py), and the llama.cpp
+them against fake trees; the memory bandwidth is measured (host/membw.py) and kept as this host's
+one figure (host/facts.py: the registry and the cache, which recommend reads), and the llama.cpp
 build's CPU features come from the build itself (`llama_print_system_info`).
 
 What a finding costs is quoted from the user's own measurements where they exist (their
@@ -25,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from specreg.host.machine import Host, detect_host
+from specreg.host.machine import Host, detect_host, read_cpuinfo, read_meminfo
 from specreg.host.membw import Bandwidth, MemoryConfig, parse_dmidecode, read_dmidecode
 
 log = logging.getLogger(__name__)
@@ -202,23 +203,6 @@ def parse_cpu_list(text: str | None) -> list[int]:
         except ValueError:
             continue
     return out
-
-
-def _meminfo(view: SystemView) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for line in (view.proc_text("meminfo") or "").splitlines():
-        m = re.match(r"(\w+):\s+(\d+) kB", line)
-        if m:
-            out[m.group(1)] = int(m.group(2)) * 1024
-    return out
-
-
-def _cpu_flags(view: SystemView) -> set[str]:
-    for line in (view.proc_text("cpuinfo") or "").splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
 
 
 def _cgroup_cpus(view: SystemView) -> float | None:
@@ -582,7 +566,7 @@ def check_build(view: SystemView, build: BuildFacts | None) -> Check:
             "llama.cpp not found: its CPU features are unknown",
             fix=("specreg llama build",),
         )
-    flags = _cpu_flags(view)
+    flags = read_cpuinfo(view.proc).flags
     built = build.features
     facts: dict[str, Any] = {
         "bin_dir": str(build.bin_dir),
@@ -636,7 +620,7 @@ def check_build(view: SystemView, build: BuildFacts | None) -> Check:
 
 
 def check_memory(view: SystemView, targets: Sequence[TargetSize] | None) -> Check:
-    mem = _meminfo(view)
+    mem = read_meminfo(view.proc)
     total, available = mem.get("MemTotal", 0), mem.get("MemAvailable", mem.get("MemFree", 0))
     facts: dict[str, Any] = {"mem_total": total, "mem_available": available}
     if targets is None:
@@ -876,12 +860,13 @@ def run_doctor(
     for this host."""
     from specreg.errors import RegistryError
     from specreg.host import membw
+    from specreg.host.facts import SOURCE_DOCTOR, Figure, store_figure
     from specreg.registry.calibration import BandwidthRecord, record_bandwidth
     from specreg.registry.db import opened
     from specreg.registry.queries import list_models
 
     view = view or SystemView()
-    available = _meminfo(view).get("MemAvailable", 0)
+    available = read_meminfo(view.proc).get("MemAvailable", 0)
 
     def measure(host: Host, compare_hugepages: bool) -> Bandwidth:
         return membw.measure_bandwidth(
@@ -910,11 +895,15 @@ def run_doctor(
         memory=memory,
     )
     bw = report.bandwidth
+    now = datetime.now(timezone.utc)
+    if bw is not None:  # this host's one figure, for recommend with or without this registry
+        figure = Figure(bw.read_gbs, SOURCE_DOCTOR, now, bw.method_str)
+        store_figure(report.host.fingerprint, figure)
     if bw is not None and db_path is not None and db_path.exists():
         peak = report.memory_config.peak_gbs if report.memory_config else None
         record = BandwidthRecord(
             host_fingerprint=report.host.fingerprint,
-            measured_at=datetime.now(timezone.utc),
+            measured_at=now,
             read_gbs=bw.read_gbs,
             method=bw.method_str,
             threads=bw.threads,

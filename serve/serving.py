@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     import duckdb
     import uvicorn
 
+    from specreg.host.facts import HostQuery
+
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
@@ -124,16 +126,16 @@ def prepare(
     spec_path: Path | None = None,
     pins: Sequence[str] = (),
     llama_bin: Path | None = None,
-    bandwidth: float | None = None,
+    host_query: HostQuery | None = None,
     threads: int | None = None,
     ctx: int | None = None,
     parallel: int = DEFAULT_PARALLEL,
     policy: str = POLICY_FIXED,
 ) -> Prepared:
-    """Find llama.cpp, read specreg.yaml when there is one, and plan every route."""
+    """Find llama.cpp, read specreg.yaml when there is one, and plan every route (for the
+    host `host_query` describes: this machine unless it asks about another)."""
     from specreg.declare.spec import load_spec
-    from specreg.host.facts import detect_host_facts
-    from specreg.host.machine import detect_host
+    from specreg.host.facts import resolve_host
     from specreg.llama.install import find_llama
     from specreg.recommender.advisor import open_advisor
     from specreg.registry.db import opened
@@ -144,10 +146,10 @@ def prepare(
         raise UsageError(f"--parallel must be at least 1, got {parallel}")
     parsed = [parse_pin(p) for p in pins]
     install = find_llama(llama_bin)
-    host = detect_host()
     spec = load_spec(spec_path)[0] if spec_path is not None and spec_path.exists() else None
     with opened(db_path) as con:
-        advisor = open_advisor(con, detect_host_facts(bandwidth, fingerprint=host.fingerprint))
+        host, facts = resolve_host(host_query, con)
+        advisor = open_advisor(con, facts)
         table = plan_routes(
             con, install, host, advisor, targets,
             spec=spec, pins=parsed, threads=threads, ctx=ctx, parallel=parallel, policy=policy,

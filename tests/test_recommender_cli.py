@@ -29,7 +29,7 @@ def test_train_then_recommend_json_and_text(
 ) -> None:
     # A reference-like host: 460 GB/s needs the cores to go with it (on this machine's 2 cores
     # a verify pass is compute-bound and the cost model rightly says not to speculate).
-    monkeypatch.setattr("specreg.host.facts.physical_cores", lambda *a: 96)
+    monkeypatch.setenv("SPECREG_HOST_FACTS", '{"physical_cores": 96}')
     code, out = _run("train", "--no-cv", "--bandwidth", "460", "--db", str(scanned_db), "--json")
     assert code == 0
     doc = json.loads(out)

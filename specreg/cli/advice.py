@@ -14,7 +14,7 @@ from specreg.text import shell_join
 if TYPE_CHECKING:
     import duckdb
 
-    from specreg.host.facts import HostFacts
+    from specreg.host.facts import HostFacts, HostQuery
     from specreg.host.machine import Host
     from specreg.llama.install import LlamaInstall
     from specreg.recommender.advisor import Advisor
@@ -23,13 +23,15 @@ if TYPE_CHECKING:
     from specreg.reports.gather import Advise
 
 
-def this_host(bandwidth: float | None) -> tuple[Host, HostFacts]:
-    """The host llama.cpp runs on, and the facts the recommender predicts with."""
-    from specreg.host.facts import detect_host_facts
-    from specreg.host.machine import detect_host
+def this_host(
+    query: HostQuery | None = None, con: duckdb.DuckDBPyConnection | None = None
+) -> tuple[Host, HostFacts]:
+    """The host the commands are for (this machine unless `query` describes another) and the
+    facts the recommender predicts with: the same cores; the bandwidth doctor recorded in
+    `con`'s registry when there is one."""
+    from specreg.host.facts import resolve_host
 
-    host = detect_host()
-    return host, detect_host_facts(bandwidth, fingerprint=host.fingerprint)
+    return resolve_host(query, con)
 
 
 def users_llama(llama_bin: Path | None) -> LlamaInstall | None:

@@ -20,6 +20,7 @@ holds every module of this package to that):
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -363,6 +364,57 @@ def startup_timeout_option(func: F) -> F:
         show_default=True,
         help="Seconds llama-server may take to load the models and answer.",
     )(func)
+
+
+# --- the host a command predicts for ------------------------------------------------------
+
+BANDWIDTH = FiniteFloat(min=0.001)
+
+
+def host_facts_options(func: F) -> F:
+    """`--host-facts FILE`, `--cores N` and `--bandwidth GB/s`: the host a command predicts
+    for (default: this machine, $SPECREG_HOST_FACTS honoured), handed to the command as one
+    `host_query` (specreg.host.facts.HostQuery). The same facts give the speed model its cores
+    and the printed commands their `-t`."""
+
+    @functools.wraps(func)
+    def command(
+        *args: Any,
+        host_facts: Path | None,
+        cores: int | None,
+        bandwidth: float | None,
+        **kwargs: Any,
+    ) -> Any:
+        from specreg.host.facts import HostQuery
+
+        return func(*args, host_query=HostQuery(bandwidth, cores, host_facts), **kwargs)
+
+    options = [
+        click.option(
+            "--host-facts",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="Predict for the host these facts describe: a JSON object in the syntax of "
+            "$SPECREG_HOST_FACTS (Host fields and bandwidth_gbs), or `specreg doctor --json` "
+            "output saved on that host.",
+        ),
+        click.option(
+            "--cores",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Physical cores of the host to predict for (and -t in the commands).",
+        ),
+        click.option(
+            "--bandwidth",
+            type=BANDWIDTH,
+            default=None,
+            help="Memory bandwidth in GB/s (default: the facts' own, else what specreg doctor "
+            "measured on this host, else one stored estimate).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command  # type: ignore[return-value]
 
 
 # --- which llama.cpp's rules -------------------------------------------------------------

@@ -18,6 +18,7 @@ from specreg.cli.common import (
     emit,
     emit_document,
     err_console,
+    host_facts_options,
     json_option,
     llama_bin_option,
     n_predict_option,
@@ -32,14 +33,13 @@ from specreg.text import clip
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from specreg.host.facts import HostFacts, HostQuery
     from specreg.recommender.evaluate import CVReport
     from specreg.recommender.recommend import Option, Recommendation
     from specreg.recommender.train import TrainSummary
     from specreg.tune.tuner import TuneResult, TuneStep
 
 F = Callable[..., Any]
-
-_BANDWIDTH = FiniteFloat(min=0.001)
 
 
 def _common(func: F) -> F:
@@ -59,12 +59,7 @@ def _common(func: F) -> F:
             help="Only this speculative type or stack (e.g. ngram-mod,draft-simple), listed "
             "against plain decoding whether or not it is predicted to win.",
         ),
-        click.option(
-            "--bandwidth",
-            type=_BANDWIDTH,
-            default=None,
-            help="Memory bandwidth in GB/s (default: a cached copy benchmark, an estimate).",
-        ),
+        host_facts_options,
         llama_bin_option(help="Folder with llama-server, for commands in its flag dialect."),
         db_option,
         json_option,
@@ -105,7 +100,7 @@ def recommend_cmd(
     task: str,
     policy: str,
     spec_type: str | None,
-    bandwidth: float | None,
+    host_query: HostQuery,
     llama_bin: Path | None,
     db_path: Path | None,
     as_json: bool,
@@ -119,6 +114,7 @@ def recommend_cmd(
 
     Acceptance is measured agreement (`specreg agree`) for draft pairs without runs; under
     --policy speed each lossy option shows its quality cost (`specreg quality`, or predicted).
+    --host-facts, --cores and --bandwidth ask about another host (an EPYC from a laptop).
     """
     from specreg.cli.advice import command_lines, this_host, users_llama
     from specreg.recommender.advisor import open_advisor
@@ -126,9 +122,9 @@ def recommend_cmd(
     from specreg.registry.queries import resolve_model
 
     budget = _kld_budget(max_kld, role, spec_path)
-    host, facts = this_host(bandwidth)
     with opened(resolve_db(db_path)) as con:
         resolve_model(con, target)  # an unknown target fails before the model is fitted
+        host, facts = this_host(host_query, con)
         rec = open_advisor(con, facts).recommend(
             con, target, task=task, policy=policy, temperature=temp, max_kld=budget,
             spec_type=spec_type,
@@ -187,6 +183,7 @@ def _print_recommendation(rec: Recommendation, commands: Sequence[str], top: int
     c = console()
     c.print(f"{clip(rec.target_name)}  task={rec.task}  policy={rec.policy}")
     c.print(rec.roofline.line)
+    _print_host(rec.host)
     table = _options_table(rec.options[:top], rec.policy == "speed", c.width)
     c.print(table)
     best = rec.best
@@ -201,20 +198,28 @@ def _print_recommendation(rec: Recommendation, commands: Sequence[str], top: int
         c.print(f"note: {line}")
 
 
+def _print_host(facts: HostFacts) -> None:
+    """The host predicted for: its cores and bandwidth, each with its source."""
+    c = console()
+    c.print(f"host: {facts.cores_str}, {facts.bandwidth_str}")
+    if facts.note:
+        c.print(f"  ({facts.note})")
+
+
 @click.command("train")
 @click.option("--no-cv", is_flag=True, help="Skip the grouped cross-validation.")
-@click.option("--bandwidth", type=_BANDWIDTH, default=None, help="Memory bandwidth in GB/s.")
+@host_facts_options
 @db_option
 @json_option
-def train_cmd(no_cv: bool, bandwidth: float | None, db_path: Path | None, as_json: bool) -> None:
+def train_cmd(no_cv: bool, host_query: HostQuery, db_path: Path | None, as_json: bool) -> None:
     """Refit the speed model on the shipped prior and this host's runs; print CV error."""
     from specreg.cli.advice import this_host
     from specreg.recommender.local import local_observations, other_host_observations
     from specreg.recommender.train import train
     from specreg.registry.db import opened
 
-    host, facts = this_host(bandwidth)
     with opened(resolve_db(db_path), read_only=True) as con:
+        host, facts = this_host(host_query, con)
         local = [*local_observations(con, facts), *other_host_observations(con, facts)]
     _, summary, report = train(local, host=host.fingerprint, with_cv=not no_cv)
     if as_json:
@@ -253,12 +258,18 @@ def _print_train(summary: TrainSummary, report: CVReport | None) -> None:
     "(pip install 'specreg[ray]').",
 )
 @click.option("--host", "ray_host", metavar="NAME", default=None, help="That Ray host's name.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the runs tune would start with (each measuring as predicted) and their "
+    "commands, for this host or the one --host-facts/--cores describe; run nothing.",
+)
 def tune_cmd(
     target: str,
     task: str,
     policy: str,
     spec_type: str | None,
-    bandwidth: float | None,
+    host_query: HostQuery,
     llama_bin: Path | None,
     db_path: Path | None,
     as_json: bool,
@@ -267,6 +278,7 @@ def tune_cmd(
     repeats: int,
     ray_address: str | None,
     ray_host: str | None,
+    dry_run: bool,
 ) -> None:
     """Measure the most promising configurations of TARGET until the best is confirmed.
 
@@ -274,15 +286,25 @@ def tune_cmd(
     cluster (--host NAME when it has several) and the answer is for that host.
     """
     from specreg.cli.advice import this_host
+    from specreg.errors import UsageError
     from specreg.llama.install import find_llama
     from specreg.registry.db import opened
     from specreg.runner.workload import load_workload
     from specreg.tune.tuner import agree_if_missing, calibrate_if_missing, llama_runner, tune
 
+    if dry_run:
+        if ray_address is not None or ray_host is not None:
+            raise UsageError("--dry-run plans for this host or the host facts given, not --ray")
+        return _tune_dry_run(target, task, policy, spec_type, host_query, llama_bin, db_path,
+                             as_json, budget)  # fmt: skip
+    if host_query.elsewhere:
+        raise UsageError("tune measures on this machine: --host-facts and --cores describe "
+                         "another host, for --dry-run")  # fmt: skip
     if ray_address is not None or ray_host is not None:
-        from specreg.errors import UsageError
         from specreg.tune.distributed import import_ray, tune_on_ray
 
+        if host_query.bandwidth_gbs is not None:
+            raise UsageError("with --ray, tune predicts with the Ray host's own bandwidth")
         if ray_address is None:
             raise UsageError("--host names a Ray host: add --ray ADDRESS")
         import_ray()
@@ -293,9 +315,9 @@ def tune_cmd(
                 spec_type=spec_type, on_step=None if as_json else _print_step,
             )  # fmt: skip
         return emit(result) if as_json else _print_tune(result)
-    host, facts = this_host(bandwidth)
     install = find_llama(llama_bin)
     with opened(resolve_db(db_path)) as con:
+        host, facts = this_host(host_query, con)
         path = resolve_model_path(con, target)
         run_option = llama_runner(
             con, install, host, path, load_workload((task,)),
@@ -312,6 +334,47 @@ def tune_cmd(
         emit(result)
     else:
         _print_tune(result)
+
+
+def _tune_dry_run(
+    target: str,
+    task: str,
+    policy: str,
+    spec_type: str | None,
+    host_query: HostQuery,
+    llama_bin: Path | None,
+    db_path: Path | None,
+    as_json: bool,
+    budget: int,
+) -> None:
+    """tune --dry-run: the ranking tune starts from and the runs it would spend first, were
+    each to measure what it predicts (tune's own choice of the next run); nothing runs."""
+    from specreg.cli.advice import command_lines, this_host, users_llama
+    from specreg.recommender.advisor import open_advisor
+    from specreg.registry.db import opened
+    from specreg.tune.tuner import TuneStep, next_option
+
+    with opened(resolve_db(db_path)) as con:
+        path = resolve_model_path(con, target)
+        host, facts = this_host(host_query, con)
+        rec = open_advisor(con, facts).recommend(
+            con, str(path), task=task, policy=policy, spec_type=spec_type
+        )
+    commands = command_lines(rec, host, users_llama(llama_bin))
+    if as_json:  # the recommendation tune starts from
+        return emit_document(rec.to_json(commands))
+    steps: list[TuneStep] = []
+    while len(steps) < budget:
+        choice, why = next_option(rec.options, steps)
+        if choice is None:
+            break
+        steps.append(TuneStep(choice, choice.tps, None, why))
+    c = console()
+    c.print(f"{clip(rec.target_name)}: tune would start with {len(steps)} of {budget} runs")
+    _print_host(rec.host)
+    for i, s in enumerate(steps, start=1):
+        c.print(f"{i}. {clip(s.label)}: predicted {s.option.tps:.1f} t/s ({s.reason})")
+        c.print(f"   {commands[rec.options.index(s.option)]}")
 
 
 def _print_step(step: TuneStep) -> None:

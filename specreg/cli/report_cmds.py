@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 import click
 
 from specreg.cli.common import (
-    FiniteFloat,
     build_option,
     console,
     db_option,
     emit,
+    host_facts_options,
     json_option,
     llama_rules,
     resolve_db,
@@ -22,6 +22,7 @@ from specreg.cli.common import (
 if TYPE_CHECKING:
     import duckdb
 
+    from specreg.host.facts import HostQuery
     from specreg.reports.data import SiteResult
     from specreg.reports.gather import Advise
 
@@ -47,9 +48,7 @@ DEFAULT_TASK = "chat"
     help="What to run on each target, as `specreg recommend` says (about 0.5 s per question).",
 )
 @task_option(help="The tasks to recommend for (repeatable; default: chat).")
-@click.option(
-    "--bandwidth", type=FiniteFloat(min=0.001), default=None, help="Memory bandwidth in GB/s."
-)
+@host_facts_options
 @build_option
 @db_option
 @json_option
@@ -58,7 +57,7 @@ def report(
     open_browser: bool,
     recommend: bool,
     tasks: tuple[str, ...],
-    bandwidth: float | None,
+    host_query: HostQuery,
     llama_build: int | None,
     llama_bin: Path | None,
     db_path: Path | None,
@@ -88,7 +87,7 @@ def report(
             cache=cache_dir() / "report",
             db_label=str(db),
             rules=rules,
-            advise=_advise(con, bandwidth, llama_bin) if recommend else None,
+            advise=_advise(con, host_query, llama_bin) if recommend else None,
             tasks=tuple(dict.fromkeys(tasks)) or (DEFAULT_TASK,),
             started=started,
         )
@@ -101,13 +100,13 @@ def report(
 
 
 def _advise(
-    con: duckdb.DuckDBPyConnection, bandwidth: float | None, llama_bin: Path | None
+    con: duckdb.DuckDBPyConnection, host_query: HostQuery, llama_bin: Path | None
 ) -> Advise:
     """The recommender as `specreg recommend` sets it up: this host, its evidence, your build."""
     from specreg.cli.advice import report_advise, this_host, users_llama
     from specreg.recommender.advisor import open_advisor
 
-    host, facts = this_host(bandwidth)
+    host, facts = this_host(host_query, con)
     return report_advise(open_advisor(con, facts), host, users_llama(llama_bin))
 
 

@@ -13,6 +13,7 @@ from specreg.cli.common import (
     db_option,
     emit,
     err_console,
+    host_facts_options,
     json_option,
     llama_bin_option,
     resolve_db,
@@ -20,6 +21,7 @@ from specreg.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from specreg.host.facts import HostQuery
     from specreg.serve.backends import BackendStatus
     from specreg.serve.policy import PolicyStatus
     from specreg.serve.routes import RouteTable
@@ -61,7 +63,7 @@ SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'spe
     "--max-body", type=int, default=1 << 20, show_default=True, help="Largest request (bytes)."
 )
 @llama_bin_option
-@click.option("--bandwidth", type=float, default=None, help="Memory bandwidth in GB/s.")
+@host_facts_options
 @click.option(
     "--policy",
     type=click.Choice(["adaptive", "fixed"]),
@@ -99,7 +101,7 @@ def serve_cmd(
     parallel: int,
     max_body: int,
     llama_bin: Path | None,
-    bandwidth: float | None,
+    host_query: HostQuery,
     policy: str,
     seed: int,
     memory_budget: str | None,
@@ -115,8 +117,13 @@ def serve_cmd(
     `model` of `TARGET:TASK`) and forwarded to a llama-server running that task's
     configuration: the one pinned with --pin or in specreg.yaml, else the top of `recommend`
     for this host. Every request is recorded as a run (`specreg runs`). SIGTERM or Ctrl-C
-    stops the server and every backend.
+    stops the server and every backend. --host-facts and --cores (another host's facts) go
+    with --dry-run: the route table that host would get.
     """
+    if host_query.elsewhere and not dry_run:
+        from specreg.errors import UsageError
+
+        raise UsageError("--host-facts and --cores describe another host: add --dry-run")
     try:
         from specreg.serve import serving
     except ImportError as err:
@@ -125,7 +132,7 @@ def serve_cmd(
         raise UsageError(SERVE_EXTRA_HINT) from err
     prepared = serving.prepare(
         resolve_db(db_path), targets, spec_path=spec_path, pins=pins, llama_bin=llama_bin,
-        bandwidth=bandwidth, threads=threads, ctx=ctx, parallel=parallel, policy=policy,
+        host_query=host_query, threads=threads, ctx=ctx, parallel=parallel, policy=policy,
     )  # fmt: skip
     options = serving.ServeOptions(
         host=bind, port=port, max_body=max_body, record=not no_record, seed=seed,
