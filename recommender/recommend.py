@@ -50,7 +50,7 @@ from specreg.recommender.quality_cost import QualityCost, expert_cost, load_qual
 from specreg.recommender.stacks import shown, stack_candidates
 from specreg.registry.lookup_caches import LookupCache, list_caches
 from specreg.registry.quality_store import QualityRecord
-from specreg.registry.queries import ModelRecord, get_model, resolve_model
+from specreg.registry.queries import ModelRecord, get_model, human_bytes, resolve_model
 from specreg.stacks import Stack, parse_stack
 from specreg.terms import (
     DEFAULT_TYPE_OF,
@@ -129,6 +129,8 @@ class Option:
     stack: str | None = None  # llama.cpp's --spec-type when not the method's default type
     lookup_cache: str | None = None  # the workload cache ngram-cache reads, by name ...
     lookup_cache_path: str | None = None  # ... and its file
+    weights_bytes: int = 0  # the target's and the draft's files: what must fit in memory
+    memory_short_bytes: int = 0  # how far they exceed the host's memory (0: fit, or unknown)
 
     @property
     def spec_type(self) -> str:
@@ -530,13 +532,21 @@ def recommend(
     quality_rows = load_quality(con, target.model_id) if policy == POLICY_SPEED else []
     listed, over_budget = _options(
         target, cands, scores, model, local, caches, quality_rows, policy=policy, task=task,
-        temperature=temperature, max_kld=max_kld, pool=observations,
+        temperature=temperature, max_kld=max_kld, pool=observations, mem_bytes=host.mem_bytes,
     )  # fmt: skip
     options = _ranked(listed, requested)
-    spec = [o for o in options if o.method is not Method.NONE or o.experts is not None]
+    # options that fit in memory compete first: a prediction assumes the weights stay in memory
+    fitting = [o for o in options if not o.memory_short_bytes] or options
+    spec = [o for o in fitting if o.method is not Method.NONE or o.experts is not None]
     speculate = bool(spec) and spec[0].tps >= MIN_GAIN * scores.plain_tps
     if not speculate:
-        options.sort(key=lambda o: (o.method is not Method.NONE or o.experts is not None, -o.tps))
+        options.sort(
+            key=lambda o: (
+                o.memory_short_bytes > 0,
+                o.method is not Method.NONE or o.experts is not None,
+                -o.tps,
+            )
+        )
     roof = _roofline(base, host, scores.plain_tps, scores.plain_measured, cal, model.params)
     advice = _advice(
         target, base, model, task, options, roof, speculate=speculate, has_drafts=bool(drafts),
@@ -761,6 +771,7 @@ def _options(
     temperature: float,
     max_kld: float | None,
     pool: Sequence[Observation],
+    mem_bytes: int,
 ) -> tuple[list[Listed], int]:
     """The options the policy allows, in candidate order, and how many behaviour-changing
     options the KLD budget left out."""
@@ -780,7 +791,7 @@ def _options(
         ran = [o for o in local if _k_curve(o.config) == _k_curve(c)] if c.stack else []
         option = _option(
             target, c, d, i, scores, model, cost, ran, cache_of, temperature=temperature,
-            pool=pool,
+            pool=pool, mem_bytes=mem_bytes,
         )  # fmt: skip
         out.append((option, c, bool(ran)))
     return out, over_budget
@@ -799,6 +810,7 @@ def _option(
     *,
     temperature: float,
     pool: Sequence[Observation],
+    mem_bytes: int,
 ) -> Option:
     """Candidate `i` as an option: its band after this host's runs of exactly it, its
     acceptance, why and evidence."""
@@ -816,6 +828,10 @@ def _option(
         why = (*why, f"quality cost: {cost.label}")
     if c.stack:
         why = (_stack_why(c, cache_of.get(c.lookup_cache), ran), *why)
+    weights = (target.n_bytes or 0) + ((d.n_bytes or 0) if d else 0)
+    short = max(0, weights - mem_bytes) if mem_bytes > 0 else 0
+    if short:
+        why = (*why, _memory_why(weights, mem_bytes, draft=d is not None))
     return Option(
         method=c.method,
         k=c.k if c.method is not Method.NONE else None,
@@ -844,6 +860,17 @@ def _option(
         stack=c.stack or None,
         lookup_cache=c.lookup_cache or None,
         lookup_cache_path=cache_of[c.lookup_cache].path if c.lookup_cache else None,
+        weights_bytes=weights,
+        memory_short_bytes=short,
+    )
+
+
+def _memory_why(weights: int, mem_bytes: int, *, draft: bool) -> str:
+    what = "the target's and the draft's weights" if draft else "the target's weights"
+    return (
+        f"{what} ({human_bytes(weights)}) do not fit in this host's {human_bytes(mem_bytes)} "
+        f"of memory, by {human_bytes(weights - mem_bytes)}: what does not fit is read from "
+        "disk again for every token, far below this prediction"
     )
 
 
@@ -856,7 +883,8 @@ def _ranked(listed: Sequence[Listed], requested: Stack | None) -> list[Option]:
         options = [
             o for o in options if o.spec_type == requested.spelled or o.method is Method.NONE
         ]
-    options.sort(key=lambda o: -o.tps)
+    # what does not fit in memory is read from disk for every token: listed after what fits
+    options.sort(key=lambda o: (o.memory_short_bytes > 0, -o.tps))
     return options
 
 
@@ -888,6 +916,8 @@ def _advice(
     if requested is not None and not any(o.spec_type == requested.spelled for o in options):
         advice.append(_no_candidate(requested, target, task))
     advice.extend(_agreement_advice(options))
+    if memory := _memory_advice(options):
+        advice.append(memory)
     if over_budget:
         advice.append(
             f"{over_budget} behaviour-changing options cost more than the KLD budget "
@@ -1016,6 +1046,29 @@ def _roofline(
         compute_calibrated=calibrated,
         verify_k=ROOFLINE_VERIFY_K,
         verify_ratio=float(verify_ratio(row, params)[0]),
+    )
+
+
+def _memory_advice(options: Sequence[Option]) -> str | None:
+    """Whether the proposed configurations fit in the host's memory, and by how much not."""
+    short = [o for o in options if o.memory_short_bytes]
+    if not short:
+        return None
+    mem = short[0].weights_bytes - short[0].memory_short_bytes  # the host's memory
+    plain = min(options, key=lambda o: o.weights_bytes)
+    if plain.memory_short_bytes:
+        return (
+            f"memory: the target alone ({human_bytes(plain.weights_bytes)}) is larger than "
+            f"this host's {human_bytes(mem)} of memory, by "
+            f"{human_bytes(plain.memory_short_bytes)}, and no option fits: its weights would be "
+            "read from disk for every token, far slower than predicted here; use a smaller "
+            "quant or a host with more memory"
+        )
+    worst = max(short, key=lambda o: o.memory_short_bytes)
+    return (
+        f"memory: {len(short)} options do not fit in this host's {human_bytes(mem)} of memory "
+        f"(target plus draft up to {human_bytes(worst.weights_bytes)}, "
+        f"{human_bytes(worst.memory_short_bytes)} too many) and are listed after those that fit"
     )
 
 

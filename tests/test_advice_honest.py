@@ -9,9 +9,13 @@ from pathlib import Path
 
 import duckdb
 from cli_run import specreg
-from recommender_fixtures import demo_con  # noqa: F401
+from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
+from specreg.host.facts import HostFacts
+from specreg.recommender.predictor import SpeedPredictor
+from specreg.recommender.recommend import recommend
 from specreg.registry.queries import list_models
+from specreg.terms import Method
 
 
 def _draft_head(con: duckdb.DuckDBPyConnection) -> str:
@@ -78,3 +82,51 @@ def test_no_larger_model_is_a_draft_anywhere(demo_con: duckdb.DuckDBPyConnection
             assert (d.n_params or 0) < t.n_params, (t.display_name, d.display_name)
             n_pairs += 1
     assert n_pairs > 10
+
+
+def _host(mem_bytes: int) -> HostFacts:
+    """This machine's shape with a stated memory (23.5 GiB is the machine issue 25 used)."""
+    return HostFacts(23.0, 2, "user", None, mem_bytes=mem_bytes)
+
+
+GIB = 2**30
+
+
+def test_recommend_says_the_480b_cannot_fit_and_by_how_much(
+    demo_con: duckdb.DuckDBPyConnection,  # noqa: F811
+    prior_model: SpeedPredictor,  # noqa: F811
+) -> None:
+    mem = int(23.5 * GIB)
+    target = demo_model(demo_con, "Qwen3-Coder", "480B-A35B")
+    rec = recommend(demo_con, target.model_id or "", model=prior_model, host=_host(mem))
+    need = target.n_bytes or 0
+    assert need > mem
+    plain = next(o for o in rec.options if o.method is Method.NONE and o.experts is None)
+    assert plain.weights_bytes == need and plain.memory_short_bytes == need - mem
+    for o in rec.options:
+        assert o.memory_short_bytes == o.weights_bytes - mem > 0
+        assert any("do not fit in this host's 25.2 GB of memory" in w for w in o.why), o.why
+    line = next(a for a in rec.advice if a.startswith("memory: "))
+    assert line.startswith(
+        f"memory: the target alone ({need / 1e9:.1f} GB) is larger than this host's 25.2 GB "
+        f"of memory, by {(need - mem) / 1e9:.1f} GB, and no option fits"
+    )
+    # with enough memory nothing is said
+    roomy = recommend(demo_con, target.model_id or "", model=prior_model, host=_host(2**40))
+    assert not any(a.startswith("memory: ") for a in roomy.advice)
+    assert all(o.memory_short_bytes == 0 for o in roomy.options)
+
+
+def test_options_that_do_not_fit_come_after_those_that_fit(
+    demo_con: duckdb.DuckDBPyConnection,  # noqa: F811
+    prior_model: SpeedPredictor,  # noqa: F811
+) -> None:
+    """Qwen2.5-Coder-32B (21.1 GB) with its 0.5B draft fits in 23.5 GiB, with the 7B not."""
+    target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
+    host = HostFacts(460.0, 96, "user", None, mem_bytes=int(23.5 * GIB))
+    rec = recommend(demo_con, target.model_id or "", model=prior_model, host=host, task="code")
+    fits = [o.memory_short_bytes == 0 for o in rec.options]
+    assert any(fits) and not all(fits)
+    assert fits == sorted(fits, reverse=True)
+    assert rec.best.memory_short_bytes == 0 and rec.best.method is Method.DRAFT
+    assert any(a.startswith("memory: ") and "listed after those that fit" in a for a in rec.advice)
