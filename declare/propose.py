@@ -18,7 +18,8 @@ from typing import Any
 import duckdb
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-from specreg.declare.plan import Beaten, beaten_configs, describe
+from specreg.declare import deps
+from specreg.declare.plan import Beaten, beaten_configs, describe, make_plan
 from specreg.declare.spec import (
     SpecFileError,
     dump_yaml,
@@ -27,6 +28,7 @@ from specreg.declare.spec import (
     validate,
     write_yaml,
 )
+from specreg.declare.templates import model_alias
 from specreg.errors import UsageError
 from specreg.terms import SPEC_DRAFT_SIMPLE
 
@@ -51,6 +53,7 @@ class Change:
 class Proposal:
     spec_path: Path
     changes: tuple[Change, ...]
+    n_undeclared: int = 0  # models on disk specreg.yaml does not declare (adopted with --adopt)
 
     def to_yaml(self) -> str:
         doc = CommentedMap()
@@ -88,12 +91,31 @@ def _current(doc: CommentedMap, role: str, task: str) -> dict[str, Any]:
     return {k: _plain(node[k]) for k in CONFIG_FIELDS if k in node}
 
 
-def make_proposal(con: duckdb.DuckDBPyConnection, spec_path: Path) -> Proposal:
+def make_proposal(
+    con: duckdb.DuckDBPyConnection, spec_path: Path, *, adopt: bool = False
+) -> Proposal:
+    """Changes to pinned configurations that measured runs beat; with `adopt`, also a
+    declaration for each model on disk that specreg.yaml does not declare (what `plan` calls
+    undeclared-model), so a registry scanned before the file was written can be taken in."""
     spec, doc = load_spec(spec_path)
     changes = []
     for b in beaten_configs(con, spec):
         changes.append(_change(spec, doc, b))
-    return Proposal(spec_path, tuple(changes))
+    undeclared = [f.subject for f in make_plan(con, spec).of_kind("undeclared-model")]
+    if adopt:
+        taken = {m.id: a for m in spec.models for a in m.aliases}
+        for model_id in undeclared:
+            changes.append(_adopt(con, model_id, taken))
+    return Proposal(spec_path, tuple(changes), len(undeclared))
+
+
+def _adopt(con: duckdb.DuckDBPyConnection, model_id: str, taken: dict[str, str]) -> Change:
+    """Declare an undeclared model: its id, path and an alias of its name and quant."""
+    m = deps.model_by_id(con, model_id)
+    assert m is not None  # plan found it in the registry
+    taken[model_id] = alias = model_alias(m, taken)
+    why = f"{m.name or Path(m.path).name} {m.quant or '?'} at {m.path} is on disk, not declared"
+    return Change(f"models.{model_id}", {}, {"path": m.path, "aliases": [alias]}, why)
 
 
 def _change(spec: Any, doc: CommentedMap, b: Beaten) -> Change:
@@ -168,12 +190,16 @@ def apply_proposal(proposal_path: Path, spec_path: Path | None = None) -> Applie
     for i, ch in enumerate(prop.get("changes") or []):
         key = str(ch["key"])
         parts = key.split(".")
+        if len(parts) == 2 and parts[0] == "models":
+            _declare(doc, parts[1], _plain(ch.get("now") or {}), target)
+            keys.append(key)
+            continue
         if len(parts) != 4 or parts[0] != "roles" or parts[2] != "configs":
             raise SpecFileError(
                 str(proposal_path),
                 None,
                 f"changes[{i}].key",
-                f"expected roles.<role>.configs.<task>, got {key!r}",
+                f"expected roles.<role>.configs.<task> or models.<id>, got {key!r}",
             )
         _, role, _, task = parts
         try:
@@ -207,6 +233,20 @@ def apply_proposal(proposal_path: Path, spec_path: Path | None = None) -> Applie
     return Applied(
         target, tuple(keys), hashlib.sha256(before).hexdigest(), hashlib.sha256(after).hexdigest()
     )
+
+
+def _declare(doc: CommentedMap, model_id: str, now: dict[str, Any], target: Path) -> None:
+    """Add the declaration of an adopted model; one declared since is a stale proposal."""
+    models = doc.get("models")
+    if not isinstance(models, CommentedMap):
+        models = doc["models"] = CommentedMap()
+    if model_id in models:
+        raise StaleProposal(f"models.{model_id} is declared in {target} already: propose again")
+    entry = CommentedMap()
+    if now.get("path"):
+        entry["path"] = str(now["path"])
+    entry["aliases"] = CommentedSeq(now.get("aliases") or [])
+    models[model_id] = entry
 
 
 def _update_map(cur: CommentedMap, value: dict[str, Any]) -> None:

@@ -48,19 +48,24 @@ def init_template(models: Sequence[DiskModel]) -> str:
     right after `specreg init` reports drift only when something changes; each model gets an
     alias of its name and quant (two quants of one model share a name). An empty registry
     gives the skeleton as it is."""
-    from specreg.declare.importer import _alias
-
     present = [m for m in models if m.status != "gone"]
     if not present:
         return INIT_TEMPLATE
     taken: dict[str, str] = {}
     lines = ["models:                                # the registry's models when init wrote this"]
     for m in present:
-        name = f"{m.name or Path(m.path).stem} {m.quant or ''}"
-        taken[m.model_id] = alias = _alias(name, m.model_id, taken)
+        taken[m.model_id] = alias = model_alias(m, taken)
         lines += [
             f"  {json.dumps(m.model_id)}:",
             f"    path: {json.dumps(m.path)}",  # JSON's escapes are YAML's double-quoted ones
             f"    aliases: [{alias}]",
         ]
     return INIT_TEMPLATE.replace("models: {}\n", "\n".join(lines) + "\n", 1)
+
+
+def model_alias(m: DiskModel, taken: dict[str, str]) -> str:
+    """An alias for declaring `m`: its name and quant (two quants of one model share a name),
+    made unique against `taken` (model id -> alias) with the id's start."""
+    from specreg.declare.importer import _alias
+
+    return _alias(f"{m.name or Path(m.path).stem} {m.quant or ''}", m.model_id, taken)

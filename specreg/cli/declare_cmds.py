@@ -148,17 +148,26 @@ def _print_import(result: ImportResult) -> None:
 @click.command()
 @spec_option
 @out_option("Proposal file (default: specreg-proposal.yaml next to specreg.yaml).")
+@click.option(
+    "--adopt", is_flag=True, help="Also declare the models on disk specreg.yaml does not declare."
+)
 @db_option
-def propose(spec_path: Path, out: Path | None, db_path: Path | None) -> None:
+def propose(spec_path: Path, out: Path | None, adopt: bool, db_path: Path | None) -> None:
     """Write a reviewable patch to specreg.yaml from measured runs; applies nothing."""
     from specreg.declare.propose import make_proposal
     from specreg.registry.db import opened
 
     with opened(resolve_db(db_path), read_only=True) as con:
-        proposal = make_proposal(con, spec_path)
+        proposal = make_proposal(con, spec_path, adopt=adopt)
     c = console()
     if not proposal.changes:
         c.print("nothing to propose: no measured run beats a pinned configuration")
+        if proposal.n_undeclared:
+            c.print(
+                f"{proposal.n_undeclared} model(s) on disk are not declared: "
+                f"`{shell_join(['specreg', 'propose', '--adopt', '--spec', spec_path])}` "
+                "writes their declarations"
+            )
         return
     out = out or spec_path.with_name("specreg-proposal.yaml")
     out.write_text(proposal.to_yaml(), encoding="utf-8")
