@@ -31,7 +31,13 @@ from specreg.host.facts import (
     resolve_host,
     stored_figure,
 )
-from specreg.host.machine import ENV_HOST_FACTS, detect_host, parse_cpuinfo, read_host_facts
+from specreg.host.machine import (
+    ENV_HOST_FACTS,
+    detect_host,
+    parse_cpuinfo,
+    read_host_facts,
+    read_meminfo,
+)
 from specreg.llama.install import LlamaInstall
 from specreg.recommender.advisor import open_advisor
 from specreg.registry.calibration import BandwidthRecord, record_bandwidth
@@ -42,7 +48,8 @@ ASK = ("recommend", TARGET, "--task", "code", "--top", "5", "--json")
 
 
 def fake_tree(root: Path, cores: int, *, model: str = "Fake EPYC 9655") -> tuple[Path, Path]:
-    """A /proc and /sys of a host with `cores` physical cores, one thread each, one NUMA node."""
+    """A /proc and /sys of a host with `cores` physical cores, one thread each, one NUMA node,
+    and this machine's memory (what fits in it is part of the answer too)."""
     proc, sys_root = root / "proc", root / "sys"
     proc.mkdir(parents=True)
     (sys_root / "devices/system/node/node0").mkdir(parents=True)
@@ -52,7 +59,8 @@ def fake_tree(root: Path, cores: int, *, model: str = "Fake EPYC 9655") -> tuple
         for n in range(cores)
     ]
     (proc / "cpuinfo").write_text("\n".join(blocks))
-    (proc / "meminfo").write_text("MemTotal:       805306368 kB\nMemAvailable:   700000000 kB\n")
+    total = read_meminfo()["MemTotal"] // 1024
+    (proc / "meminfo").write_text(f"MemTotal:       {total} kB\nMemAvailable:   {total // 2} kB\n")
     return proc, sys_root
 
 
@@ -280,3 +288,18 @@ def test_one_cpuinfo_parser_for_cores_and_flags() -> None:
     info = parse_cpuinfo(text)
     assert (info.model, info.physical_cores, info.logical_cpus) == ("X", 4, 8)
     assert info.flags == {"fpu", "avx2", "fma"}
+
+
+def test_a_ray_host_describes_itself_with_its_stated_bandwidth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from specreg.tune.distributed import host_facts
+
+    monkeypatch.setenv(ENV_HOST_FACTS, '{"hostname": "alpha", "bandwidth_gbs": 123.5}')
+    facts = host_facts()
+    assert (facts["hostname"], facts["bandwidth_gbs"], facts["bandwidth_source"]) == (
+        "alpha",
+        123.5,
+        "stated",
+    )
+    assert facts["fingerprint"] == detect_host().fingerprint  # bandwidth is no part of it

@@ -116,24 +116,37 @@ def recommend_cmd(
     --policy speed each lossy option shows its quality cost (`specreg quality`, or predicted).
     --host-facts, --cores and --bandwidth ask about another host (an EPYC from a laptop).
     """
+    budget = _kld_budget(max_kld, role, spec_path)
+    rec, commands = _recommend(
+        db_path, target, host_query, llama_bin, top, task=task, policy=policy,
+        temperature=temp, max_kld=budget, spec_type=spec_type,
+    )  # fmt: skip
+    if as_json:
+        emit_document(rec.to_json(commands, top))
+    else:
+        _print_recommendation(rec, commands, top)
+
+
+def _recommend(
+    db_path: Path | None,
+    target: str,
+    host_query: HostQuery,
+    llama_bin: Path | None,
+    top: int | None = None,
+    **kwargs: Any,
+) -> tuple[Recommendation, tuple[str, ...]]:
+    """The recommendation for `target` on the host asked about, and the command lines of its
+    first `top` options (recommend, tune --dry-run)."""
     from specreg.cli.advice import command_lines, this_host, users_llama
     from specreg.recommender.advisor import open_advisor
     from specreg.registry.db import opened
     from specreg.registry.queries import resolve_model
 
-    budget = _kld_budget(max_kld, role, spec_path)
     with opened(resolve_db(db_path)) as con:
         resolve_model(con, target)  # an unknown target fails before the model is fitted
         host, facts = this_host(host_query, con)
-        rec = open_advisor(con, facts).recommend(
-            con, target, task=task, policy=policy, temperature=temp, max_kld=budget,
-            spec_type=spec_type,
-        )  # fmt: skip
-    commands = command_lines(rec, host, users_llama(llama_bin), top)
-    if as_json:
-        emit_document(rec.to_json(commands, top))
-    else:
-        _print_recommendation(rec, commands, top)
+        rec = open_advisor(con, facts).recommend(con, target, **kwargs)
+    return rec, command_lines(rec, host, users_llama(llama_bin), top)
 
 
 def _options_table(options: Sequence[Option], speed: bool, width: int) -> Table:
@@ -295,8 +308,12 @@ def tune_cmd(
     if dry_run:
         if ray_address is not None or ray_host is not None:
             raise UsageError("--dry-run plans for this host or the host facts given, not --ray")
-        return _tune_dry_run(target, task, policy, spec_type, host_query, llama_bin, db_path,
-                             as_json, budget)  # fmt: skip
+        rec, commands = _recommend(
+            db_path, target, host_query, llama_bin, task=task, policy=policy, spec_type=spec_type
+        )
+        return (
+            emit_document(rec.to_json(commands)) if as_json else _print_plan(rec, commands, budget)
+        )
     if host_query.elsewhere:
         raise UsageError("tune measures on this machine: --host-facts and --cores describe "
                          "another host, for --dry-run")  # fmt: skip
@@ -336,33 +353,11 @@ def tune_cmd(
         _print_tune(result)
 
 
-def _tune_dry_run(
-    target: str,
-    task: str,
-    policy: str,
-    spec_type: str | None,
-    host_query: HostQuery,
-    llama_bin: Path | None,
-    db_path: Path | None,
-    as_json: bool,
-    budget: int,
-) -> None:
-    """tune --dry-run: the ranking tune starts from and the runs it would spend first, were
-    each to measure what it predicts (tune's own choice of the next run); nothing runs."""
-    from specreg.cli.advice import command_lines, this_host, users_llama
-    from specreg.recommender.advisor import open_advisor
-    from specreg.registry.db import opened
+def _print_plan(rec: Recommendation, commands: Sequence[str], budget: int) -> None:
+    """tune --dry-run: the runs tune would spend first, were each to measure what it predicts
+    (tune's own choice of the next run), with their commands; nothing runs."""
     from specreg.tune.tuner import TuneStep, next_option
 
-    with opened(resolve_db(db_path)) as con:
-        path = resolve_model_path(con, target)
-        host, facts = this_host(host_query, con)
-        rec = open_advisor(con, facts).recommend(
-            con, str(path), task=task, policy=policy, spec_type=spec_type
-        )
-    commands = command_lines(rec, host, users_llama(llama_bin))
-    if as_json:  # the recommendation tune starts from
-        return emit_document(rec.to_json(commands))
     steps: list[TuneStep] = []
     while len(steps) < budget:
         choice, why = next_option(rec.options, steps)
