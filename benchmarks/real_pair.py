@@ -87,6 +87,14 @@ class Cli:
             raise SystemExit(f"specreg {' '.join(args)} failed ({r.returncode}): {r.stderr[-800:]}")
         return dict(json.loads(r.stdout)) if r.stdout.startswith("{") else {"error": r.stderr}
 
+    def cached(self, path: Path, *args: str) -> dict[str, Any]:
+        """A command's document kept in `path` (--keep reuses calibration and agreement)."""
+        if path.exists():
+            return dict(json.loads(path.read_text()))
+        doc = self(*args)
+        path.write_text(json.dumps(doc))
+        return doc
+
 
 @dataclass
 class Candidate:
@@ -389,7 +397,8 @@ def main() -> None:
     )
     predict_cli("scan", str(target), str(draft))
     t0, load0 = time.monotonic(), loadavg()
-    cal = predict_cli(
+    cal = predict_cli.cached(
+        root / "calibrate.json",
         "calibrate",
         str(target),
         "--draft",
@@ -409,7 +418,8 @@ def main() -> None:
     print(f"calibrated verify cost of K+1 tokens in plain steps: {verify_ratio}")
     for task in tasks:
         t0, load0 = time.monotonic(), loadavg()
-        doc = predict_cli(
+        doc = predict_cli.cached(
+            root / f"agree-{task}.json",
             "agree",
             str(target),
             str(draft),
