@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from specreg.host.load import guarded
 from specreg.host.machine import Host
 from specreg.llama import spec_stats
 from specreg.llama.config import Config, server_command
@@ -41,9 +42,11 @@ from specreg.runner.measurement import (
 from specreg.runner.protocol import WARMUP_TOKENS as WARMUP_TOKENS
 from specreg.runner.protocol import (
     Engine,
+    LoadVerdict,
     PromptSamples,
     Sampler,
     SamplingInterrupted,
+    load_verdict,
     plan_protocol,
 )
 from specreg.runner.protocol import collect as collect_samples
@@ -195,6 +198,57 @@ def measure(
     warm_first: int | None = None,
     built_from: tuple[str, ...] = (),
 ) -> Measurement:
+    """`_measure` (below) under the load guard (`specreg.host.load.guarded`): it waits its
+    turn behind other specreg measurements on this host and for a quiet host, or raises
+    `HostBusy`; the load it started under is kept in the protocol (`Protocol.load`), for
+    `load_verdict` to judge with its samples."""
+    what = f"{config.label} on {Path(target).name}"
+    with guarded(host.logical_cpus, what) as check:
+        m = _measure(
+            install, host, config, target, draft, workload, n_predict=n_predict,
+            repeats=repeats, warmup=warmup, with_probs=with_probs,
+            reference_tokens=reference_tokens, contention_retries=contention_retries,
+            startup_timeout=startup_timeout, request_timeout=request_timeout, engine=engine,
+            eog_texts=eog_texts, warm_first=warm_first, built_from=built_from, label=what,
+        )  # fmt: skip
+    if m.protocol is None:
+        return m
+    return replace(m, protocol=replace(m.protocol, load=check.to_json()))
+
+
+def load_verdict_of(m: Measurement) -> LoadVerdict:
+    """Whether `m`'s samples were disturbed by other processes (host/load.py's policy of the
+    current context: thresholds, this host's quiet noise floor, --allow-load)."""
+    return load_verdict(
+        [(p.prompt.prompt_id, p.samples) for p in m.prompts],
+        logical_cpus=m.host.logical_cpus,
+        warm=m.warm,
+        before=m.protocol.load if m.protocol else None,
+    )
+
+
+def _measure(
+    install: LlamaInstall,
+    host: Host,
+    config: Config,
+    target: Path,
+    draft: Path | None,
+    workload: Workload,
+    *,
+    n_predict: int = DEFAULT_N_PREDICT,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: bool = True,
+    with_probs: bool = False,
+    reference_tokens: Mapping[str, tuple[int, ...]] | None = None,
+    contention_retries: int = 2,
+    startup_timeout: float = STARTUP_TIMEOUT_S,
+    request_timeout: float = REQUEST_TIMEOUT_S,
+    engine: str = ENGINE_SERVER,
+    eog_texts: tuple[str, ...] = (),
+    warm_first: int | None = None,
+    built_from: tuple[str, ...] = (),
+    label: str = "samples",
+) -> Measurement:
     """Run `config` on `workload` under the measurement protocol (`runner/protocol.py`). Never
     raises for llama.cpp failures: they are returned. Ctrl-C raises `MeasurementInterrupted`
     with the samples taken before it.
@@ -275,7 +329,7 @@ def measure(
     try:
         got = collect_samples(
             server_engine, workload, protocol, host,
-            n_predict=n_predict, finish=finish if needs_finish else None,
+            n_predict=n_predict, finish=finish if needs_finish else None, label=label,
         )  # fmt: skip
     except ServerFailed as err:
         argv = server_engine.argv or tuple(command)

@@ -24,6 +24,12 @@ accepts 53 of 53 drafted tokens when the prompt comes again. So every engine (ll
 - Warm-up: every engine state answers a few tokens of a text outside the workload before its
   first timed sample (loads pages, spins up threads; never the workload's own n-grams).
 - The legacy tools start one process per generation, so every sample is fresh by construction.
+
+Load (issue 28): the caller holds the host's measurement lock and found the host quiet
+(`specreg.host.load.guarded`); a sample that other processes disturbed anyway is taken again
+after the host is quiet again (saying why), and `load_verdict` decides whether what was kept
+can be trusted: a run measured under load, with samples others took CPU from, or whose repeats
+spread beyond this host's quiet noise floor is `disturbed`, kept with the reason, never evidence.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from specreg.errors import UsageError
+from specreg.host import progress
+from specreg.host.load import DEFAULT_NOISE_FLOOR, LoadPolicy, current_policy, wait_quiet
 from specreg.host.machine import Host
 from specreg.llama.server import Completion
 from specreg.runner.workload import Prompt, Workload
@@ -101,6 +109,9 @@ class Protocol:
     # sha256 of the prompts whose text or output built state the run starts from (a lookup
     # cache, say): the workload is held out from them, or it would measure a replay
     built_from: tuple[str, ...] = ()
+    # The load the measurement started under and the limits it was judged by (host/load.py),
+    # set when the samples have been taken.
+    load: dict[str, Any] | None = None
     version: int = PROTOCOL_VERSION
 
     @property
@@ -126,6 +137,7 @@ class Protocol:
                 if self.built_from
                 else None
             ),
+            **({"load": self.load} if self.load is not None else {}),
         }
 
 
@@ -230,9 +242,15 @@ def contended(c: Completion, host: Host) -> bool:
     return c.foreign_cpu_s > 0.05 + 0.1 * c.wall_s * max(1, host.logical_cpus - 1)
 
 
-def least_contended(take: Callable[[], Sample], host: Host, retries: int) -> tuple[Sample, int]:
+def least_contended(
+    take: Callable[[], Sample],
+    host: Host,
+    retries: int,
+    before_retry: Callable[[Completion], None] | None = None,
+) -> tuple[Sample, int]:
     """One sample, taken again (up to `retries` times) while other processes took the CPU:
-    the least disturbed sample, and how many times it was taken again."""
+    the least disturbed sample, and how many times it was taken again. `before_retry` runs
+    before each retry with the disturbed sample (say why, wait for a quiet host)."""
     best: Sample | None = None
     again = 0
     for attempt in range(retries + 1):
@@ -245,8 +263,26 @@ def least_contended(take: Callable[[], Sample], host: Host, retries: int) -> tup
             break
         if attempt < retries:
             again += 1
+            if before_retry is not None:
+                before_retry(got.completion)
     assert best is not None
     return best, again
+
+
+def _retry_after_load(host: Host, what: str) -> Callable[[Completion], None]:
+    """Before a sample is taken again: say why, and wait for the host to be quiet again
+    (bounded; under --allow-load it is measured again at once)."""
+
+    def before_retry(c: Completion) -> None:
+        progress.note(
+            f"{what}: sample taken again: other processes used {c.foreign_cpu_s or 0:.2f} "
+            f"CPU-seconds during its {c.wall_s:.2f} s"
+        )
+        policy = current_policy()
+        if not policy.allow_load:
+            wait_quiet(host.logical_cpus, what, policy=policy)
+
+    return before_retry
 
 
 class _State:
@@ -291,11 +327,13 @@ def collect(
     *,
     n_predict: int,
     finish: Callable[[Sampler, tuple[PromptSamples, ...]], None] | None = None,
+    label: str = "samples",
 ) -> tuple[PromptSamples, ...]:
     """Every timed sample of `workload` under `protocol`. `finish` runs once after them, on a
     state that may have seen the workload, for untimed extras (reference probabilities, the
     probe of a divergence). Raises the engine's failure (`ServerFailed`) as it comes, and
-    Ctrl-C as `SamplingInterrupted` with the samples taken so far."""
+    Ctrl-C as `SamplingInterrupted` with the samples taken so far. Progress (`label`, a step
+    per kept sample) and the reason for every retry go to `specreg.host.progress`."""
     check_held_out(workload, protocol.built_from)
     sessions = itertools.count()
     samples: dict[str, list[Sample]] = {p.prompt_id: [] for p in workload.prompts}
@@ -304,13 +342,22 @@ def collect(
     def one_state() -> AbstractContextManager[_State]:
         return _state(engine, sessions, protocol.warmup_text, protocol.warmup_tokens)
 
+    retry = _retry_after_load(host, label)
+    warm = protocol.regime == REGIME_WARM
+    total = len(workload.prompts) * (1 if warm else protocol.repeats)
+
+    def kept(prompt: Prompt, sample: Sample, repeat: int, bar: progress.Task) -> None:
+        samples[prompt.prompt_id].append(sample)
+        tps = sample.completion.tokens_per_s
+        bar.advance(detail=f"{prompt.prompt_id} #{repeat + 1}: {tps:.1f} tok/s")
+
     def done() -> tuple[PromptSamples, ...]:
         return tuple(
             PromptSamples(p, tuple(samples[p.prompt_id]), again[p.prompt_id])
             for p in workload.prompts
         )
 
-    def sample_all() -> tuple[PromptSamples, ...]:
+    def sample_all(bar: progress.Task) -> tuple[PromptSamples, ...]:
         if protocol.regime == REGIME_WARM:
             repeated = workload.repeated()
             if repeated:
@@ -322,23 +369,23 @@ def collect(
                 for prompt in workload.prompts:
                     got = state.take(prompt.text, n_predict)
                     again[prompt.prompt_id] += contended(got.completion, host)
-                    samples[prompt.prompt_id].append(got)
+                    kept(prompt, got, 0, bar)
                 result = done()
                 if finish is not None:
                     finish(state.sampler, result)
             return result
 
         if protocol.isolation == ISOLATION_FRESH:
-            for _ in range(protocol.repeats):
+            for r in range(protocol.repeats):
                 for prompt in workload.prompts:
 
                     def fresh(text: str = prompt.text) -> Sample:
                         with one_state() as state:
                             return state.take(text, n_predict)
 
-                    best, n = least_contended(fresh, host, protocol.contention_retries)
+                    best, n = least_contended(fresh, host, protocol.contention_retries, retry)
                     again[prompt.prompt_id] += n
-                    samples[prompt.prompt_id].append(best)
+                    kept(prompt, best, r, bar)
             result = done()
             if finish is not None:
                 with one_state() as state:
@@ -354,20 +401,24 @@ def collect(
                 # each generation of a legacy tool is its own process: a state of its own
                 return Sample(got.completion, next(sessions), 0) if per_call else got
 
-            for _ in range(protocol.repeats):
+            for r in range(protocol.repeats):
                 for prompt in workload.prompts:
                     best, n = least_contended(
-                        functools.partial(take, prompt.text), host, protocol.contention_retries
+                        functools.partial(take, prompt.text),
+                        host,
+                        protocol.contention_retries,
+                        retry,
                     )
                     again[prompt.prompt_id] += n
-                    samples[prompt.prompt_id].append(best)
+                    kept(prompt, best, r, bar)
             result = done()
             if finish is not None:
                 finish(state.sampler, result)
         return result
 
     try:
-        return sample_all()
+        with progress.task(f"measuring {label}", total) as bar:
+            return sample_all(bar)
     except KeyboardInterrupt as err:
         raise SamplingInterrupted(done()) from err
 
@@ -447,3 +498,85 @@ def replay_flags(per_prompt: Sequence[tuple[str, Sequence[Completion]]]) -> tupl
                 )
                 break
     return tuple(flags)
+
+
+# -- whether the samples can be trusted (issue 28) ----------------------------------------------
+
+DISTURBED = "disturbed"
+
+
+@dataclass(frozen=True)
+class LoadVerdict:
+    """Whether a measurement's samples were disturbed by other processes, and the facts."""
+
+    reason: str | None  # None: clean
+    facts: dict[str, Any]
+
+    @property
+    def disturbed(self) -> bool:
+        return self.reason is not None
+
+
+def _spread(values: Sequence[float]) -> float | None:
+    """max/min - 1 of the positive values (None for fewer than two)."""
+    got = [v for v in values if v > 0]
+    if len(got) < 2:
+        return None
+    return max(got) / min(got) - 1.0
+
+
+def load_verdict(
+    per_prompt: Sequence[tuple[str, Sequence[Completion]]],
+    *,
+    logical_cpus: int,
+    warm: bool,
+    before: dict[str, Any] | None = None,
+    policy: LoadPolicy | None = None,
+) -> LoadVerdict:
+    """Disturbed when the measurement started under load (`before["busy"]`: --allow-load),
+    when other processes took more than the allowed cores during a kept sample, or when a
+    prompt's repeats spread beyond what this host shows when quiet (not in the warm regime,
+    whose samples are distinct prompts). `before`: the load check it started with."""
+    policy = policy or current_policy()
+    limit = policy.cores_allowed(logical_cpus)
+    reasons: list[str] = []
+    if before and before.get("busy"):
+        reasons.append(f"measured under load (--allow-load): {before.get('described') or '-'}")
+    n_samples = 0
+    loaded: list[float] = []
+    for _, completions in per_prompt:
+        for c in completions:
+            n_samples += 1
+            if c.foreign_cpu_s is not None and c.foreign_cpu_s > 0.05 + limit * c.wall_s:
+                loaded.append(c.foreign_cpu_s / max(c.wall_s, 1e-3))
+    if loaded:
+        reasons.append(
+            f"other processes used up to {max(loaded):.1f} cores during {len(loaded)} of "
+            f"{n_samples} samples (at most {limit:.2f} allowed)"
+        )
+    allowed = policy.spread_allowed
+    floor = policy.noise_floor
+    widest: tuple[float, str, float, float] | None = None
+    if not warm:
+        for prompt_id, completions in per_prompt:
+            tps = [c.tokens_per_s for c in completions if c.predicted_ms > 0]
+            spread = _spread(tps)
+            if spread is not None and (widest is None or spread > widest[0]):
+                widest = (spread, prompt_id, min(tps), max(tps))
+    if widest is not None and widest[0] > allowed:
+        spread, prompt_id, lo, hi = widest
+        measured = "quiet noise floor" if floor is not None else "assumed noise floor"
+        reasons.append(
+            f"the repeats of {prompt_id} spread {spread + 1:.1f}x ({lo:.1f}-{hi:.1f} tok/s), "
+            f"beyond this host's {measured} of "
+            f"{DEFAULT_NOISE_FLOOR if floor is None else floor:.0%} (at most {allowed:.0%} allowed)"
+        )
+    reason = "; ".join(reasons) or None
+    facts = {
+        **policy.to_json(logical_cpus),
+        "before": before,
+        "samples_loaded": len(loaded),
+        "spread": None if widest is None else round(widest[0], 4),
+        "disturbed": reason,
+    }
+    return LoadVerdict(reason, facts)

@@ -20,6 +20,7 @@ from pathlib import Path
 import duckdb
 
 from specreg.errors import UsageError
+from specreg.host.load import preflight
 from specreg.host.machine import Host
 from specreg.llama import spec_stats
 from specreg.llama.config import Config
@@ -41,8 +42,9 @@ from specreg.registry.scan import model_record
 from specreg.runner.draft_check import refuse_incompatible_draft
 from specreg.runner.legacy import LOOKUP, choose_engine
 from specreg.runner.lookup_cache import usable_cache
-from specreg.runner.measure import measure
+from specreg.runner.measure import load_verdict_of, measure
 from specreg.runner.measurement import Measurement, MeasurementInterrupted
+from specreg.runner.protocol import DISTURBED
 from specreg.runner.verify import PromptVerdict, Verification, judge
 from specreg.runner.workload import Workload
 from specreg.stacks import NGRAM_CACHE
@@ -149,6 +151,7 @@ def to_record(
     verification: Verification | None = None,
     baseline_run_id: int | None = None,
     lookup_cache: LookupCache | None = None,
+    baseline_disturbed: str | None = None,
 ) -> RunRecord:
     c = m.config
     rng = m.tokens_per_s_range
@@ -156,16 +159,23 @@ def to_record(
     verdicts = verification.prompts if verification else ()
     flags = m.replay_flags
     phases = m.phase_figures
+    # Other processes' load, or repeats spread beyond the quiet noise floor (issue 28).
+    load = load_verdict_of(m)
+    disturbed = load.reason or (
+        f"its baseline run was disturbed ({baseline_disturbed})" if baseline_disturbed else None
+    )
     return RunRecord(
         regime=m.protocol.regime if m.protocol else REGIME_FIRST,
-        protocol=m.protocol.to_json() if m.protocol else None,
+        protocol={**m.protocol.to_json(), "load": load.facts} if m.protocol else None,
         repeat_figures=tuple(f.to_json() for f in m.repeat_figures),
         phase_figures={k: f.to_json() for k, f in phases.items()} if phases else None,
-        trusted=not flags,
+        trusted=not flags and not disturbed,
         trust_reason=(
             "replay-suspect: later repeats accepted far more than the first for the same "
             f"prompt ({'; '.join(flags)})"
             if flags
+            else f"{DISTURBED}: {disturbed}"
+            if disturbed
             else None
         ),
         kind=kind,
@@ -555,6 +565,7 @@ def run(registry: duckdb.DuckDBPyConnection | Registry, p: Plan) -> RunOutcome:
             m, "run", p.target.model_id, draft_id, task=p.task, lookup_cache=p.lookup_cache
         )
 
+    preflight(p.host.logical_cpus, p.config.label)  # refuse a busy host before recording
     with RunLog(registry).recording(_started(p, "run", p.config, p.draft), record_of) as rec:
         m = _measure(p, p.config, p.draft_path, engine=p.engine, warm_first=p.warm_first)
         rec.done(record_of(m))
@@ -570,6 +581,7 @@ def verify(registry: duckdb.DuckDBPyConnection | Registry, p: Plan) -> VerifyOut
         return to_record(m, "baseline", p.target.model_id, None, task=p.task)
 
     started = _started(p, "baseline", p.config.baseline(), None)
+    preflight(p.host.logical_cpus, p.config.label)  # refuse a busy host before recording
     with log.recording(started, baseline_of) as base_rec:
         base = _measure(p, p.config.baseline(), None, with_probs=True)
         base_rec.done(baseline_of(base))
@@ -579,6 +591,7 @@ def verify(registry: duckdb.DuckDBPyConnection | Registry, p: Plan) -> VerifyOut
         return to_record(
             m, "verify", p.target.model_id, draft_id, task=p.task, verification=result,
             baseline_run_id=base_rec.run_id, lookup_cache=p.lookup_cache,
+            baseline_disturbed=load_verdict_of(base).reason,
         )  # fmt: skip
 
     with log.recording(_started(p, "verify", p.config, p.draft), config_of) as rec:

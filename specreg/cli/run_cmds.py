@@ -27,12 +27,14 @@ from specreg.cli.common import (
     task_option,
     threads_option,
 )
+from specreg.cli.progress import load_options, load_policy, measuring
 from specreg.errors import RunFailed, UsageError
 from specreg.terms import ENGINE_AUTO, ENGINES, SPEC_TYPES
 
 if TYPE_CHECKING:
     import duckdb
 
+    from specreg.host.load import LoadPolicy
     from specreg.registry.run_store import RunRecord
     from specreg.runner.runs import Plan
     from specreg.samples.qwen_pair import FetchProgress
@@ -119,6 +121,7 @@ def _run_options(func: F) -> F:
             help="Run a draft the auditor refuses for TARGET anyway, to see llama.cpp's own word.",
         ),
         llama_bin_option,
+        load_options,
         db_option,
         json_option,
     ]
@@ -178,6 +181,12 @@ def _plan(con: duckdb.DuckDBPyConnection, kw: dict[str, Any]) -> Plan:
     return planned
 
 
+def _load_policy(con: duckdb.DuckDBPyConnection, planned: Plan, kw: dict[str, Any]) -> LoadPolicy:
+    return load_policy(
+        con, planned.host.fingerprint, allow_load=kw["allow_load"], load_wait=kw["load_wait"]
+    )
+
+
 @click.command("run")
 @_run_options
 @click.option(
@@ -203,8 +212,10 @@ def run_cmd(**kw: Any) -> None:
     db = resolve_db(kw["db_path"])
     with opened(db) as con:
         planned = _plan(con, kw)
+        policy = _load_policy(con, planned, kw)
     # the registry is open only while the run is written: other commands read it meanwhile
-    outcome = runs.run(runs.registry_at(db), planned)
+    with measuring(policy, as_json=kw["as_json"]):
+        outcome = runs.run(runs.registry_at(db), planned)
     with opened(db, read_only=True) as con:
         record = get_run(con, outcome.run_id)
     if kw["as_json"]:
@@ -230,7 +241,9 @@ def verify_cmd(**kw: Any) -> None:
     db = resolve_db(kw["db_path"])
     with opened(db) as con:
         planned = _plan(con, kw)
-    outcome = runs.verify(runs.registry_at(db), planned)  # the registry open only for writes
+        policy = _load_policy(con, planned, kw)
+    with measuring(policy, as_json=kw["as_json"]):
+        outcome = runs.verify(runs.registry_at(db), planned)  # the registry open only for writes
     with opened(db, read_only=True) as con:
         verified = VerifiedRun(get_run(con, outcome.baseline_run_id), get_run(con, outcome.run_id))
     record = verified.run
