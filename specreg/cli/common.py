@@ -402,12 +402,14 @@ def host_facts_options(func: F) -> F:
             "--cores",
             type=click.IntRange(min=1),
             default=None,
+            metavar="N",
             help="Physical cores of the host to predict for (and -t in the commands).",
         ),
         click.option(
             "--bandwidth",
             type=BANDWIDTH,
             default=None,
+            metavar="GB/s",
             help="Memory bandwidth in GB/s (default: the facts' own, else what specreg doctor "
             "measured on this host, else one stored estimate).",
         ),
