@@ -1,0 +1,70 @@
+"""The measuring options are defined once (specreg/cli/common.py) with the core's defaults
+(specreg.terms): a command's --n-predict, --repeat and startup --timeout default to what the
+runner does when called without them, so the CLI and the library cannot drift apart."""
+
+from __future__ import annotations
+
+import inspect
+
+import click
+import pytest
+
+from specreg.cli.main import COMMAND_MODULES, cli
+from specreg.runner import runs
+from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, STARTUP_TIMEOUT_S
+from specreg.tune import sweep
+
+# Commands that state their own default, and why: agree generates the target's text to score
+# (longer than a timed sample), tune spends fewer samples per run to afford more runs.
+OWN_DEFAULT = {("agree", "--n-predict"): 160, ("tune", "--repeat"): 2}
+# quality and agree's --timeout bounds one llama-perplexity call, not a server's startup.
+NOT_STARTUP = {"quality", "agree"}
+
+
+def options() -> list[tuple[str, click.Option]]:
+    ctx = click.Context(cli)
+    out = []
+    for name in sorted(COMMAND_MODULES):
+        command = cli.get_command(ctx, name)
+        assert command is not None
+        pairs = [(name, command)]
+        if isinstance(command, click.Group):
+            pairs = [(f"{name} {s}", command.get_command(ctx, s)) for s in command.commands]
+        for path, cmd in pairs:
+            assert cmd is not None
+            out += [(path, p) for p in cmd.params if isinstance(p, click.Option)]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("flag", "default"),
+    [("--n-predict", DEFAULT_N_PREDICT), ("--repeat", DEFAULT_REPEATS), ("--timeout", None)],
+)
+def test_measuring_options_default_to_the_core(flag: str, default: int | None) -> None:
+    found = [(path, p) for path, p in options() if flag in p.opts]
+    assert len(found) >= 3, found
+    for path, param in found:
+        if flag == "--timeout":
+            want = None if path in NOT_STARTUP else STARTUP_TIMEOUT_S
+            if want is None:
+                continue
+        else:
+            want = OWN_DEFAULT.get((path, flag), default)
+        assert param.default == want, path
+
+
+@pytest.mark.parametrize("function", [runs.plan, sweep.plan_sweep], ids=lambda f: f.__name__)
+def test_the_core_uses_the_same_defaults(function: object) -> None:
+    params = inspect.signature(function).parameters  # type: ignore[arg-type]
+    assert params["n_predict"].default == DEFAULT_N_PREDICT
+    assert params["repeats"].default == DEFAULT_REPEATS
+    assert params["startup_timeout"].default == STARTUP_TIMEOUT_S
+
+
+def test_threads_is_at_least_one_everywhere() -> None:
+    found = [(path, p) for path, p in options() if "--threads" in p.opts]
+    assert len(found) >= 6, found
+    for path, param in found:
+        assert param.default is None, path
+        with pytest.raises(click.BadParameter):
+            param.type.convert("0", param, None)
