@@ -76,6 +76,16 @@ MIN_GAIN = 1.05
 # Scatter of one recorded local run (log tokens/s), for weighing it against the prediction.
 LOCAL_RUN_SIGMA = 0.08
 N_EVIDENCE = 3
+# Measured runs of the same kind as a candidate (method, target and draft sizes: one pair at
+# every K, expert count and task) move its prediction by their mean log speedup residual
+# (measured / predicted on the run's own host), closer runs weighing more; the model's own
+# prediction counts as EVIDENCE_PRIOR_WEIGHT runs.
+EVIDENCE_PRIOR_WEIGHT = 1.0
+# Relative difference in parameters (total, active, draft) within one kind: the prior's sizes
+# come from names ("480B-A35B", "0.75B"), the registry's from tensors (475.1B, 30.4B, 0.66B).
+SAME_SIZE = 0.2
+# An option whose nearest evidence measured a speedup this many times apart says why.
+EVIDENCE_DISAGREES = 1.5
 # Below this measured per-token agreement a draft cannot pay for itself at any K or cost.
 RULED_OUT_AGREEMENT = 0.1
 
@@ -130,6 +140,7 @@ class Option:
     lookup_cache: str | None = None  # the workload cache ngram-cache reads, by name ...
     lookup_cache_path: str | None = None  # ... and its file
     weights_bytes: int = 0  # the target's and the draft's files: what must fit in memory
+    evidence_shift: float = 1.0  # the factor measured runs near it moved the model's prediction
     memory_short_bytes: int = 0  # how far they exceed the host's memory (0: fit, or unknown)
 
     @property
@@ -528,7 +539,7 @@ def recommend(
         target, base, drafts, cal, caches, policy=policy, temperature=temperature,
         requested=requested,
     )  # fmt: skip
-    scores = _score(con, target, cands, base, model, local, task, temperature)
+    scores = _score(con, target, cands, base, model, local, task, temperature, observations)
     quality_rows = load_quality(con, target.model_id) if policy == POLICY_SPEED else []
     listed, over_budget = _options(
         target, cands, scores, model, local, caches, quality_rows, policy=policy, task=task,
@@ -691,6 +702,8 @@ class _Scores:
     adjusted: Adjusted
     runs_by_config: dict[tuple[object, ...], list[float]]  # this host's tokens/s per config
     accepted_by_curve: dict[tuple[object, ...], list[float]]  # per-token acceptance per K curve
+    shift: np.ndarray  # the factor evidence moved each prediction by (`_evidence_correction`)
+    near: list[_Near | None]  # each candidate's nearest measured run, as the model sees it
 
 
 def _score(
@@ -702,9 +715,11 @@ def _score(
     local: Sequence[Observation],
     task: str,
     temperature: float,
+    observations: Sequence[Observation],
 ) -> _Scores:
     """Predict every candidate, then move the predictions by what was measured: the target's
-    plain runs, `specreg agree`'s acceptance and this host's runs of each K curve."""
+    plain runs, `specreg agree`'s acceptance, this host's runs of each K curve and, for curves
+    without them, the measured runs nearest to each candidate."""
     X = feature_matrix([c for c, _ in cands])
     lo, mid, hi = model.predict_interval(X)
     sigma = model.predict_log_sigma(X)
@@ -726,6 +741,15 @@ def _score(
         X, model.params, mid, acc, load_agreement(con, target.model_id, task, temperature),
     )  # fmt: skip
     mid, sigma = _local_correction(cands, local, X, model, adjusted.mid, sigma)
+    mine = {id(o) for o in local}
+    ran_here = {_k_curve(o.config) for o in local if o.config.method is not Method.NONE}
+    shift, near = _evidence_correction(
+        [c for c, _ in cands], [o for o in observations if id(o) not in mine], model,
+        skip=[i == 0 or _k_curve(c) in ran_here for i, (c, _) in enumerate(cands)],
+    )  # fmt: skip
+    mid = mid * shift
+    # half of the move is doubt: the model and the runs disagree
+    sigma = np.sqrt(sigma**2 + (0.5 * np.log(shift)) ** 2)
     return _Scores(
         X=X,
         mid=mid,
@@ -737,7 +761,133 @@ def _score(
         adjusted=adjusted,
         runs_by_config=by_key,
         accepted_by_curve=_accepted_by_curve(local),
+        shift=shift,
+        near=near,
     )
+
+
+@dataclass(frozen=True)
+class _Near:
+    """A candidate's nearest measured run of its method (the evidence it cites first), what
+    the model predicts for that run on its own host, and how many runs of its kind moved it."""
+
+    obs: Observation
+    predicted_speedup: float
+    n_kind: int
+
+
+def _evidence_correction(
+    configs: Sequence[ConfigFacts],
+    pool: Sequence[Observation],
+    model: SpeedPredictor,
+    skip: Sequence[bool],
+) -> tuple[np.ndarray, list[_Near | None]]:
+    """The factor measured runs move each candidate's prediction by, and its nearest run.
+
+    A run's residual is its measured speedup over the model's speedup for the same
+    configuration on the run's own host (log scale): what the host explains stays with the
+    model, what the model gets wrong about a pair moves the candidate. The runs of the
+    candidate's kind (`_same_kind`: one pair at any K, expert count or task) give a mean
+    residual, weighted by closeness exp(-d^2 / 2), shrunk by n / (n + EVIDENCE_PRIOR_WEIGHT):
+    one run moves a candidate half way, three three quarters. Candidates in `skip` (plain
+    decoding, curves this host has runs of) are not moved.
+    """
+    shift = np.ones(len(configs))
+    near: list[_Near | None] = [None] * len(configs)
+    rows = [o for o in pool if o.config.baseline_tps > 0 and o.tps > 0]
+    if not rows:
+        return shift, near
+    resid, predicted = _speedup_residuals(rows, model)
+    space = _evidence_space([o.config for o in rows])
+    here = _evidence_space(configs)
+    methods = np.array([o.config.method.value for o in rows])
+    for i, c in enumerate(configs):
+        if skip[i]:
+            continue
+        same = np.flatnonzero(methods == c.method.value)
+        if not len(same):
+            continue
+        d = np.sqrt(((space[same] - here[i]) ** 2).sum(axis=1))
+        kind = np.array([_same_kind(c, rows[j].config) for j in same], dtype=bool)
+        n = int(kind.sum())
+        if n:
+            w = np.exp(-0.5 * d[kind] ** 2)
+            mean = float(w @ resid[same[kind]]) / float(w.sum())
+            shift[i] = math.exp(mean * n / (n + EVIDENCE_PRIOR_WEIGHT))
+        j = int(same[int(np.argmin(d))])
+        near[i] = _Near(rows[j], float(predicted[j]), n)
+    return shift, near
+
+
+def _same_kind(c: ConfigFacts, run: ConfigFacts) -> bool:
+    """A run of the candidate's method with its target and draft (by size and family)."""
+
+    def close(a: float, b: float, tol: float) -> bool:
+        return abs(a - b) <= tol * max(a, b)
+
+    if (c.method, c.target_arch_family, c.target_is_moe) != (
+        run.method,
+        run.target_arch_family,
+        run.target_is_moe,
+    ):
+        return False
+    if not (
+        close(c.target_params_b, run.target_params_b, SAME_SIZE)
+        and close(c.target_active_b, run.target_active_b, SAME_SIZE)
+    ):
+        return False
+    return c.method is not Method.DRAFT or (
+        close(c.draft_params_b, run.draft_params_b, SAME_SIZE)
+        and c.draft_arch_family == run.draft_arch_family
+    )
+
+
+def _speedup_residuals(
+    rows: Sequence[Observation], model: SpeedPredictor
+) -> tuple[np.ndarray, np.ndarray]:
+    """log(measured / predicted speedup) of each run on its own host, and the prediction."""
+    configs = [o.config for o in rows]
+    plain = [
+        c.with_(method=Method.NONE, k=0, experts=c.default_experts, ngram_n=0,
+                draft_params_b=0.0, draft_bpw=0.0, draft_gb=0.0, draft_arch_family="",
+                tok_relation="unknown", stack="", lookup_cache="")
+        for c in configs
+    ]  # fmt: skip
+    pred = model.predict(feature_matrix([*configs, *plain]))
+    n = len(rows)
+    predicted = pred[:n] / np.maximum(pred[n:], 1e-12)
+    measured = np.array([o.speedup for o in rows])
+    return np.log(measured) - np.log(np.maximum(predicted, 1e-12)), predicted
+
+
+def _evidence_why(c: ConfigFacts, speedup: float, shift: float, near: _Near) -> str | None:
+    """What the nearest measured run says about an option whose prediction differs from it,
+    or that runs of its kind moved, and why the option stands where it does."""
+    o = near.obs
+    measured = o.speedup
+    apart = speedup / measured if measured > 0 else math.nan
+    disagrees = not 1 / EVIDENCE_DISAGREES <= apart <= EVIDENCE_DISAGREES
+    if not disagrees and abs(math.log(shift)) < math.log(1.25):
+        return None
+    text = (
+        f"nearest measured run {o.row_id} ({o.source}) measured {measured:.2f}x on its host "
+        f"({o.config.bandwidth_gbs:.0f} GB/s, {o.config.physical_cores} cores), where the "
+        f"model predicts {near.predicted_speedup:.2f}x"
+    )
+    if near.n_kind:
+        text += f"; {near.n_kind} runs of this target and draft move this option by x{shift:.2f}"
+    else:
+        text += "; no runs of this target and draft: the model's prediction stands"
+    if disagrees:
+        host = speedup / shift / near.predicted_speedup  # the model's own, here / there
+        text += (
+            f"; it stays {apart:.1f}x {'above' if apart > 1 else 'below'} that run: the model "
+            f"expects {host:.2f}x that host's speedup on this one ({c.bandwidth_gbs:.0f} GB/s, "
+            f"{c.physical_cores} cores)"
+        )
+        if near.n_kind:
+            text += ", and the runs move it only part of the way"
+    return text
 
 
 def _accepted_by_curve(local: Sequence[Observation]) -> dict[tuple[object, ...], list[float]]:
@@ -828,6 +978,11 @@ def _option(
         why = (*why, f"quality cost: {cost.label}")
     if c.stack:
         why = (_stack_why(c, cache_of.get(c.lookup_cache), ran), *why)
+    near = scores.near[i]
+    if near is not None and (
+        line := _evidence_why(c, tps / plain_tps, float(scores.shift[i]), near)
+    ):
+        why = (*why, line)
     weights = (target.n_bytes or 0) + ((d.n_bytes or 0) if d else 0)
     short = max(0, weights - mem_bytes) if mem_bytes > 0 else 0
     if short:
@@ -862,6 +1017,7 @@ def _option(
         lookup_cache_path=cache_of[c.lookup_cache].path if c.lookup_cache else None,
         weights_bytes=weights,
         memory_short_bytes=short,
+        evidence_shift=float(scores.shift[i]),
     )
 
 

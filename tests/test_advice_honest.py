@@ -13,6 +13,7 @@ from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
 from specreg.host.facts import HostFacts
 from specreg.recommender.predictor import SpeedPredictor
+from specreg.recommender.prior import load_prior
 from specreg.recommender.recommend import recommend
 from specreg.registry.queries import list_models
 from specreg.terms import Method
@@ -130,3 +131,39 @@ def test_options_that_do_not_fit_come_after_those_that_fit(
     assert fits == sorted(fits, reverse=True)
     assert rec.best.memory_short_bytes == 0 and rec.best.method is Method.DRAFT
     assert any(a.startswith("memory: ") and "listed after those that fit" in a for a in rec.advice)
+
+
+def test_evidence_that_disagrees_moves_the_prediction_and_is_named(
+    demo_con: duckdb.DuckDBPyConnection,  # noqa: F811
+    prior_model: SpeedPredictor,  # noqa: F811
+) -> None:
+    """Issue 25 point 1: the reference host ran the 480B with its 0.75B draft at K=8, 16 and
+    24 (4 of 8 experts) below plain decoding, where the model alone predicts 2-3x there."""
+    target = demo_model(demo_con, "Qwen3-Coder", "480B-A35B")
+    host = HostFacts(23.0, 2, "user", None)
+    rec = recommend(
+        demo_con, target.model_id or "", model=prior_model, host=host, task="code",
+        policy="speed", observations=load_prior().observations,
+    )  # fmt: skip
+    assert rec.best.method is Method.DRAFT
+    pair = [o for o in rec.options if o.draft_id == rec.best.draft_id]
+    # every option of the pair is moved down towards its runs
+    assert len(pair) > 5 and all(o.evidence_shift < 0.8 for o in pair)
+    first = rec.best.evidence[0]
+    assert first.source == "sweep" and first.speedup is not None and first.speedup < 1
+    n_named = 0
+    for o in rec.options:
+        e = o.evidence[0] if o.evidence else None
+        if e is None or e.speedup is None:
+            continue
+        apart = o.speedup / e.speedup
+        named = [w for w in o.why if w.startswith(f"nearest measured run {e.row_id} ")]
+        if not 1 / 1.5 <= apart <= 1.5:
+            # far from its nearest evidence: it says so, and why it stands where it does
+            assert named, (o.label, o.why)
+            assert f"it stays {apart:.1f}x " in named[0] and "the model expects" in named[0]
+            n_named += 1
+    assert n_named >= 1
+    best = next(w for w in rec.best.why if w.startswith("nearest measured run"))
+    assert f"measured {first.speedup:.2f}x on its host (460 GB/s, 96 cores)" in best
+    assert "runs of this target and draft move this option by x" in best
