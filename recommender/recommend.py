@@ -239,6 +239,11 @@ class Recommendation:
     def best(self) -> Option:
         return self.options[0]
 
+    @property
+    def memory_advice(self) -> str | None:
+        """Whether the options fit in the host's memory (one of `advice`), None when they do."""
+        return _memory_advice(self.options)
+
     def to_json(
         self, commands: Sequence[str | None] = (), top: int | None = None
     ) -> dict[str, Any]:

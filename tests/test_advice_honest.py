@@ -167,3 +167,17 @@ def test_evidence_that_disagrees_moves_the_prediction_and_is_named(
     best = next(w for w in rec.best.why if w.startswith("nearest measured run"))
     assert f"measured {first.speedup:.2f}x on its host (460 GB/s, 96 cores)" in best
     assert "runs of this target and draft move this option by x" in best
+
+
+def test_recommend_and_tune_plan_say_it_on_the_command_line(scanned_db: Path) -> None:
+    """The host's memory as SPECREG_HOST_FACTS states it (23.5 GiB) reaches both commands."""
+    env = {"SPECREG_HOST_FACTS": f'{{"mem_bytes": {int(23.5 * GIB)}}}'}
+    target = "Qwen3 Coder 480B A35B Instruct"
+    line = (
+        "note: memory: the target alone (308.0 GB) is larger than this host's 25.2 GB of "
+        "memory, by 282.7 GB, and no option fits"
+    )
+    for args in (("recommend", target), ("tune", target, "--dry-run")):
+        r = specreg(*args, "--task", "code", "--bandwidth", "23", "--db", str(scanned_db), env=env)
+        assert r.returncode == 0, r.stderr
+        assert line in " ".join(r.stdout.split()), r.stdout
