@@ -17,7 +17,7 @@ import shlex
 
 from specreg.declare import EXPORT_FORMATS
 from specreg.declare.launch import DIALECT_LEGACY, Launch, LaunchPlan
-from specreg.errors import UsageError
+from specreg.errors import UsageError, param
 from specreg.registry.text import is_odd
 from specreg.text import BIDI, is_terminal_safe, sh_join, sh_quote, terminal_safe
 
@@ -113,7 +113,7 @@ def _yaml_str(text: str, block: bool = False) -> object:
     if is_odd(text):
         raise ExportError(
             f"'{terminal_safe(text)}' is not valid UTF-8 and cannot be written in llama-swap's "
-            "YAML: rename the file or use --format llama-server"
+            f"YAML: rename the file or use {param('format')} llama-server"
         )
     if is_terminal_safe(text.replace("\n", "")):
         return LiteralScalarString(text) if block else text
@@ -149,7 +149,8 @@ def render_models_preset(plan: LaunchPlan) -> str:
     if plan.dialect == DIALECT_LEGACY:
         raise ExportError(
             "models-preset needs a llama-server with --models-preset (router mode); the "
-            "declared llama.cpp is of the legacy dialect: use --format llama-server or llama-swap"
+            f"declared llama.cpp is of the legacy dialect: use {param('format')} llama-server or "
+            "llama-swap"
         )
     out = [*_header(plan, ";"), "version = 1", ""]
     for launch in plan.launches:
@@ -171,13 +172,13 @@ def render_models_preset(plan: LaunchPlan) -> str:
                 raise ExportError(
                     f"{launch.name}: {f.preset_key} = '{terminal_safe(value)}' cannot be written "
                     "in a preset: it holds control characters, and llama.cpp's preset format "
-                    "has no escapes (rename the file or use --format llama-server)"
+                    f"has no escapes (rename the file or use {param('format')} llama-server)"
                 )
             if re.search(r"[;#\r\n]", value) or value != value.strip():
                 raise ExportError(
                     f"{launch.name}: {f.preset_key} = {value!r} cannot be written in a preset: "
                     "llama.cpp's preset parser ends a value at ';' or '#' (rename the file or "
-                    "use --format llama-server)"
+                    f"use {param('format')} llama-server)"
                 )
             out.append(f"; {note(f.origin)}")
             out.append(f"{f.preset_key} = {value}")

@@ -22,7 +22,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from specreg.declare import deps, units
 from specreg.declare.deps import DiskModel
 from specreg.declare.spec import SPEC_VERSION, key_line, read_yaml, validate, write_yaml
-from specreg.errors import UsageError
+from specreg.errors import UsageError, param
 from specreg.stacks import NGRAM_CACHE
 from specreg.terms import POLICY_QUALITY, POLICY_SPEED, SPEC_DRAFT_SIMPLE
 
@@ -115,7 +115,10 @@ def import_to_spec(
 ) -> ImportResult:
     """`import_registry`, written to `spec_path` (an existing file only with `force`)."""
     if spec_path.exists() and not force:
-        raise UsageError(f"{spec_path} exists: pass --force to replace it, or --spec NEW.yaml")
+        raise UsageError(
+            f"{spec_path} exists: pass {param('force')} to replace it, or "
+            f"{param('spec', 'NEW.yaml')}"
+        )
     result = import_registry(con, source, spec_path, base_path=base_path)
     write_yaml(spec_path, result.doc)
     return replace(result, spec_path=spec_path)

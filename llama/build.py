@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specreg.errors import LlamaError
+from specreg.errors import LlamaError, param
 from specreg.home import cache_dir
 from specreg.sources import LLAMA_SDIST_VERSION, llama_source_dir
 
@@ -156,7 +156,7 @@ def _run_logged(cmd: list[str], log_path: Path, env: dict[str, str]) -> None:
         last = (errors or tail or ["no output"])[-1].strip()
         raise LlamaError(
             f"building llama.cpp failed ({last}); see {log_path}, install a C++ compiler "
-            "and cmake, or point --llama-bin at an existing build"
+            f"and cmake, or point {param('llama_bin')} at an existing build"
         )
 
 
@@ -191,7 +191,7 @@ def ensure_build(version: str = LLAMA_SDIST_VERSION, *, jobs: int | None = None)
     if shutil.which("cmake") is None:
         raise LlamaError(
             "cmake is not installed: install cmake and a C++ compiler (apt-get install cmake "
-            "g++ ninja-build), or point --llama-bin at an existing llama.cpp build"
+            f"g++ ninja-build), or point {param('llama_bin')} at an existing llama.cpp build"
         )
     with _locked(root / "build.lock"):
         # Another process may have finished the build while this one waited for the lock.

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specreg.errors import UsageError
+from specreg.errors import UsageError, param
 from specreg.host.machine import Host
 from specreg.llama.spec_stats import STATS_VERBOSITY
 from specreg.stacks import K_FLAG, Stack, parse_stack
@@ -53,28 +53,31 @@ class Config:
         for spec_type, k in self.type_k:
             if not stack.has(spec_type):
                 raise UsageError(
-                    f"--type-k {spec_type}={k}: {spec_type} is not in the stack {stack.spelled}"
+                    f"{param('type_k')} {spec_type}={k}: {spec_type} is not in the stack "
+                    f"{stack.spelled}"
                 )
             if K_FLAG.get(spec_type) is None:
                 raise UsageError(
-                    f"--type-k {spec_type}={k}: {spec_type} has no K in llama-server (ngram-cache "
+                    f"{param('type_k')} {spec_type}={k}: {spec_type} has no K in llama-server "
+                    "(ngram-cache "
                     "drafts 8 tokens, hard-coded)"
                 )
             if k < 1:
-                raise UsageError(f"--type-k {spec_type}={k}: K must be at least 1")
+                raise UsageError(f"{param('type_k')} {spec_type}={k}: K must be at least 1")
         if self.lookup_cache is not None and not stack.uses_lookup_cache:
             raise UsageError(
-                f"a lookup cache is read by ngram-cache only: add ngram-cache to --spec-type "
+                "a lookup cache is read by ngram-cache only: add ngram-cache to "
+                f"{param('spec_type')} "
                 f"(got {stack.spelled})"
             )
         if self.k is not None and self.k < 1:
-            raise UsageError(f"--k must be at least 1, got {self.k}")
+            raise UsageError(f"{param('k')} must be at least 1, got {self.k}")
         if self.experts is not None and self.experts < 1:
-            raise UsageError(f"--experts must be at least 1, got {self.experts}")
+            raise UsageError(f"{param('experts')} must be at least 1, got {self.experts}")
         if self.threads is not None and self.threads < 1:
-            raise UsageError(f"--threads must be at least 1, got {self.threads}")
+            raise UsageError(f"{param('threads')} must be at least 1, got {self.threads}")
         if self.temperature < 0:
-            raise UsageError(f"--temp must be >= 0, got {self.temperature}")
+            raise UsageError(f"{param('temperature')} must be >= 0, got {self.temperature}")
 
     @property
     def stack(self) -> Stack:
@@ -194,7 +197,7 @@ def server_argv(
 ) -> list[str]:
     """llama-server flags for `config` (no binary, address or port): reusable in any command."""
     if config.needs_draft and draft_path is None:
-        raise UsageError(f"{config.spec_type} needs a draft model: pass --draft PATH")
+        raise UsageError(f"{config.spec_type} needs a draft model: pass {param('draft', 'PATH')}")
     threads = config.threads or host.threads
     argv = ["-m", str(target_path), "-t", str(threads), "-c", str(config.ctx)]
     if dialect == DIALECT_SPEC_TYPE:
@@ -206,7 +209,8 @@ def server_argv(
     if config.experts is not None:
         if not config.expert_key:
             raise UsageError(
-                "--experts needs the target's expert-count key; the target is not a MoE model "
+                f"{param('experts')} needs the target's expert-count key; the target is not a "
+                "MoE model "
                 "in the registry (run `specreg scan` on it)"
             )
         argv += ["--override-kv", f"{config.expert_key}=int:{config.experts}"]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specreg.errors import UsageError
+from specreg.errors import UsageError, param
 from specreg.home import cache_dir, logs_dir
 from specreg.host.machine import Host
 from specreg.llama.install import LlamaInstall
@@ -485,8 +485,8 @@ class LogitsCache:
             raise UsageError(
                 f"the saved logits of {what} would take about {human_size(size)} (n_vocab "
                 f"{n_vocab} x about {size // (2 * n_vocab)} tokens x 2 bytes), over the "
-                f"{human_size(max_bytes)} limit: pass --chunks N (each scores "
-                f"{scored_per_chunk(key.ctx)} tokens) or raise --max-logits-gb"
+                f"{human_size(max_bytes)} limit: pass {param('chunks', 'N')} (each scores "
+                f"{scored_per_chunk(key.ctx)} tokens) or raise {param('max_logits_gb')}"
             )
         if notify:
             notify(f"saving the logits of {what}: about {human_size(size)} in {self.root}")

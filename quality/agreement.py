@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import duckdb
 
-from specreg.errors import UsageError
+from specreg.errors import UsageError, param
 from specreg.home import cache_dir
 from specreg.jsonout import document
 from specreg.llama.config import Config
@@ -263,8 +263,8 @@ def _saved_comparison(
     if size > m.max_logits_bytes:
         raise UsageError(
             f"the saved logits of {Path(draft.path).name} would take about {human_size(size)}, "
-            f"over the {human_size(m.max_logits_bytes)} limit: pass --chunks N or raise "
-            "--max-logits-gb"
+            f"over the {human_size(m.max_logits_bytes)} limit: pass {param('chunks', 'N')} or "
+            f"raise {param('max_logits_gb')}"
         )
     m.say(f"saving {Path(draft.path).name}'s logits over {text.name}: about {human_size(size)}")
     tmp_dir = cache_dir() / "tmp"
@@ -298,7 +298,7 @@ def plan_agreement(
 ) -> AgreementPlan:
     """Check a request; a bad one raises `UsageError` with one line that says what to do."""
     if temperature < 0:
-        raise UsageError(f"--temp must be >= 0, got {temperature}")
+        raise UsageError(f"{param('temperature')} must be >= 0, got {temperature}")
     for task in tasks:
         if task not in TASKS:
             raise UsageError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import duckdb
 
-from specreg.errors import UsageError
+from specreg.errors import UsageError, param
 from specreg.home import cache_dir
 from specreg.host.machine import Host
 from specreg.jsonout import document
@@ -152,8 +152,8 @@ def plan_quality(
     """Check a request; a bad one raises `UsageError` with one line that says what to do."""
     if experts is None and reference is None:
         raise UsageError(
-            "nothing to compare: pass --experts N (fewer MoE experts) or --against "
-            "REFERENCE.gguf (the same model at a lossless quantization)"
+            f"nothing to compare: pass {param('experts', 'N')} (fewer MoE experts) or "
+            f"{param('against', 'REFERENCE.gguf')} (the same model at a lossless quantization)"
         )
     t = model_record(con, target)
     ref = model_record(con, reference) if reference is not None else t
@@ -161,22 +161,24 @@ def plan_quality(
     if experts is not None:
         name = Path(target).name
         if experts < 1:
-            raise UsageError(f"--experts must be at least 1, got {experts}")
+            raise UsageError(f"{param('experts')} must be at least 1, got {experts}")
         if not t.is_moe or not t.expert_count:
             raise UsageError(
                 f"{name} is a dense model ({t.architecture or 'unknown architecture'}): "
-                "--experts applies to mixture-of-experts models only"
+                f"{param('experts')} applies to mixture-of-experts models only"
             )
         if experts > t.expert_count:
             raise UsageError(
-                f"--experts {experts} is more than the {t.expert_count} experts {name} has: "
+                f"{param('experts')} {experts} is more than the {t.expert_count} experts {name} "
+                "has: "
                 f"use 1 to {t.expert_count} (default {t.expert_used_count})"
             )
         key = with_expert_key(Config(experts=experts), t).expert_key
     if reference is not None and not same_tokenizer(t, ref):
         raise UsageError(
             f"{Path(reference).name} has another tokenizer than {Path(target).name} "
-            f"({ref.n_tokens} vs {t.n_tokens} ids): --against needs the same model at another "
+            f"({ref.n_tokens} vs {t.n_tokens} ids): {param('against')} needs the same model at "
+            "another "
             "quantization"
         )
     return QualityPlan(

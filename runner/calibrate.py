@@ -30,7 +30,7 @@ from typing import Any
 
 import duckdb
 
-from specreg.errors import LlamaError, UsageError
+from specreg.errors import LlamaError, UsageError, param
 from specreg.home import logs_dir
 from specreg.host import progress
 from specreg.host.cpu import CpuWatch
@@ -413,7 +413,10 @@ def calibrate_in(
 ) -> CalibrationResult:
     """Calibrate `target` and its drafts on this host into the open registry `con`."""
     if repetitions < 1 or retries < 0 or (threads is not None and threads < 1):
-        raise UsageError("--repetitions and --threads must be at least 1, --retries at least 0")
+        raise UsageError(
+            f"{param('repetitions')} and {param('threads')} must be at least 1, "
+            f"{param('retries')} at least 0"
+        )
     t0 = time.monotonic()
     install.binary(BENCH)  # a clear error before anything runs
     models = [(target, ROLE_TARGET)] + [

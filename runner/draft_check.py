@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from specreg.errors import UsageError
+from specreg.errors import UsageError, param
 
 if TYPE_CHECKING:
     import duckdb
@@ -36,6 +36,6 @@ def refuse_incompatible_draft(
     remedy = f"; remedy: {pv.remedies[0]}" if pv.remedies else ""
     raise IncompatibleDraft(
         f"{draft.display_name} ({draft.model_id[:10]}) cannot draft for {target.display_name}"
-        f" with llama.cpp {pv.rules_label}: {why}{remedy} (--force runs it anyway, to hear"
+        f" with llama.cpp {pv.rules_label}: {why}{remedy} ({param('force')} runs it anyway, to hear"
         " llama.cpp's own word)"
     )

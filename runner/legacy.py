@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specreg.errors import LlamaError, UsageError
+from specreg.errors import LlamaError, UsageError, param
 from specreg.host.machine import Host
 from specreg.llama.config import Config
 from specreg.llama.install import LlamaInstall, last_line, run_text
@@ -151,7 +151,8 @@ def choose_engine(install: LlamaInstall, config: Config, engine: str = ENGINE_AU
     if not config.speculative:
         if engine == ENGINE_LEGACY:
             raise UsageError(
-                "--engine legacy needs speculation: plain decoding always runs on llama-server"
+                f"{param('engine')} legacy needs speculation: plain decoding always runs on "
+                "llama-server"
             )
         return ENGINE_SERVER
     tool = legacy_tool(config.spec_type)
@@ -238,7 +239,9 @@ def legacy_argv(
     argv = ["-m", str(target)]
     if tool == SPECULATIVE:
         if draft is None:
-            raise UsageError(f"{config.spec_type} needs a draft model: pass --draft PATH")
+            raise UsageError(
+                f"{config.spec_type} needs a draft model: pass {param('draft', 'PATH')}"
+            )
         argv += ["-md", str(draft)]
     if config.k is not None:
         argv += [flags.n_max, str(config.k)]
@@ -255,7 +258,9 @@ def legacy_argv(
     argv += ["-t", str(config.threads or host.threads), "-c", str(config.ctx)]
     if config.experts is not None:
         if not config.expert_key:
-            raise UsageError("--experts needs the target's expert-count key (run `specreg scan`)")
+            raise UsageError(
+                f"{param('experts')} needs the target's expert-count key (run `specreg scan`)"
+            )
         # The legacy tools apply the override to the draft too.
         argv += ["--override-kv", f"{config.expert_key}=int:{config.experts}"]
     return argv

@@ -30,7 +30,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from specreg.errors import LlamaError, UsageError
+from specreg.errors import LlamaError, UsageError, param
 from specreg.home import logs_dir, specreg_home
 from specreg.host.machine import Host
 from specreg.llama.install import LlamaInstall
@@ -291,8 +291,8 @@ def build_cache(
         where = "--from-runs found no recorded outputs" if req.from_runs else "no FILES given"
         raise UsageError(
             f"nothing to build {req.name} from ({where}): give files of your workload, or "
-            f"record runs of --task {task} on a model of this tokenizer family "
-            f"({tokenizer_family(model)}) and pass --from-runs"
+            f"record runs of {param('task')} {task} on a model of this tokenizer family "
+            f"({tokenizer_family(model)}) and pass {param('from_runs')}"
         )
     corpus = SEPARATOR.join(p.text for p in pieces)
     started = datetime.now(timezone.utc)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import duckdb
 
-from specreg.errors import UsageError
+from specreg.errors import UsageError, param
 from specreg.host.load import preflight
 from specreg.host.machine import Host
 from specreg.llama import spec_stats
@@ -289,13 +289,15 @@ def plan(
     names a `specreg lookup-cache` for ngram-cache: checked for the target's tokenizer family
     and read as llama.cpp will read it, and refused for prompts whose own text built it."""
     if config.needs_draft and draft is None:
-        raise UsageError(f"{config.spec_type} needs a draft model: pass --draft PATH")
+        raise UsageError(f"{config.spec_type} needs a draft model: pass {param('draft', 'PATH')}")
     if draft is not None and not config.speculative:
-        raise UsageError("--draft given without speculation: add --spec-type draft-simple")
+        raise UsageError(
+            f"{param('draft')} given without speculation: add {param('spec_type')} draft-simple"
+        )
     if draft is not None and config.stack.model_drafter is None:
         raise UsageError(
-            f"--draft given, but {config.spec_type} drafts without a model: add draft-simple to "
-            f"--spec-type (e.g. {config.spec_type},draft-simple)"
+            f"{param('draft')} given, but {config.spec_type} drafts without a model: add "
+            f"draft-simple to {param('spec_type')} (e.g. {config.spec_type},draft-simple)"
         )
     chosen = choose_engine(install, config, engine)
     target_rec = model_record(con, target)
@@ -311,13 +313,15 @@ def plan(
     if warm_first is not None:
         if chosen != ENGINE_SERVER:
             raise UsageError(
-                f"--warm needs llama-server, and {config.spec_type} runs on {chosen} here (one "
-                "process per prompt keeps no state): drop --warm"
+                f"{param('warm_first')} needs llama-server, and {config.spec_type} runs on "
+                f"{chosen} here (one process per prompt keeps no state): drop "
+                f"{param('warm_first')}"
             )
         workload.held_out(warm_first)  # distinct later prompts, or a one-line usage error
         if workload.repeated():
             raise UsageError(
-                f"{', '.join(workload.repeated())} repeat(s) an earlier prompt: --warm sends "
+                f"{', '.join(workload.repeated())} repeat(s) an earlier prompt: "
+                f"{param('warm_first')} sends "
                 "distinct prompts, never replays"
             )
     if chosen != ENGINE_SERVER:
@@ -329,7 +333,8 @@ def plan(
     if config.experts is not None:
         if target_rec.expert_count and config.experts > target_rec.expert_count:
             raise UsageError(
-                f"--experts {config.experts} exceeds the {target_rec.expert_count} experts of "
+                f"{param('experts')} {config.experts} exceeds the {target_rec.expert_count} "
+                "experts of "
                 f"{Path(target).name}"
             )
         if not target_rec.is_moe:
@@ -379,14 +384,15 @@ def _stack_checks(
     if engine == ENGINE_SERVER and stack.uses_lookup_cache and config.k_of(NGRAM_CACHE):
         raise UsageError(
             f"ngram-cache has no K in llama-server: it drafts {NGRAM_CACHE_DRAFT_MAX} tokens "
-            "(hard-coded); drop --k, or give it to another type of the stack with --type-k"
+            f"(hard-coded); drop {param('k')}, or give it to another type of the stack with "
+            f"{param('type_k')}"
         )
     if lookup_cache is None:
         return config, None, notes
     if not stack.uses_lookup_cache:
         raise UsageError(
-            f"--lookup-cache {lookup_cache}: a lookup cache is read by ngram-cache only; add "
-            f"ngram-cache to --spec-type (got {stack.spelled})"
+            f"{param('lookup_cache')} {lookup_cache}: a lookup cache is read by ngram-cache "
+            f"only; add ngram-cache to {param('spec_type')} (got {stack.spelled})"
         )
     cache, facts = usable_cache(con, lookup_cache, target)  # one line if it cannot be used
     built_from = set(cache.prompt_sha256s)

@@ -31,7 +31,7 @@ from gguf.constants import (
     TokenType,
 )
 
-from specreg.errors import FolderNotEmpty
+from specreg.errors import FolderNotEmpty, param
 
 Q = GGMLQuantizationType
 
@@ -764,7 +764,8 @@ def check_demo_folder(root: Path) -> None:
         shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         raise FolderNotEmpty(
             f"{root} is not empty ({shown}) and holds no demo: the demo writes 24 sparse files"
-            " (about 530 GB apparent) there; give a new or empty folder, or --force to write"
+            " (about 530 GB apparent) there; give a new or empty folder, or "
+            f"{param('force')} to write"
             " into this one"
         )
 

@@ -377,13 +377,13 @@ def run_cli(args: list[str]) -> tuple[int, str, str]:
     import click
     from click.testing import CliRunner
 
-    from specreg.cli.main import cli
+    from specreg.cli.main import cli, error_line
     from specreg.errors import SpecregError
 
     result = CliRunner().invoke(cli, args, standalone_mode=False)
     exc = result.exception
     if isinstance(exc, SpecregError):
-        return exc.exit_code, result.output, f"error: {exc}"
+        return exc.exit_code, result.output, f"error: {error_line(exc)}"
     if isinstance(exc, click.ClickException):
         return 2, result.output, exc.format_message()
     if exc is not None and not isinstance(exc, SystemExit):

@@ -29,6 +29,7 @@ from declare_fixtures import (
     run_cli,
 )
 
+from specreg.cli.main import error_line
 from specreg.declare.export import ExportError, render_models_preset, swap_cmd
 from specreg.declare.launch import Flag, Launch, LaunchPlan, build
 from specreg.declare.spec import load_spec, read_yaml, write_yaml
@@ -354,7 +355,7 @@ def test_models_preset_refuses_values_llama_cpp_would_cut(tmp_path: Path) -> Non
     )
     with pytest.raises(ExportError) as info:
         render_models_preset(LaunchPlan("current", "test", (bad,), ()))
-    assert str(info.value) == (
+    assert error_line(info.value) == (  # as the CLI says it; the core says `format`
         "coder: model = '/models/v1#final/model.gguf' cannot be written in a preset: llama.cpp's "
         "preset parser ends a value at ';' or '#' (rename the file or use --format llama-server)"
     )

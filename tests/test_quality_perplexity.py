@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from specreg.cli.main import error_line
 from specreg.errors import UsageError
 from specreg.host.machine import detect_host
 from specreg.llama.install import DIALECT_SPEC_TYPE, LlamaInstall
@@ -120,7 +121,7 @@ def test_a_file_over_the_limit_is_refused_before_writing(
     key = logits_key(model, "m1", "big", "sha", build_id(fake), 512, None)
     with pytest.raises(UsageError) as err:
         LogitsCache(tmp_path / "cache").ensure(tool, key, text, 262144, max_bytes=10**9)
-    assert str(err.value) == (
+    assert error_line(err.value) == (  # as the CLI says it; the core says `chunks`
         "the saved logits of model.gguf over big would take about 130.5 GB (n_vocab 262144 x "
         "about 248887 tokens x 2 bytes), over the 1.0 GB limit: pass --chunks N (each scores "
         "255 tokens) or raise --max-logits-gb"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from specreg.cli.main import error_line
 from specreg.errors import UsageError
 from specreg.host.machine import Host, detect_host
 from specreg.llama.config import Config, server_argv, server_command
@@ -57,20 +58,25 @@ def test_experts_override_uses_the_registry_key() -> None:
     cfg = Config(experts=6, expert_key="qwen3moe.expert_used_count")
     argv = server_argv(cfg, T, None, DIALECT_SPEC_TYPE, host())
     assert argv[-2:] == ["--override-kv", "qwen3moe.expert_used_count=int:6"]
-    with pytest.raises(UsageError, match="--experts needs the target's expert-count key"):
+    with pytest.raises(UsageError, match="`experts` needs the target's expert-count key") as err:
         server_argv(Config(experts=6), T, None, DIALECT_SPEC_TYPE, host())
+    assert error_line(err.value).startswith("--experts needs the target's expert-count key")
 
 
 def test_draft_type_without_draft() -> None:
-    with pytest.raises(UsageError, match="draft-simple needs a draft model: pass --draft PATH"):
+    with pytest.raises(UsageError, match="draft-simple needs a draft model: pass `draft`$") as err:
         server_argv(Config(spec_type="draft-simple"), T, None, DIALECT_SPEC_TYPE, host())
+    # the core names the parameter; the CLI says the option that sets it
+    assert err.value.parameters == ("draft",)
+    assert error_line(err.value) == "draft-simple needs a draft model: pass --draft PATH"
 
 
 def test_bad_values() -> None:
     with pytest.raises(UsageError, match="unknown speculative type 'draft'"):
         Config(spec_type="draft")
-    with pytest.raises(UsageError, match="--k must be at least 1"):
+    with pytest.raises(UsageError, match="`k` must be at least 1") as err:
         Config(spec_type="draft-simple", k=0)
+    assert error_line(err.value) == "--k must be at least 1, got 0"
 
 
 def test_numactl_only_with_several_nodes() -> None:

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from specreg.cli.main import cli
-from specreg.errors import LlamaError
+from specreg.cli.main import cli, error_line
+from specreg.errors import LlamaError, SpecregError
 from specreg.llama.install import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, find_llama
 from specreg.registry.db import opened
 from specreg.registry.run_store import list_runs
@@ -137,7 +137,8 @@ def run_cli(args: list[str]) -> tuple[int, str]:
     exc = result.exception
     if exc is not None and hasattr(exc, "exit_code"):
         code = exc.exit_code
-        message = f"error: {exc}" if not isinstance(exc, SystemExit) else ""
+        said = error_line(exc) if isinstance(exc, SpecregError) else str(exc)
+        message = f"error: {said}" if not isinstance(exc, SystemExit) else ""
     else:
         code = result.exit_code
         message = ""

@@ -18,7 +18,7 @@ from llama_fixtures import (  # noqa: F401
     synthetic_models,
 )
 
-from specreg.cli.main import cli
+from specreg.cli.main import cli, error_line
 from specreg.errors import UsageError
 from specreg.host.machine import detect_host
 from specreg.llama.config import Config
@@ -141,7 +141,9 @@ def test_more_experts_than_the_model_has_is_refused(
     # Refused before any server starts: the registry knows the model has 8 experts.
     assert isinstance(result.exception, UsageError), result.output
     assert result.exception.exit_code == 2
-    assert str(result.exception) == f"--experts 99 exceeds the 8 experts of {target.name}"
+    # the CLI's line names its option (main.error_line); the core names the parameter
+    assert error_line(result.exception) == f"--experts 99 exceeds the 8 experts of {target.name}"
+    assert str(result.exception) == f"`experts` 99 exceeds the 8 experts of {target.name}"
 
 
 def test_llama_cpp_rejecting_the_expert_count_is_recorded_with_its_message(

@@ -18,6 +18,7 @@ import duckdb
 import pytest
 from llama_fixtures import llama_install, small_models  # noqa: F401
 
+from specreg.cli.main import error_line
 from specreg.host.machine import detect_host
 from specreg.llama.config import Config, server_command
 from specreg.llama.install import LlamaInstall
@@ -207,5 +208,6 @@ def test_warm_regime_refuses_what_it_cannot_measure(
         plan(again, 3)
     with pytest.raises(UsageError, match="give between 1 and 2"):
         plan(code, 3)
-    with pytest.raises(UsageError, match="--warm needs llama-server"):
+    with pytest.raises(UsageError, match="`warm_first` needs llama-server") as err:
         plan(code, 1, engine="legacy")
+    assert error_line(err.value).startswith("--warm needs llama-server")

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from specreg.errors import UsageError
+from specreg.errors import UsageError, param
 from specreg.registry.run_store import STATUS_OK, RunRecord
 from specreg.runner.runs import RunLog
 from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS
@@ -316,7 +316,8 @@ def tune_host(hosts: RayHosts, name: str | None) -> tuple[RayHost, HostFacts]:
     if name is None:
         if len(hosts.hosts) != 1:
             raise UsageError(
-                f"tune answers for one host: add --host NAME (one of {', '.join(hosts.names())})"
+                f"tune answers for one host: add {param('host', 'NAME')} (one of "
+                f"{', '.join(hosts.names())})"
             )
         chosen = hosts.hosts[0]
     else:
@@ -416,8 +417,10 @@ def sweep_hosts(
     (all of them, or those `names` names), connected for the block."""
     if ray_address is None:
         if names or retry_elsewhere:
-            flag = "--host" if names else "--retry-elsewhere"
-            raise UsageError(f"{flag} is about the hosts of a Ray cluster: add --ray ADDRESS")
+            given = param("host") if names else param("retry_elsewhere")
+            raise UsageError(
+                f"{given} is about the hosts of a Ray cluster: add {param('ray', 'ADDRESS')}"
+            )
         from specreg.host.machine import detect_host
         from specreg.llama.install import find_llama
 

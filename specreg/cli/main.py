@@ -77,6 +77,42 @@ def cli() -> None:
     pass
 
 
+# How the CLI spells the core's parameters (specreg.errors.param): a core error names the
+# parameter, the CLI says the option that sets it.
+FLAGS = {
+    "against": "--against",
+    "chunks": "--chunks",
+    "db": "--db",
+    "draft": "--draft",
+    "engine": "--engine",
+    "experts": "--experts",
+    "force": "--force",
+    "format": "--format",
+    "from_runs": "--from-runs",
+    "host": "--host",
+    "k": "--k",
+    "llama_bin": "--llama-bin",
+    "lookup_cache": "--lookup-cache",
+    "max_logits_gb": "--max-logits-gb",
+    "ray": "--ray",
+    "repetitions": "--repetitions",
+    "retries": "--retries",
+    "retry_elsewhere": "--retry-elsewhere",
+    "spec": "--spec",
+    "spec_type": "--spec-type",
+    "task": "--task",
+    "temperature": "--temp",
+    "threads": "--threads",
+    "type_k": "--type-k",
+    "warm_first": "--warm",
+}
+
+
+def error_line(err: SpecregError) -> str:
+    """A core error as the CLI says it: its parameters as the options that set them."""
+    return err.spelled(FLAGS)
+
+
 def _usage_line(err: click.ClickException) -> str:
     """A click usage error as one line that says what to do: the problem, then the help to
     read (click's own form is a usage block, a hint and the error over four lines)."""
@@ -104,7 +140,7 @@ def main() -> None:
     except SpecregError as err:
         if os.environ.get("SPECREG_DEBUG"):
             raise
-        err_console().print(f"error: {err}")
+        err_console().print(f"error: {error_line(err)}")
         sys.exit(err.exit_code)
     except click.exceptions.Abort:
         err_console().print("aborted")
