@@ -170,6 +170,17 @@ class Option:
     def speedup_str(self) -> str:
         return f"{self.speedup:.2f}x [{self.speedup_lo:.2f}-{self.speedup_hi:.2f}]"
 
+    @property
+    def memory_note(self) -> str | None:
+        """When its weights do not fit in the host's memory: what they need, how much more."""
+        if not self.memory_short_bytes:
+            return None
+        what = "target and draft do" if self.draft_id else "the target does"
+        return (
+            f"{what} not fit in this host's memory ({human_bytes(self.weights_bytes)}, "
+            f"{human_bytes(self.memory_short_bytes)} too many)"
+        )
+
 
 @dataclass(frozen=True)
 class Roofline:

@@ -364,6 +364,8 @@ def _choose(
     reason = f"recommend: {best.label} predicted {best.tps:.1f} t/s ({best.speedup_str} vs plain)"
     if best.n_measured:
         reason += f", {best.n_measured} run(s) measured here"
+    if best.memory_note:
+        reason += f"; {best.memory_note}"
     return _Choice(
         option_config(best).with_(temperature=0.0),
         get_model(con, best.draft_id) if best.draft_id else None,

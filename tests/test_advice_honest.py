@@ -169,8 +169,8 @@ def test_evidence_that_disagrees_moves_the_prediction_and_is_named(
     assert "runs of this target and draft move this option by x" in best
 
 
-def test_recommend_and_tune_plan_say_it_on_the_command_line(scanned_db: Path) -> None:
-    """The host's memory as SPECREG_HOST_FACTS states it (23.5 GiB) reaches both commands."""
+def test_recommend_tune_plan_and_serve_routes_say_it(scanned_db: Path) -> None:
+    """The host's memory as SPECREG_HOST_FACTS states it (23.5 GiB) reaches every command."""
     env = {"SPECREG_HOST_FACTS": f'{{"mem_bytes": {int(23.5 * GIB)}}}'}
     target = "Qwen3 Coder 480B A35B Instruct"
     line = (
@@ -181,3 +181,7 @@ def test_recommend_and_tune_plan_say_it_on_the_command_line(scanned_db: Path) ->
         r = specreg(*args, "--task", "code", "--bandwidth", "23", "--db", str(scanned_db), env=env)
         assert r.returncode == 0, r.stderr
         assert line in " ".join(r.stdout.split()), r.stdout
+    r = specreg("serve", target, "--dry-run", "--bandwidth", "23", "--db", str(scanned_db), env=env)
+    assert r.returncode == 0, r.stderr
+    routes = " ".join(r.stdout.split())
+    assert "not fit in this host's memory (308." in routes and " GB too many)" in routes
