@@ -29,7 +29,7 @@ from specreg.cli.common import (
 )
 from specreg.cli.progress import load_options, load_policy, measuring
 from specreg.errors import RunFailed, UsageError
-from specreg.terms import ENGINE_AUTO, ENGINES, SPEC_TYPES
+from specreg.terms import ENGINE_AUTO, ENGINES, SPEC_DRAFT_SIMPLE, SPEC_NONE, SPEC_TYPES
 
 if TYPE_CHECKING:
     import duckdb
@@ -137,11 +137,12 @@ def _plan(con: duckdb.DuckDBPyConnection, kw: dict[str, Any]) -> Plan:
     from specreg.llama.install import find_llama
     from specreg.runner import runs
     from specreg.runner.workload import load_workload
+    from specreg.stacks import NGRAM_CACHE
 
-    implied = [t for t, on in (("ngram-cache", kw["lookup_cache"]), ("draft-simple", kw["draft"]))
+    implied = [t for t, on in ((NGRAM_CACHE, kw["lookup_cache"]), (SPEC_DRAFT_SIMPLE, kw["draft"]))
                if on]  # fmt: skip
-    spec_type = kw["spec_type"] or ",".join(implied) or "none"
-    if spec_type == "none" and (kw["k"] is not None or kw["p_min"] is not None):
+    spec_type = kw["spec_type"] or ",".join(implied) or SPEC_NONE
+    if spec_type == SPEC_NONE and (kw["k"] is not None or kw["p_min"] is not None):
         raise UsageError("--k and --p-min need speculation: add --draft or --spec-type")
     config = Config(
         spec_type=spec_type,
@@ -206,7 +207,7 @@ def run_cmd(**kw: Any) -> None:
     Exit 1 if the run failed (it is recorded as failed, with llama.cpp's message).
     """
     from specreg.registry.db import opened
-    from specreg.registry.run_store import get_run
+    from specreg.registry.run_store import STATUS_OK, get_run
     from specreg.runner import runs
 
     db = resolve_db(kw["db_path"])
@@ -222,7 +223,7 @@ def run_cmd(**kw: Any) -> None:
         emit(record)
     else:
         _print_run(record)
-    if record.status != "ok":
+    if record.status != STATUS_OK:
         raise RunFailed(f"run {record.run_id} failed and was recorded: {record.error}")
 
 
@@ -235,7 +236,7 @@ def verify_cmd(**kw: Any) -> None:
     are near-tied), and speculation really happened. Exit 1 on fail.
     """
     from specreg.registry.db import opened
-    from specreg.registry.run_store import VerifiedRun, get_run
+    from specreg.registry.run_store import STATUS_OK, VerifiedRun, get_run
     from specreg.runner import runs
 
     db = resolve_db(kw["db_path"])
@@ -251,7 +252,7 @@ def verify_cmd(**kw: Any) -> None:
         emit(verified)
     else:
         _print_verify(verified.baseline, record)
-    if record.status != "ok":
+    if record.status != STATUS_OK:
         raise RunFailed(f"run {record.run_id} failed and was recorded: {record.error}")
     if record.verdict != "pass":
         raise click.exceptions.Exit(1)
@@ -518,6 +519,8 @@ def _default_k(r: RunRecord) -> str | None:
 def _print_run(r: RunRecord) -> None:
     from rich.table import Table
 
+    from specreg.registry.run_store import STATUS_OK
+
     out = console()
     engine = r.config.get("engine", "server")
     on = f" on {engine}" if engine != "server" else ""
@@ -528,7 +531,7 @@ def _print_run(r: RunRecord) -> None:
         out.print(f"  NOT TRUSTED (no evidence for recommend, train, propose): {r.trust_reason}")
     if r.protocol:
         out.print(f"  protocol: {r.protocol.get('name', '-')} ({r.regime})")
-    if r.status != "ok":
+    if r.status != STATUS_OK:
         out.print(f"  llama.cpp said: {r.llama_message or '-'}")
         out.print(f"  log: {r.log_path}")
         return
@@ -609,7 +612,9 @@ def _p(value: float | None) -> str:
 def _status_cell(r: RunRecord) -> str:
     """The status, and why when it adds something: `interrupted`, never
     `interrupted (interrupted)`."""
-    if r.status == "ok" or not r.error_kind or r.error_kind == r.status:
+    from specreg.registry.run_store import STATUS_OK
+
+    if r.status == STATUS_OK or not r.error_kind or r.error_kind == r.status:
         return r.status
     return f"{r.status} ({r.error_kind})"
 
