@@ -44,7 +44,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from specreg.errors import UsageError
+from specreg.errors import UsageError, param
 from specreg.host import progress
 from specreg.host.load import DEFAULT_NOISE_FLOOR, LoadPolicy, current_policy, wait_quiet
 from specreg.host.machine import Host
@@ -170,7 +170,7 @@ def plan_protocol(
         if process_per_sample:
             raise UsageError(
                 "the warm regime needs one long-lived llama-server; the legacy tools start a "
-                "process per prompt: use --engine server"
+                f"process per prompt: use {param('engine')} server"
             )
         regime, isolation, repeats, contention_retries = REGIME_WARM, ISOLATION_SEQUENCE, 1, 0
     elif process_per_sample:

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
 from test_runner_faults import assert_no_strays
 
-from specreg.cli.main import cli
+from specreg.cli.main import cli, error_line
 from specreg.errors import UsageError
 from specreg.host.machine import Host, detect_host
 from specreg.llama.config import Config
@@ -206,7 +206,7 @@ def test_engine_errors_say_what_to_do() -> None:
     )
     with pytest.raises(UsageError) as err:
         choose_engine(OLD, Config(spec_type="ngram-simple"), "server")
-    assert str(err.value) == (
+    assert error_line(err.value) == (  # as the CLI says it; the core says `engine`
         "this llama.cpp (4000 (old), draft-max dialect) has no --spec-type ngram-simple in "
         "llama-server: use --engine legacy (llama-lookup), or choose one of draft-simple"
     )
