@@ -160,7 +160,7 @@ def choose_engine(install: LlamaInstall, config: Config, engine: str = ENGINE_AU
     if engine == ENGINE_SERVER or (engine == ENGINE_AUTO and in_server):
         if in_server:
             return ENGINE_SERVER
-        hint = f"use --engine legacy ({tool})" if tool else "use a newer llama.cpp"
+        hint = f"use {param('engine')} legacy ({tool})" if tool else "use a newer llama.cpp"
         raise UsageError(
             f"{where} has no --spec-type {config.spec_type} in llama-server: {hint}, or choose "
             f"one of {', '.join(install.spec_types) or 'draft-simple'}"
