@@ -20,7 +20,13 @@ from specreg.auditor.checks import (
 )
 from specreg.auditor.rules import PINNED_RULES, RuleSet
 from specreg.auditor.verdict import Check, ModelRef, PairVerdict, Severity, Verdict, verdict_of
-from specreg.registry.queries import ModelRecord, human_count, list_models, resolve_model
+from specreg.registry.queries import (
+    ModelRecord,
+    human_bytes,
+    human_count,
+    list_models,
+    resolve_model,
+)
 from specreg.registry.vocab_store import Vocab, load_vocab
 from specreg.terms import SPEC_MTP
 
@@ -217,24 +223,38 @@ def check_pair(
     return pv
 
 
-def not_a_draft(t: ModelFacts, d: ModelFacts) -> str | None:
-    """Why `d` is no draft for `t` whatever llama.cpp says, or None: a model as large as its
-    target or larger (in all its weights, or in those it reads per token) cannot make the
-    target faster and needs at least the target's memory again."""
-    total_t, total_d = t.n_params, d.n_params
-    active_t = t.n_params_active or total_t
-    active_d = d.n_params_active or total_d
+def not_a_draft(t: ModelRecord, d: ModelRecord) -> str | None:
+    """Why `d` is no draft for `t` whatever llama.cpp says, or None: a model whose weights are
+    as large as the target's or larger, in all or in those read per token, cannot make the
+    target faster and needs at least its memory again. A smaller quant of the target itself
+    (a self-draft) is smaller and stays a draft."""
+    if t.n_bytes and d.n_bytes:
+        if d.n_bytes >= t.n_bytes:
+            return (
+                f"{human_bytes(d.n_bytes)} of weights against the target's "
+                f"{human_bytes(t.n_bytes)}: a draft must be smaller than its target"
+            )
+        read_t, read_d = _read_per_token(t), _read_per_token(d)
+        if read_d >= read_t:
+            return (
+                f"reads {human_bytes(int(read_d))} per token against the target's "
+                f"{human_bytes(int(read_t))}: a draft step would cost as much as a target step"
+            )
+        return None
+    total_t, total_d = t.n_params, d.n_params  # sizes unknown: parameters instead
     if total_t and total_d and total_d >= total_t:
         return (
             f"{human_count(total_d)} parameters against the target's {human_count(total_t)}: "
             "a draft must be smaller than its target"
         )
-    if active_t and active_d and active_d >= active_t:
-        return (
-            f"reads {human_count(active_d)} parameters per token against the target's "
-            f"{human_count(active_t)}: a draft step would cost as much as a target step"
-        )
     return None
+
+
+def _read_per_token(m: ModelRecord) -> float:
+    """Bytes of weights read per token: the active share of an MoE's file, all of a dense one."""
+    total, active = m.n_params or 0, m.n_params_active or 0
+    share = active / total if total and active and active < total else 1.0
+    return (m.n_bytes or 0) * share
 
 
 def compatible_drafts(

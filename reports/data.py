@@ -241,6 +241,8 @@ class TargetView:
     chat_template: str | None
     frontier: tuple[FrontierPoint, ...] = ()  # lossy options: speed against quality cost
     frontier_svg: str = ""
+    # models llama.cpp would take as drafts, as large as the target or larger: no drafts
+    not_drafts: tuple[tuple[PairView, str], ...] = ()  # with `auditor.not_a_draft`'s reason
 
 
 @dataclass(frozen=True)

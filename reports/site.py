@@ -26,6 +26,7 @@ import networkx as nx
 from jinja2 import Environment, FileSystemBytecodeCache, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
+from specreg.auditor import not_a_draft
 from specreg.registry.queries import human_bytes, human_count
 from specreg.reports import gather, plots
 from specreg.reports.data import (
@@ -136,17 +137,21 @@ def gather_site(
     for m in reg.models:
         t_runs = tuple(runs_by_target.get(m.model_id, ()))
         recs, roofline, rec_note = gather.gather_recommendations(con, m, t_runs, advise, tasks)
-        # the order of `specreg drafts`: verdict, then the smallest draft first
-        usable = sorted(
+        # the order of `specreg drafts`: verdict, then the smallest draft first; a model as
+        # large as the target or larger is listed apart, as `specreg drafts` does
+        accepted = sorted(
             (p for p in by_target.get(m.model_id, []) if p.compatible),
             key=lambda p: (p.code, models[p.draft_id].n_params, models[p.draft_id].name),
         )
+        larger = [(p, not_a_draft(m.record, models[p.draft_id].record)) for p in accepted]
+        usable = [p for p, why in larger if why is None]
+        not_drafts = tuple((p, why) for p, why in larger if why is not None)
         frontier = gather_frontier(con, m.record, t_runs, roofline)
         targets.append(
             TargetView(
                 model=m,
                 drafts=tuple(usable),
-                rejected=len(models) - 1 - len(usable) if audit_status.available else 0,
+                rejected=(len(models) - 1 - len(accepted) if audit_status.available else 0),
                 recommendations=recs,
                 rec_note=rec_note,
                 runs=t_runs,
@@ -155,6 +160,7 @@ def gather_site(
                 chat_template=templates.get(m.model_id),
                 frontier=frontier,
                 frontier_svg=plots.frontier_svg(frontier, cache),
+                not_drafts=not_drafts,
             )
         )
 

@@ -45,7 +45,7 @@ def _sizes(db: Path) -> dict[str, int]:
     from specreg.registry.db import opened
 
     with opened(db, read_only=True) as con:
-        return {m.model_id or "": m.n_params or 0 for m in list_models(con)}
+        return {m.model_id or "": m.n_bytes or 0 for m in list_models(con)}
 
 
 def test_drafts_lists_models_as_large_as_the_target_apart(scanned_db: Path) -> None:
@@ -80,9 +80,32 @@ def test_no_larger_model_is_a_draft_anywhere(demo_con: duckdb.DuckDBPyConnection
             continue
         for pv in compatible_drafts(demo_con, t):
             d = models[pv.draft.model_id]
-            assert (d.n_params or 0) < t.n_params, (t.display_name, d.display_name)
+            assert (d.n_bytes or 0) < (t.n_bytes or 0), (t.display_name, d.display_name)
             n_pairs += 1
     assert n_pairs > 10
+
+
+def test_a_smaller_quant_of_the_target_stays_a_draft(
+    demo_con: duckdb.DuckDBPyConnection,  # noqa: F811
+) -> None:
+    """Same parameters, fewer bytes: a self-draft. Same bytes or more: no draft."""
+    from dataclasses import replace
+
+    from specreg.auditor import not_a_draft
+
+    t = demo_model(demo_con, "Qwen2.5-Coder", "32B")
+    size = t.n_bytes or 0
+    assert not_a_draft(t, replace(t, model_id="q2", n_bytes=size // 2)) is None
+    assert not_a_draft(t, replace(t, model_id="same", n_bytes=size)) == (
+        "21.1 GB of weights against the target's 21.1 GB: a draft must be smaller than its target"
+    )
+    # a dense 7B (4.9 GB) reads more per token than the 30B-A3B MoE's active experts
+    moe = demo_model(demo_con, "Qwen3-Coder", "30B-A3B")
+    dense = demo_model(demo_con, "Qwen2.5", "7B")
+    assert (why := not_a_draft(moe, dense)) is not None
+    assert why.startswith("reads ") and why.endswith(
+        "a draft step would cost as much as a target step"
+    )
 
 
 def _host(mem_bytes: int) -> HostFacts:
@@ -185,3 +208,22 @@ def test_recommend_tune_plan_and_serve_routes_say_it(scanned_db: Path) -> None:
     assert r.returncode == 0, r.stderr
     routes = " ".join(r.stdout.split())
     assert "not fit in this host's memory (308." in routes and " GB too many)" in routes
+
+
+def test_report_lists_larger_models_apart_as_drafts_does(scanned_db: Path) -> None:
+    from specreg.registry.db import opened
+    from specreg.reports.plots import PlotCache
+    from specreg.reports.site import gather_site
+
+    with opened(scanned_db) as con:
+        site = gather_site(con, PlotCache(None))
+    name = {v.model_id: v.name for v in site.models}
+    page = {t.model.name: t for t in site.targets}
+    for target, larger in (
+        ("Qwen2.5 Coder 32B Instruct", "GLM 4.5 Air"),
+        ("Gemma 3 1b It", "Gemma 3 27b It"),
+    ):
+        tv = page[target]
+        assert larger not in [name[p.draft_id] for p in tv.drafts]
+        apart = {name[p.draft_id]: why for p, why in tv.not_drafts}
+        assert apart[larger].endswith("a draft must be smaller than its target")
