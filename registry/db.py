@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specreg.errors import RegistryError
+from specreg.errors import RegistryError, param
 
 if TYPE_CHECKING:
     import duckdb
@@ -94,14 +94,15 @@ def _open(db_path: Path, read_only: bool, wait: float = LOCK_WAIT_S) -> duckdb.D
         if not _writable(db_path):
             raise RegistryError(
                 f"cannot write the registry {db_path} ({msg}): this command records what it "
-                "finds, so point SPECREG_HOME or --db at a writable folder; read commands "
+                f"finds, so point SPECREG_HOME or {param('db')} at a writable folder; read "
+                "commands "
                 "(models, show, compat, drafts, runs, plan) still work here"
             ) from err
         raise RegistryError(f"cannot open the registry {db_path}: {msg}") from err
     except OSError as err:
         raise RegistryError(
             f"cannot create the registry {db_path}: {err.strerror or err}: set SPECREG_HOME "
-            "or --db to a folder you can write"
+            f"or {param('db')} to a folder you can write"
         ) from err
 
 
@@ -120,7 +121,9 @@ def connect(
     if read_only and not db_path.exists():
         raise RegistryError(f"no registry at {db_path}: run `specreg scan DIR` first")
     if read_only and not db_path.is_file():
-        raise RegistryError(f"the registry {db_path} is not a file: give --db a .duckdb file")
+        raise RegistryError(
+            f"the registry {db_path} is not a file: give {param('db')} a .duckdb file"
+        )
     con = _open(db_path, read_only, wait)
     try:
         if read_only:

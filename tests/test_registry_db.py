@@ -140,6 +140,7 @@ READ_ONLY_SCRIPT = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
+    from specreg.cli.main import error_line
     from specreg.errors import RegistryError
     from specreg.registry import queries
     from specreg.registry.db import opened
@@ -154,7 +155,7 @@ READ_ONLY_SCRIPT = textwrap.dedent(
     try:
         opened(db).__enter__()
     except RegistryError as err:
-        print("write:", err)
+        print("write:", error_line(err))  # as the CLI says it
     """
 )
 
