@@ -339,6 +339,14 @@ class LoadCheck:
         }
 
 
+class BusyHost(HostBusy):
+    """`HostBusy` with the load it saw (every consumer it noted, not only those named)."""
+
+    def __init__(self, message: str, sample: LoadSample):
+        super().__init__(message)
+        self.sample = sample
+
+
 def busy_message(sample: LoadSample, limit: float, waited_s: float) -> str:
     waited = f" for {waited_s:.0f} s" if waited_s >= 1 else ""
     return (
@@ -377,7 +385,7 @@ def wait_quiet(
                     "is recorded as disturbed"
                 )
                 return LoadCheck(sample, True, waited, limit)
-            raise HostBusy(busy_message(sample, limit, waited))
+            raise BusyHost(busy_message(sample, limit, waited), sample)
         left = policy.wait_s - waited
         if waited - last_note >= NOTE_EVERY_S and left >= 1:
             progress.note(
