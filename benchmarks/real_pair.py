@@ -60,6 +60,16 @@ STACK = "ngram-mod,draft-simple"
 TOLERANCE = 0.25
 BEST_TOLERANCE = 0.05
 HERE = Path(__file__).resolve().parent
+# Issue 26's table: this 2-core host, quiet, a fresh llama-server per configuration, one code
+# prompt, 128 tokens, temperature 0 (t/s; accepted, drafted). Printed beside the prediction for
+# code, because measurements taken here under other processes' load are not quiet numbers.
+QUIET_CODE = {
+    "plain": (18.6, None),
+    "draft-simple K=4": (9.8, (93, 132)),
+    "draft-simple K=8": (7.9, (105, 172)),
+    "draft-simple K=16": (6.4, (109, 277)),
+    "ngram-mod K=8": (18.1, (0, 0)),
+}
 
 
 def loadavg() -> str:
@@ -88,10 +98,14 @@ class Cli:
         return dict(json.loads(r.stdout)) if r.stdout.startswith("{") else {"error": r.stderr}
 
     def cached(self, path: Path, *args: str) -> dict[str, Any]:
-        """A command's document kept in `path` (--keep reuses calibration and agreement)."""
+        """A command's document kept in `path` (--keep reuses calibration and agreement).
+        Exit 1 is accepted: calibrate's "still disturbed after every retry" is recorded (and
+        printed here as contended), not lost."""
         if path.exists():
             return dict(json.loads(path.read_text()))
-        doc = self(*args)
+        doc = self(*args, check=False)
+        if "error" in doc:
+            raise SystemExit(f"specreg {' '.join(args)} failed: {doc['error'][-800:]}")
         path.write_text(json.dumps(doc))
         return doc
 
@@ -171,6 +185,18 @@ def predict(cli: Cli, target: Path, task: str) -> list[Candidate]:
 
 
 def measure(cli: Cli, target: Path, draft: Path, task: str, c: Candidate, n_predict: int) -> None:
+    """A first-encounter run of `c`, or the one a kept registry (--keep) already holds."""
+    kept = [
+        r for r in cli("runs")["runs"]
+        if r["status"] == "ok" and r["task"] == task and r["spec_type"] == c.spec_type
+        and (r["k"] == c.k or c.spec_type == "none") and r["kind"] == "run"
+    ]  # fmt: skip
+    if kept:
+        doc = kept[0]
+        c.measured_tps = doc.get("tokens_per_s") or math.nan
+        c.draft_n = doc.get("draft_n") or 0
+        c.accepted = doc.get("draft_n_accepted") or 0
+        return
     t0 = time.monotonic()
     doc = cli(
         "run",
@@ -191,6 +217,7 @@ def measure(cli: Cli, target: Path, draft: Path, task: str, c: Candidate, n_pred
         check=False,
     )
     c.run_s = time.monotonic() - t0
+    doc = doc.get("run") or doc
     c.measured_tps = doc.get("tokens_per_s") or math.nan
     c.draft_n = doc.get("draft_n") or 0
     c.accepted = doc.get("draft_n_accepted") or 0
@@ -238,6 +265,10 @@ def task_report(
 ) -> dict[str, Any]:
     ok = [c for c in cands if c.measured_tps > 0]
     plain = cands[0]
+    if len(ok) < 2:
+        print(f"\n## {task}: {len(ok)} of {len(cands)} runs succeeded, nothing to compare")
+        return {"task": task, "spearman": math.nan, "within_25pct": 0, "n": len(ok),
+                "predicted_best_loss": math.nan, "rows": []}  # fmt: skip
     rho = spearmanr([c.predicted_tps for c in ok], [c.measured_tps for c in ok]).statistic
     best_meas = max(ok, key=lambda c: c.measured_tps)
     best_pred = max(ok, key=lambda c: c.predicted_tps)
@@ -410,7 +441,10 @@ def main() -> None:
         "--gen-tokens",
         "64",
     )
-    print(f"calibrate: {time.monotonic() - t0:.0f} s, load {load0} -> {loadavg()}")
+    print(
+        f"calibrate: {time.monotonic() - t0:.0f} s, load {load0} -> {loadavg()}; contended "
+        f"{cal.get('contended')}, reruns {cal.get('reruns')}"
+    )
     verify_ratio: dict[int, float] = {}
     for r in cal["models"]:
         if r["role"] == "target" and r["verify_ratio"]:
@@ -453,6 +487,15 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for task, cands in predictions.items():
         print(tune_replay(root / "predict.duckdb", target, task, cands, budget=6))
+    if "code" in predictions:
+        print("\n## code: prediction against issue 26's quiet measurement (128 tokens)")
+        print("| candidate | predicted t/s | quiet t/s | error | accepted/drafted |")
+        print("|---|---|---|---|---|")
+        for c in predictions["code"]:
+            if c.label in QUIET_CODE:
+                tps, acc = QUIET_CODE[c.label]
+                print(f"| {c.label} | {c.predicted_tps:.2f} | {tps} | "
+                      f"{c.predicted_tps / tps - 1:+.0%} | {acc or '-'} |")  # fmt: skip
     met = sum(r["predicted_best_loss"] <= BEST_TOLERANCE for r in reports)
     rho_ok = sum(r["spearman"] >= 0.8 for r in reports)
     print(
