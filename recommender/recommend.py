@@ -82,8 +82,8 @@ N_EVIDENCE = 3
 # prediction counts as EVIDENCE_PRIOR_WEIGHT runs.
 EVIDENCE_PRIOR_WEIGHT = 1.0
 # Relative difference in parameters (total, active, draft) within one kind: the prior's sizes
-# come from names ("480B-A35B", "0.75B"), the registry's from tensors (475.1B, 30.4B, 0.66B).
-SAME_SIZE = 0.2
+# come from names ("480B-A35B", "0.5B"), the registry's from tensors (475.1B, 30.4B, 0.63B).
+SAME_SIZE = 0.3
 # An option whose nearest evidence measured a speedup this many times apart says why.
 EVIDENCE_DISAGREES = 1.5
 # Below this measured per-token agreement a draft cannot pay for itself at any K or cost.
@@ -898,8 +898,8 @@ def _evidence_why(c: ConfigFacts, speedup: float, shift: float, near: _Near) -> 
         host = speedup / shift / near.predicted_speedup  # the model's own, here / there
         text += (
             f"; it stays {apart:.1f}x {'above' if apart > 1 else 'below'} that run: the model "
-            f"expects {host:.2f}x that host's speedup on this one ({c.bandwidth_gbs:.0f} GB/s, "
-            f"{c.physical_cores} cores)"
+            f"predicts {host:.2f}x as much speedup for this option on this host "
+            f"({c.bandwidth_gbs:.0f} GB/s, {c.physical_cores} cores) as for that run on its own"
         )
         if near.n_kind:
             text += ", and the runs move it only part of the way"

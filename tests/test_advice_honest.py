@@ -184,7 +184,7 @@ def test_evidence_that_disagrees_moves_the_prediction_and_is_named(
         if not 1 / 1.5 <= apart <= 1.5:
             # far from its nearest evidence: it says so, and why it stands where it does
             assert named, (o.label, o.why)
-            assert f"it stays {apart:.1f}x " in named[0] and "the model expects" in named[0]
+            assert f"it stays {apart:.1f}x " in named[0] and "the model predicts" in named[0]
             n_named += 1
     assert n_named >= 1
     best = next(w for w in rec.best.why if w.startswith("nearest measured run"))

@@ -367,11 +367,11 @@ def _print_plan(rec: Recommendation, commands: Sequence[str], budget: int) -> No
     c = console()
     c.print(f"{clip(rec.target_name)}: tune would start with {len(steps)} of {budget} runs")
     _print_host(rec.host)
-    if rec.memory_advice:
-        c.print(f"note: {rec.memory_advice}")
     for i, s in enumerate(steps, start=1):
         c.print(f"{i}. {clip(s.label)}: predicted {s.option.tps:.1f} t/s ({s.reason})")
         c.print(f"   {commands[rec.options.index(s.option)]}")
+    if rec.memory_advice:
+        c.print(f"note: {rec.memory_advice}")
 
 
 def _print_step(step: TuneStep) -> None:
