@@ -34,7 +34,7 @@ from specreg.serve.classify import TASK_HEADER, Classification, TaskClassifier, 
 from specreg.serve.policy import PolicyStatus
 from specreg.serve.recorder import RunRecorder
 from specreg.serve.routes import Route, RouteTable, split_model
-from specreg.terms import STARTUP_TIMEOUT_S
+from specreg.terms import STARTUP_TIMEOUT_S, TASKS
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,13 @@ class Service:
 
     async def health(self, request: Request) -> Response:
         states = self.pool.status(memory=False)
-        ok = all(s.ready for s in states)
+        if self.pool.lazy:
+            # Backends start when the policy first chooses them and a retired one stays
+            # down: healthy when each (target, task)'s current choice can serve.
+            wanted = {self.router.best(t.name, task) for t in self.table.targets for task in TASKS}
+            ok = all(s.ready for s in states if s.name in wanted and (s.pid or s.failure))
+        else:
+            ok = all(s.ready for s in states)
         body = {
             "status": "ok" if ok else "degraded",
             "backends": [{"name": s.name, "ready": s.ready, "starts": s.starts} for s in states],

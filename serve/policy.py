@@ -6,7 +6,7 @@ chooses among them by Thompson sampling over each candidate's per-request decode
 (generated tokens over generation seconds, as llama-server reports them; prompt processing is
 not part of it).
 
-The model, per candidate: log tokens/s of a request ~ Normal(mu, NOISE_SIGMA^2), and
+The model, per candidate: log tokens/s of a request ~ Normal(mu, sigma^2), and
 mu ~ Normal(m0, s0^2) a priori, where m0 and s0 come from the recommender's prediction and its
 band. Throughput is multiplicative (a draft that is 1.5x faster is 1.5x faster on a slow prompt
 and on a fast one), so log space is where the noise is closest to symmetric and constant. The
@@ -44,6 +44,10 @@ from specreg.jsonout import document
 # reference host's K sweeps scatter about this much between neighbouring K: benchmarks/
 # serve_adaptive_sim.py prints its own estimate).
 NOISE_SIGMA = 0.2
+# sigma is learnt from the requests (pooled within candidates) with NOISE_SIGMA as a prior worth
+# NOISE_PRIOR_DOF requests: a quiet host's 3 % scatter must not take 30 requests per decision.
+NOISE_PRIOR_DOF = 4.0
+MIN_NOISE_SIGMA = 0.02
 # A prediction without a band of its own: a factor of e^0.5 either way is one sigma.
 DEFAULT_PRIOR_SIGMA = 0.5
 # The prior never claims to know a speed better than this (log units): traffic must be able to
@@ -56,6 +60,7 @@ MIN_RETIRE_WEIGHT = 3.0  # ... and the candidate has at least this much evidence
 EDGE_WEIGHT = 3.0  # evidence the best of a family needs before K moves outward from it
 NEW_K_SIGMA = 0.35  # prior sigma of a K that joins from its neighbour's posterior
 BAND = 0.9  # the band shown with each posterior
+SHIFT_SHRINK = 1.0  # requests' worth of "the predictions are right" in the shared shift
 
 EXPLORE = "explore"
 EXPLOIT = "exploit"
@@ -98,6 +103,7 @@ class Candidate:
     family: str | None = None
     kind: str = "plain"  # one of KINDS: how pick_candidates treats it
     origin: str = ORIGIN_RECOMMEND
+    shared_shift: bool = True  # False: the prior already holds this host's evidence
     payload: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -120,20 +126,46 @@ def request_weight(concurrency: int) -> float:
 
 @dataclass
 class Arm:
-    """A candidate and what the policy has learnt of it."""
+    """A candidate and what the policy has learnt of it.
+
+    `shift` moves the prior by what the other candidates of the task found: the recommender's
+    errors on one host are shared (a wrong bandwidth figure makes every prediction wrong by
+    about the same factor), so when plain decoding measures 1.6x its prediction, an untried
+    candidate's prediction is most likely 1.6x too low as well (see TaskPolicy._shift).
+    """
 
     candidate: Candidate
-    prec: float  # posterior precision of mu
-    mean: float  # posterior mean of mu (log tokens/s)
     requests: int = 0  # requests served (any weight, failures included)
     weight: float = 0.0  # evidence: sum of request weights
+    sum_log: float = 0.0  # sum of weight x log tokens/s
+    shift: float = 0.0  # added to the prior mean (log units)
+    sum_log2: float = 0.0  # sum of weight x (log tokens/s)^2
+    noise: float = NOISE_SIGMA  # the policy's current per-request scatter
     status: str = STATUS_ACTIVE
     why: str = ""
 
     @classmethod
     def of(cls, candidate: Candidate) -> Arm:
-        s0 = candidate.prior_sigma
-        return cls(candidate, prec=1.0 / s0**2, mean=candidate.prior_mu)
+        return cls(candidate)
+
+    @property
+    def prec(self) -> float:
+        """Posterior precision of mu."""
+        return 1.0 / self.candidate.prior_sigma**2 + self.weight / self.noise**2
+
+    @property
+    def mean(self) -> float:
+        """Posterior mean of mu (log tokens/s)."""
+        p0 = 1.0 / self.candidate.prior_sigma**2
+        m0 = self.candidate.prior_mu + self.shift
+        return (p0 * m0 + self.sum_log / self.noise**2) / self.prec
+
+    @property
+    def residual(self) -> float | None:
+        """How far its own measurements sit from its prediction (log units)."""
+        if self.weight <= 0:
+            return None
+        return self.sum_log / self.weight - self.candidate.prior_mu
 
     @property
     def sigma(self) -> float:
@@ -156,10 +188,9 @@ class Arm:
         self.requests += 1
         if weight <= 0 or not tps > 0:
             return
-        w = weight / NOISE_SIGMA**2
-        self.mean = (self.prec * self.mean + w * math.log(tps)) / (self.prec + w)
-        self.prec += w
         self.weight += weight
+        self.sum_log += weight * math.log(tps)
+        self.sum_log2 += weight * math.log(tps) ** 2
 
     def to_json(self) -> dict[str, Any]:
         lo, mid, hi = self.band()
@@ -176,6 +207,8 @@ class Arm:
             "posterior_tps": mid,
             "posterior_lo": lo,
             "posterior_hi": hi,
+            "prior_shift": math.exp(self.shift),
+            "noise": self.noise,
             "band": BAND,
             "requests": self.requests,
             "evidence": round(self.weight, 4),
@@ -271,6 +304,7 @@ class TaskPolicy:
         if arm is None:
             return
         arm.observe(tps or 0.0, request_weight(concurrency) if tps else 0.0)
+        self._shift()
         self._retire()
         self._move_k()
 
@@ -291,7 +325,30 @@ class TaskPolicy:
             return False
         self.arms[candidate.key] = Arm.of(candidate)
         self.events.append(f"added {candidate.label}: {why}")
+        self._shift()
         return True
+
+    def _shift(self) -> None:
+        """The scatter of one request, learnt; then each candidate's prior moves by the
+        evidence-weighted mean residual of the *other* candidates (their measurements over
+        their predictions), shrunk towards no shift by SHIFT_SHRINK requests' worth: one
+        request moves it half-way at most."""
+        arms = list(self.arms.values())
+        # the scatter: pooled within-candidate variance, NOISE_SIGMA as a prior
+        ss = sum(max(a.sum_log2 - a.sum_log**2 / a.weight, 0.0) for a in arms if a.weight > 0)
+        dof = sum(max(a.weight - 1.0, 0.0) for a in arms)
+        var = (NOISE_PRIOR_DOF * NOISE_SIGMA**2 + ss) / (NOISE_PRIOR_DOF + dof)
+        noise = max(math.sqrt(var), MIN_NOISE_SIGMA)
+        for a in arms:
+            a.noise = noise
+        total_w = sum(a.weight for a in arms)
+        total_r = sum(a.weight * r for a in arms if (r := a.residual) is not None)
+        for a in arms:
+            own_r = a.residual
+            w = total_w - a.weight
+            r = total_r - (a.weight * own_r if own_r is not None else 0.0)
+            shared = a.candidate.shared_shift
+            a.shift = r / (w + SHIFT_SHRINK) if w > 0 and shared else 0.0
 
     def _retire(self) -> None:
         best = self.best()
@@ -354,6 +411,7 @@ class TaskPolicy:
                 prior_tps=math.exp(mid),
                 prior_lo=math.exp(mid - z * (mid - lo)),
                 prior_hi=math.exp(mid + z * (hi - mid)),
+                shared_shift=False,
             )
         made = replace(made, origin=ORIGIN_K_OUTWARD, family=family, k=k)
         self.add(made, f"{base.label} is the best of its K range and sits at its edge")

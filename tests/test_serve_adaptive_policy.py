@@ -160,3 +160,16 @@ def test_never_retires_the_best_and_always_keeps_one(
     assert top.active or top.why == "test" or truth[best] < 1.5 * min(truth)
     assert policy.to_json()["choice"] in {a.candidate.key for a in policy.active}
     assert KIND_PLAIN == "plain"
+
+
+def test_an_untried_candidate_moves_with_what_the_others_found() -> None:
+    # plain measures 1.6x its prediction: ngram-mod's prediction is most likely low as well
+    policy = TaskPolicy("t/code", [PLAIN, NGRAM], seed=0)
+    for _ in range(4):
+        policy.observe("plain", 16.0)
+    shift = policy["ngram-mod"].to_json()["prior_shift"]
+    assert 1.4 < shift < 1.6
+    assert policy["plain"].to_json()["prior_shift"] == 1.0  # nobody else measured yet
+    assert 15.0 < math.exp(policy["ngram-mod"].mean) < 17.6
+    # so it is still tried, where an unshifted prior of 11 t/s would never be
+    assert "ngram-mod" in run(policy, {"plain": 16.0, "ngram-mod": 26.0}, 30)[-5:]

@@ -217,7 +217,12 @@ def _print_ready(url: str, table: RouteTable, status: list[BackendStatus]) -> No
     out.print(f"serving {names} at {url}/v1 (OpenAI API); health at {url}/health")
     for s in status:
         tasks = ", ".join(r.task for r in table.routes if r.backend == s.name)
-        out.print(f"  backend {s.name} (pid {s.pid}, port {s.port}): {tasks}")
+        if s.pid is None:
+            out.print(f"  backend {s.name}: starts when the policy first chooses it")
+        else:
+            out.print(f"  backend {s.name} (pid {s.pid}, port {s.port}): {tasks}")
+    if table.policy == "adaptive":
+        out.print(f"adaptive policy: candidates and posteriors at {url}/v1/specreg/status")
 
 
 COMMANDS = [serve_cmd]
