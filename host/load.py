@@ -93,6 +93,7 @@ class LoadPolicy:
     max_spread: float | None = None  # relative spread between repeats; None: from the floor
     noise_floor: float | None = None  # this host's quiet spread (`specreg calibrate`)
     window_s: float = WINDOW_S
+    timed: bool = True  # False: untimed work (agreement's text) takes turns, ignores load
 
     @classmethod
     def from_env(cls) -> LoadPolicy:
@@ -506,11 +507,23 @@ def measurement_lock(what: str, *, policy: LoadPolicy | None = None) -> Iterator
 
 
 @contextmanager
+def untimed() -> Iterator[LoadPolicy]:
+    """Work in the block times nothing (a greedy text for agreement): it takes its turn on the
+    host, but a busy host changes none of its results, so it neither waits nor refuses."""
+    with using(replace(current_policy(), timed=False)) as policy:
+        yield policy
+
+
+@contextmanager
 def guarded(logical_cpus: int, what: str) -> Iterator[LoadCheck]:
     """The guard every timed measurement runs under: the host's lock, then a quiet host (or
     `HostBusy`, or a busy check under --allow-load)."""
     policy = current_policy()
     with measurement_lock(what, policy=policy):
+        if not policy.timed:
+            quiet = LoadSample(0.0, 0.0, logical_cpus, ())
+            yield LoadCheck(quiet, False, 0.0, policy.cores_allowed(logical_cpus))
+            return
         # --allow-load waited its bounded time before the run was recorded (`preflight`)
         now = replace(policy, wait_s=0.0) if policy.allow_load else policy
         yield wait_quiet(logical_cpus, what, policy=now)

@@ -37,6 +37,7 @@ import duckdb
 
 from specreg.errors import UsageError, param
 from specreg.home import cache_dir
+from specreg.host.load import measurement_lock, untimed
 from specreg.jsonout import document
 from specreg.llama.config import Config
 from specreg.llama.logits import Comparison, compare, read_header, scored_per_chunk
@@ -104,10 +105,12 @@ def target_text(
         return GeneratedText(TextSource(name, task, path, sha, TEXT_GENERATED), n_tokens, True)
     m.say(f"generating {target_path.name}'s greedy text for {task} ({n_predict} tokens a prompt)")
     workload = Workload(f"task:{task}", task_prompts(task))
-    got = measure(
-        m.install, m.host, Config(threads=m.threads), target_path, None, workload,
-        n_predict=n_predict, repeats=1, warmup=False, contention_retries=0,
-    )  # fmt: skip
+    # Untimed: it takes its turn on the host (measure's lock) but a busy host changes no token
+    with untimed():
+        got = measure(
+            m.install, m.host, Config(threads=m.threads), target_path, None, workload,
+            n_predict=n_predict, repeats=1, warmup=False, contention_retries=0,
+        )  # fmt: skip
     if got.failure is not None:
         raise got.failure
     parts = [p.prompt.text + p.samples[0].content for p in got.prompts if p.samples]
@@ -270,7 +273,10 @@ def _saved_comparison(
     tmp_dir = cache_dir() / "tmp"
     tmp = tmp_dir / f"draft-{os.getpid()}-{time.monotonic_ns()}.kld"
     try:
-        saved = tool.save_logits(Path(draft.path), text.path, tmp, ctx=header.n_ctx, chunks=chunks)
+        with measurement_lock(f"{Path(draft.path).name}'s logits on {text.name}"):
+            saved = tool.save_logits(
+                Path(draft.path), text.path, tmp, ctx=header.n_ctx, chunks=chunks
+            )
         return compare(base, saved.path, temperature), saved.argv
     finally:
         with contextlib.suppress(OSError):
@@ -334,10 +340,11 @@ def measure_agreement(
         key = logits_key(
             target_path, t.model_id, gen.text.name, gen.text.sha256, tool.build, ctx, m.chunks
         )
-        base = cache.ensure(
-            tool, key, gen.text.path, t.n_tokens or 0, max_bytes=m.max_logits_bytes,
-            notify=m.notify,
-        )  # fmt: skip
+        with measurement_lock(f"{target_path.name}'s logits on {gen.text.name}"):
+            base = cache.ensure(
+                tool, key, gen.text.path, t.n_tokens or 0, max_bytes=m.max_logits_bytes,
+                notify=m.notify,
+            )  # fmt: skip
         for d in plan.drafts:
             points.append(
                 _one_draft(con, m, tool, t, target_path, d, gen.text, base.path, ctx,
@@ -407,7 +414,8 @@ def _one_draft(
     m.say(f"agreement of {name} with {target_path.name} on {text.name} ({method})")
     try:
         if method == METHOD_KLD:
-            run = tool.kl_divergence(Path(d.path), text.path, base)
+            with measurement_lock(f"agreement of {name} on {text.name}"):
+                run = tool.kl_divergence(Path(d.path), text.path, base)
             s = run.stats
             mid = record_quality(
                 con,

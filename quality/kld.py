@@ -26,6 +26,7 @@ import duckdb
 
 from specreg.errors import UsageError, param
 from specreg.home import cache_dir
+from specreg.host.load import measurement_lock
 from specreg.host.machine import Host
 from specreg.jsonout import document
 from specreg.llama.config import Config
@@ -397,14 +398,17 @@ def measure_quality(
         )  # fmt: skip
         cached = False
         try:
-            base = cache.ensure(
-                tool, key, text.path, ref_vocab, max_bytes=m.max_logits_bytes, notify=m.notify
-            )
-            cached = base.cached
-            m.say(f"scoring {plan.label} against {plan.reference_path.name} on {text.name}")
-            run = tool.kl_divergence(
-                plan.target_path, text.path, base.path, overrides=plan.overrides
-            )
+            # its turn on the host (host/load.py): untimed, but it loads every core
+            with measurement_lock(f"quality of {plan.label} on {text.name}"):
+                base = cache.ensure(
+                    tool, key, text.path, ref_vocab, max_bytes=m.max_logits_bytes,
+                    notify=m.notify,
+                )  # fmt: skip
+                cached = base.cached
+                m.say(f"scoring {plan.label} against {plan.reference_path.name} on {text.name}")
+                run = tool.kl_divergence(
+                    plan.target_path, text.path, base.path, overrides=plan.overrides
+                )
         except PerplexityFailed as err:
             seconds = time.monotonic() - t0
             mid = record_quality(con, replace(rec, seconds=seconds, **failure_fields(err)))

@@ -113,7 +113,9 @@ def llama_runner(
             lookup_cache=option.lookup_cache,
         )
         out = runs.run(con, p)
-        return out.measurement.tokens_per_s, out.run_id
+        # a run disturbed by other processes is recorded, never evidence: no speed to rank by
+        disturbed = runs.load_verdict_of(out.measurement).disturbed
+        return (None if disturbed else out.measurement.tokens_per_s), out.run_id
 
     return run_option
 

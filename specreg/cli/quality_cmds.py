@@ -24,6 +24,7 @@ from specreg.cli.common import (
     task_option,
     threads_option,
 )
+from specreg.cli.progress import measuring
 from specreg.errors import RunFailed
 from specreg.registry.db import opened
 
@@ -108,7 +109,8 @@ def quality_cmd(**kw: Any) -> None:
         reference = resolve_model_path(con, kw["reference"]) if kw["reference"] else None
         plan = plan_quality(con, target, reference=reference, experts=kw["experts"])
         texts = quality_texts(kw["tasks"], kw["texts"])
-        result = measure_quality(con, _measuring(kw), plan, texts)
+        with measuring(as_json=kw["as_json"]):  # takes its turn on the host, says so
+            result = measure_quality(con, _measuring(kw), plan, texts)
     _emit(result, kw["as_json"], _print_quality)
     if not result.ok:
         raise RunFailed("a quality measurement failed and was recorded: see the table")
@@ -142,7 +144,8 @@ def agree_cmd(**kw: Any) -> None:
         target = resolve_model_path(con, kw["target"])
         drafts = [resolve_model_path(con, d) for d in kw["drafts"]]
         plan = plan_agreement(con, target, drafts, kw["tasks"], temperature=kw["temperature"])
-        result = measure_agreement(con, _measuring(kw), plan, n_predict=kw["n_predict"])
+        with measuring(as_json=kw["as_json"]):  # takes its turn on the host, says so
+            result = measure_agreement(con, _measuring(kw), plan, n_predict=kw["n_predict"])
     _emit(result, kw["as_json"], _print_agreement)
     if not result.ok:
         raise RunFailed("an agreement measurement failed and was recorded: see the table")

@@ -27,6 +27,7 @@ from specreg.cli.common import (
     resolve_model_path,
     task_option,
 )
+from specreg.cli.progress import load_options, load_policy, measuring
 from specreg.terms import POLICIES, POLICY_QUALITY, canonical_task
 from specreg.text import clip
 
@@ -277,6 +278,7 @@ def _print_train(summary: TrainSummary, report: CVReport | None) -> None:
     help="Print the runs tune would start with (each measuring as predicted) and their "
     "commands, for this host or the one --host-facts/--cores describe; run nothing.",
 )
+@load_options
 def tune_cmd(
     target: str,
     task: str,
@@ -292,6 +294,8 @@ def tune_cmd(
     ray_address: str | None,
     ray_host: str | None,
     dry_run: bool,
+    allow_load: bool,
+    load_wait: float | None,
 ) -> None:
     """Measure the most promising configurations of TARGET until the best is confirmed.
 
@@ -340,13 +344,15 @@ def tune_cmd(
             con, install, host, path, load_workload((task,)),
             task=task, n_predict=n_predict, repeats=repeats,
         )  # fmt: skip
-        result = tune(
-            con, str(path), run_option, host=facts, task=task, policy=policy,
-            budget=budget, on_step=None if as_json else _print_step,
-            calibrate=calibrate_if_missing(con, path, install, host),
-            agree=agree_if_missing(con, path, install, host, canonical_task(task)),
-            spec_type=spec_type,
-        )  # fmt: skip
+        load = load_policy(con, host.fingerprint, allow_load=allow_load, load_wait=load_wait)
+        with measuring(load, as_json=as_json):
+            result = tune(
+                con, str(path), run_option, host=facts, task=task, policy=policy,
+                budget=budget, on_step=None if as_json else _print_step,
+                calibrate=calibrate_if_missing(con, path, install, host),
+                agree=agree_if_missing(con, path, install, host, canonical_task(task)),
+                spec_type=spec_type,
+            )  # fmt: skip
     if as_json:
         emit(result)
     else:

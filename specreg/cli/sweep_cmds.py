@@ -24,6 +24,7 @@ from specreg.cli.common import (
     task_option,
     threads_option,
 )
+from specreg.cli.progress import load_options, load_policy, measuring
 from specreg.errors import RunFailed
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ if TYPE_CHECKING:
 @llama_bin_option(
     help="Folder with llama-server for runs on this machine (Ray hosts use their own)."
 )
+@load_options
 @db_option
 @json_option
 def sweep_cmd(target: str, **kw: Any) -> None:
@@ -98,6 +100,7 @@ def sweep_cmd(target: str, **kw: Any) -> None:
 
     Exit 1 if a point has no successful run (every failed run is recorded, with the reason).
     """
+    from specreg.host.machine import detect_host
     from specreg.llama.config import Config
     from specreg.registry.db import opened
     from specreg.runner.runs import registry_at
@@ -120,12 +123,15 @@ def sweep_cmd(target: str, **kw: Any) -> None:
             task=",".join(tasks) if kw["prompts_file"] is None else "custom",
             contention_retries=kw["retries"], startup_timeout=kw["timeout"],
         )  # fmt: skip
+        policy = load_policy(
+            con, detect_host().fingerprint, allow_load=kw["allow_load"], load_wait=kw["load_wait"]
+        )
     if kw["dry_run"]:
         return emit(p) if kw["as_json"] else _print_plan(p)
     with sweep_hosts(
         kw["ray_address"], kw["hosts"], llama_bin=kw["llama_bin"],
         retry_elsewhere=kw["retry_elsewhere"],
-    ) as where:  # fmt: skip
+    ) as where, measuring(policy, as_json=kw["as_json"]):  # fmt: skip
         # the registry is open only while a run is written: other commands read it meanwhile
         result = sweep(
             registry_at(db), p, where, retry_elsewhere=kw["retry_elsewhere"],
