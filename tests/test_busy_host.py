@@ -244,3 +244,35 @@ def test_disturbed_runs_are_no_evidence_and_no_baseline(scanned_db: Path) -> Non
     assert f"run:{disturbed}" not in observations
     # the n-gram run's speedup is anchored on the quiet plain run alone (95, not 38.8 or 66.9)
     assert observations[f"run:{ngram}"].config.baseline_tps == pytest.approx(95.0)
+
+
+def test_calibrate_stores_the_quiet_noise_floor_and_runs_are_judged_by_it(
+    tmp_path: Path,
+) -> None:
+    from test_calibrate_store import _record
+
+    from specreg.cli.progress import load_policy
+    from specreg.registry.noise import latest_noise_floor, record_noise_floor
+    from specreg.runner.calibrate import noise_floor_of
+
+    quiet = _record()  # generation repeated at 0.64 and 0.70 s: a 9.4 % spread
+    floor = noise_floor_of(quiet)
+    assert floor is not None and floor.spread == pytest.approx(0.70 / 0.64 - 1)
+    disturbed = dataclasses.replace(
+        quiet, points=tuple(dataclasses.replace(p, contended=True) for p in quiet.points)
+    )
+    assert noise_floor_of(disturbed) is None  # a disturbed test is no floor
+    with opened(tmp_path / "r.duckdb") as con:
+        assert latest_noise_floor(con, "hostA") is None
+        record_noise_floor(con, floor)
+        policy = load_policy(con, "hostA", allow_load=True, load_wait=5.0)
+        assert load_policy(con, "hostB").noise_floor is None
+    assert policy.noise_floor == pytest.approx(floor.spread)
+    assert (policy.allow_load, policy.wait_s) == (True, 5.0)
+    assert policy.spread_allowed == pytest.approx(4 * floor.spread)  # 37.5 %, above the 35 %
+    with load.using(policy):
+        record = to_record(_plain((60.0, 95.0)), "run", "t", None)  # type: ignore[arg-type]
+    assert record.trust_reason == (
+        "disturbed: the repeats of code-1 spread 1.6x (60.0-95.0 tok/s), beyond this host's "
+        "quiet noise floor of 9% (at most 38% allowed)"
+    )
