@@ -16,6 +16,8 @@ extra concurrent decode; zero weight never moves the posterior).
 
 - Choosing: draw one mu per active candidate from its posterior, serve the argmax. The reason is
   "exploit" when the argmax is also the candidate with the best posterior mean, else "explore".
+  Once the best has EDGE_WEIGHT requests of evidence, a candidate never tried whose 90 % band
+  still reaches above the best's speed is tried once first.
 - Retiring: a candidate with evidence of its own whose chance of beating the current best
   (posterior means compared with both uncertainties) is below RETIRE_P stops costing requests.
 - K moving outward: when the best candidate of a draft family (same draft and type, several K)
@@ -290,6 +292,15 @@ class TaskPolicy:
         best = self.best()
         if len(active) == 1:
             return Decision(best.candidate.key, ONLY, math.exp(best.mean), best.candidate.key)
+        if best.weight >= EDGE_WEIGHT:
+            # Once the best has evidence, a candidate never tried whose band still reaches
+            # above the best's speed gets one request: Thompson alone, with a prior that says
+            # "slower", can leave a good candidate untried for a long time.
+            top = math.exp(best.mean)
+            hopeful = [a for a in active if a.requests == 0 and a.band()[2] > top]
+            if hopeful:
+                pick = max(hopeful, key=lambda a: a.mean)
+                return Decision(pick.candidate.key, EXPLORE, pick.band()[2], best.candidate.key)
         draws = self.rng.normal([a.mean for a in active], [a.sigma for a in active])
         pick = active[int(np.argmax(draws))]
         reason = EXPLOIT if pick is best else EXPLORE
