@@ -31,12 +31,12 @@ N_PREDICT = 32
 THREADS = 1
 
 
-def plan(con, install, target, draft=None, config=None, task="code", n=1, repeats=2):  # type: ignore[no-untyped-def]
+def plan(con, install, target, draft=None, config=None, task="code", n=1, repeats=2, force=False):  # type: ignore[no-untyped-def]
     workload = load_workload((task,)).head(n)
     config = (config or Config()).with_(threads=THREADS)
     return runs.plan(
         con, install, detect_host(), target, draft, config, workload,
-        task=task, n_predict=N_PREDICT, repeats=repeats, contention_retries=0,
+        task=task, n_predict=N_PREDICT, repeats=repeats, contention_retries=0, force=force,
     )  # fmt: skip
 
 
@@ -141,7 +141,10 @@ def test_cross_family_draft_fails_with_llama_message(
     con, llama_install: LlamaInstall, small_models: SmallModels
 ) -> None:  # type: ignore[no-untyped-def]
     cfg = Config(spec_type="draft-simple", k=4)
-    p = plan(con, llama_install, small_models.gemma3.path, small_models.smollm2.path, cfg)
+    # force: the auditor refuses this pair before llama.cpp starts; forced, llama.cpp says why.
+    p = plan(
+        con, llama_install, small_models.gemma3.path, small_models.smollm2.path, cfg, force=True
+    )
     out = runs.run(con, p)
     record = get_run(con, out.run_id)
     assert (record.status, record.error_kind) == ("failed", "spec-init")
