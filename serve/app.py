@@ -158,7 +158,12 @@ class Service:
             # Backends start when the policy first chooses them and a retired one stays
             # down: healthy when each (target, task)'s current choice can serve.
             wanted = {self.router.best(t.name, task) for t in self.table.targets for task in TASKS}
-            ok = all(s.ready for s in states if s.name in wanted and (s.pid or s.failure))
+            ok = all(
+                b.ready.is_set()
+                for b in self.pool.backends.values()
+                if b.name in wanted
+                and (b.server is not None or b.failure or b.restarting or b.starting)
+            )
         else:
             ok = all(s.ready for s in states)
         body = {
