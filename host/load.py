@@ -347,6 +347,10 @@ class BusyHost(HostBusy):
         super().__init__(message)
         self.sample = sample
 
+    def __reduce__(self) -> tuple[type[BusyHost], tuple[str, LoadSample]]:
+        # A Ray worker's error crosses to the driver pickled: rebuild it with both arguments.
+        return type(self), (str(self), self.sample)
+
 
 def busy_message(sample: LoadSample, limit: float, waited_s: float) -> str:
     waited = f" for {waited_s:.0f} s" if waited_s >= 1 else ""

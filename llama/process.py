@@ -114,6 +114,10 @@ class ServerFailed(LlamaError):
         detail = f": {llama_message}" if llama_message else ""
         super().__init__(f"{summary}{detail}; {HINTS.get(kind, HINTS['crash'])}")
 
+    def __reduce__(self) -> tuple[type[ServerFailed], tuple[str, str, str, Path | None]]:
+        # A Ray worker's error crosses to the driver pickled: rebuild it with its arguments.
+        return type(self), (self.kind, self.summary, self.llama_message, self.log_path)
+
 
 def strip_log_prefix(line: str) -> str:
     return LOG_PREFIX.sub("", line).strip()
