@@ -118,7 +118,10 @@ def test_without_a_pin_every_task_gets_the_top_recommendation(
 def test_dry_run_json_lists_routes_and_commands(
     tmp_path: Path, specreg_home: Path, small_models: SmallModels, llama_install: LlamaInstall
 ) -> None:
-    doc = dry_run(tmp_path, specreg_home, small_models, llama_install, "--threads", "1")
+    doc = dry_run(
+        tmp_path, specreg_home, small_models, llama_install, "--threads", "1", "--policy",
+        "adaptive",
+    )  # fmt: skip
     assert (doc["version"], doc["kind"]) == ("2", "serve-routes")
     assert set(doc) == {
         "version", "kind", "targets", "routes", "backends", "notes", "policy", "candidates"

@@ -67,7 +67,7 @@ SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'spe
 @click.option(
     "--policy",
     type=click.Choice(["adaptive", "fixed"]),
-    default="adaptive",
+    default="fixed",
     show_default=True,
     help="adaptive: a few candidate configurations per task, chosen per request by Thompson "
     "sampling on the decode speed each request measured (starting from the recommender's "
