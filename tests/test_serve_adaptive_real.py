@@ -1,0 +1,177 @@
+# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
+"""The adaptive policy on real llama.cpp: SmolLM2 behind two candidates, plain and ngram-mod
+(a candidate set pinned with --pin twice), one thread. On requests that edit a supplied text the
+output repeats the input and ngram-mod drafts it. After a restart the policy continues from the
+runs the first server recorded. (Requests that repeat nothing: on this host ngram-mod then drafts
+almost nothing and costs almost nothing, the two measure the same and the policy does not settle
+on plain reliably; see the issue 27 report.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from llama_fixtures import llama_install, small_models  # noqa: F401
+
+from specreg.llama.install import LlamaInstall
+from specreg.llama.process import free_port
+from specreg.samples.small_models import SmallModels
+
+pytestmark = pytest.mark.llama
+
+PINS = ("--pin", "default=none", "--pin", "default=ngram-mod:16")
+STARTUP_S = 180.0
+N_PREDICT = 128  # ngram-mod matches 24 tokens before it drafts: the answer must outgrow that
+SETTLE_WITHIN = 20  # requests after which the choice must be made
+
+SUBJECTS = ["lighthouse", "bakery", "orchard", "library", "harbour", "observatory", "garden",
+            "bridge", "market", "railway station", "vineyard", "museum", "school", "castle",
+            "river", "forest", "mill", "theatre", "island", "mountain hut"]  # fmt: skip
+
+
+def text_about(subject: str) -> str:
+    return (
+        f"The old {subject} stood at the edge of the town for more than a hundred years. "
+        f"Every morning the keeper of the {subject} opened the heavy wooden door, swept the "
+        f"stone floor and wrote the date in a thick notebook. Visitors came from the villages "
+        f"nearby to see the {subject}, and children liked to count the windows on the way up. "
+        f"In the evening the keeper closed the door of the {subject}, lit a small lamp and "
+        "read the letters that travellers had left on the table by the stairs."
+    )
+
+
+def edit_prompt(i: int) -> str:
+    subject = SUBJECTS[i % len(SUBJECTS)]
+    return (
+        "Copy the following text exactly, word for word, but write 'keeper' as 'warden'.\n\n"
+        f"{text_about(subject)}\n\nThe copied text:\n"
+    )
+
+
+def fresh_prompt(i: int) -> str:
+    subject = SUBJECTS[i % len(SUBJECTS)]
+    return f"Write a short story about a {subject} in winter, in your own words."
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path):
+        self.proc, self.url, self.log = proc, url, log
+
+    def ask(self, prompt: str, *, chat: bool = False) -> httpx.Response:
+        # Edits go to /v1/completions (the model continues the copy); fresh requests to the
+        # chat endpoint, whose template keeps SmolLM2 from looping on one word.
+        body: dict[str, Any] = {"max_tokens": N_PREDICT, "temperature": 0}
+        if chat:
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        return httpx.post(
+            f"{self.url}/v1/{'chat/completions' if chat else 'completions'}",
+            json=body,
+            headers={"X-Specreg-Task": "summarize"},
+            timeout=120,
+        )
+
+    def status(self) -> dict[str, Any]:
+        return dict(httpx.get(f"{self.url}/v1/specreg/status", timeout=10).json())
+
+    def task(self, task: str = "summarize") -> dict[str, Any]:
+        (got,) = [t for t in self.status()["tasks"] if t["task"] == task]
+        return dict(got)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+def start(home: Path, llama: LlamaInstall, model: Path) -> Served:
+    port = free_port()
+    log = home / f"serve-{port}.log"
+    argv = [
+        sys.executable, "-m", "specreg", "serve", str(model), *PINS, "--policy", "adaptive",
+        "--seed", "0", "--port", str(port), "--threads", "1", "--ctx", "2048",
+        "--llama-bin", str(llama.bin_dir),
+    ]  # fmt: skip
+    env = {**os.environ, "SPECREG_HOME": str(home)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    served = Served(proc, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"serve exited with {proc.returncode}: {log.read_text()}")
+        try:
+            if httpx.get(f"{served.url}/health", timeout=2).status_code == 200:
+                return served
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"serve was not healthy within {STARTUP_S:.0f} s: {log.read_text()}")
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+
+
+def run_stream(served: Served, prompt: Any, n: int, offset: int = 0) -> list[str]:
+    chosen = []
+    for i in range(n):
+        got = served.ask(prompt(offset + i), chat=prompt is fresh_prompt)
+        assert got.status_code == 200, got.text
+        chosen.append(got.headers["x-specreg-backend"])
+    return chosen
+
+
+def test_edits_settle_on_ngram_mod_and_a_restart_continues(
+    home: Path, llama_install: LlamaInstall, small_models: SmallModels
+) -> None:
+    served = start(home, llama_install, small_models.smollm2.path)
+    try:
+        chosen = run_stream(served, edit_prompt, SETTLE_WITHIN)
+        first = served.task()
+    finally:
+        served.stop()
+    ngram = next(c["key"] for c in first["candidates"] if "ngram-mod" in c["label"])
+    shown = [(c["label"], c["requests"], round(c["posterior_tps"], 1)) for c in first["candidates"]]
+    assert first["choice"] == ngram, (shown, first["why"])
+    assert chosen[-4:] == [ngram] * 4, (chosen, first)
+    arms = {c["key"]: c for c in first["candidates"]}
+    # what ngram-mod measured on these requests is faster than what plain measured
+    others = [c for k, c in arms.items() if k != ngram and c["requests"]]
+    assert all(arms[ngram]["posterior_tps"] > c["posterior_tps"] for c in others), arms
+
+    # a new server reads the recorded runs back: the same posteriors, the same choice
+    again = start(home, llama_install, small_models.smollm2.path)
+    try:
+        status = again.status()
+        resumed = again.task()
+        more = run_stream(again, edit_prompt, 2, offset=SETTLE_WITHIN)
+    finally:
+        again.stop()
+    assert status["replayed"] == SETTLE_WITHIN
+    assert resumed["choice"] == ngram
+    # the same requests per candidate and the same posteriors (the registry stores the
+    # speeds in single precision: equal to a fraction of a percent)
+    before = {c["key"]: c for c in first["candidates"]}
+    after = {c["key"]: c for c in resumed["candidates"]}
+    assert {k: c["requests"] for k, c in after.items()} == {
+        k: c["requests"] for k, c in before.items()
+    }
+    for k, c in after.items():
+        assert c["posterior_tps"] == pytest.approx(before[k]["posterior_tps"], rel=0.02)
+    assert more == [ngram, ngram]
