@@ -524,11 +524,11 @@ def con(specreg_home: Path):  # type: ignore[no-untyped-def]
         yield c
 
 
-def plan(con, install, target, draft, config, engine="legacy", task="code"):  # type: ignore[no-untyped-def]
+def plan(con, install, target, draft, config, engine="legacy", task="code", force=False):  # type: ignore[no-untyped-def]
     return runs.plan(
         con, install, detect_host(), target, draft, config.with_(threads=THREADS),
         load_workload((task,)).head(1), task=task, n_predict=N_PREDICT, repeats=1,
-        contention_retries=0, engine=engine,
+        contention_retries=0, engine=engine, force=force,
     )  # fmt: skip
 
 
@@ -582,7 +582,9 @@ def test_real_cross_family_draft_fails_with_llama_message(
     con, llama_install: LlamaInstall, small_models: SmallModels
 ) -> None:  # type: ignore[no-untyped-def]
     cfg = Config(spec_type="draft-simple", k=4)
-    p = plan(con, llama_install, small_models.gemma3.path, small_models.smollm2.path, cfg)
+    # force: the auditor refuses this pair before llama.cpp starts; forced, llama.cpp says why.
+    gemma3, smollm2 = small_models.gemma3.path, small_models.smollm2.path
+    p = plan(con, llama_install, gemma3, smollm2, cfg, force=True)
     record = get_run(con, runs.run(con, p).run_id)
     assert (record.status, record.error_kind) == ("failed", "spec-init")
     assert record.llama_message == (
