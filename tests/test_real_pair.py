@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from llama_fixtures import llama_install, qwen_pair, small_models  # noqa: F401
+from serve_support import wait_healthy
 
 from specreg.llama.install import LlamaInstall
 from specreg.llama.process import free_port
@@ -169,18 +170,8 @@ def _serve(home: Home, qwen_pair: QwenPair) -> tuple[subprocess.Popen[bytes], st
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=home.env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"serve exited with {proc.returncode}: {log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url, log
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    pytest.fail(f"serve was not healthy within {STARTUP_S:.0f} s: {log.read_text()}")
+    wait_healthy(proc, url, log, STARTUP_S)
+    return proc, url, log
 
 
 @pytest.fixture(scope="module")

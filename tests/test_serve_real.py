@@ -22,6 +22,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from llama_fixtures import llama_install, small_models  # noqa: F401
+from serve_support import wait_healthy
 
 from specreg.cli.main import cli
 from specreg.llama.install import LlamaInstall
@@ -80,18 +81,8 @@ def start_serve(tmp_path: Path, llama: LlamaInstall, model: Path, *extra: str) -
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     served = Served(proc, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"serve exited with {proc.returncode}: {log.read_text()}")
-        try:
-            if httpx.get(f"{served.url}/health", timeout=2).status_code == 200:
-                return served
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    pytest.fail(f"serve was not healthy within {STARTUP_S:.0f} s: {log.read_text()}")
+    wait_healthy(proc, served.url, log)
+    return served
 
 
 def stop_serve(served: Served) -> int:
