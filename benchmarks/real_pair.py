@@ -1,7 +1,8 @@
 """Every prediction specreg makes for a real pair of two sizes, against a measurement, in one run.
 
     SPECREG_CACHE=$PWD/.cache flock /tmp/specreg-llama.lock python benchmarks/real_pair.py \\
-        [--tasks code,prose,json,summarize,math] [--n-predict 32] [--threads 2] [--keep DIR]
+        [--tasks code,prose,json,summarize,math] [--n-predict 32] [--threads 2] [--repeat 1]
+        [--keep DIR]
 
 Target Qwen2.5-Coder-1.5B-Instruct, draft Qwen2.5-Coder-0.5B-Instruct (Q4_K_M both, from
 `specreg llama models`). Everything goes through the CLI, as a user runs it, into a throwaway
@@ -184,7 +185,9 @@ def predict(cli: Cli, target: Path, task: str) -> list[Candidate]:
     return out
 
 
-def measure(cli: Cli, target: Path, draft: Path, task: str, c: Candidate, n_predict: int) -> None:
+def measure(
+    cli: Cli, target: Path, draft: Path, task: str, c: Candidate, n_predict: int, repeat: int = 1
+) -> None:
     """A first-encounter run of `c`, or the one a kept registry (--keep) already holds."""
     kept = [
         r for r in cli("runs")["runs"]
@@ -209,7 +212,7 @@ def measure(cli: Cli, target: Path, draft: Path, task: str, c: Candidate, n_pred
         "--n-predict",
         str(n_predict),
         "--repeat",
-        "1",
+        str(repeat),
         "--threads",
         str(cli.threads),
         "--ctx",
@@ -492,6 +495,9 @@ def main() -> None:
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--n-predict", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="timed samples per run (each on a fresh server)"
+    )
     ap.add_argument("--keep", type=Path, default=None, help="registries here (reused)")
     ap.add_argument("--reference", action="store_true", help="also the reference-host check")
     ap.add_argument("--predict-only", action="store_true")
@@ -509,6 +515,8 @@ def main() -> None:
         f"{args.n_predict} tokens, one prompt a task; registries in {root}"
     )
     predict_cli("scan", str(target), str(draft))
+    # the measurements go to a registry of their own: no run informs a prediction
+    measure_cli("scan", str(target), str(draft))
     t0, load0 = time.monotonic(), loadavg()
     cal = predict_cli.cached(
         root / "calibrate.json",
@@ -561,7 +569,7 @@ def main() -> None:
     for task, cands in predictions.items():
         load0 = loadavg()
         for c in cands:
-            measure(measure_cli, target, draft, task, c, args.n_predict)
+            measure(measure_cli, target, draft, task, c, args.n_predict, args.repeat)
         print(f"measured {task}: load {load0} -> {loadavg()}")
         reports.append(task_report(task, cands, verify_ratio))
     print("\n## tune (default budget 6, replayed over the sweep above) against the sweep's best")
