@@ -7,7 +7,7 @@ imported when a fit has to run (no kept model yet, new evidence, or tune's own e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -69,17 +69,19 @@ def open_advisor(
     *,
     estimator: SpeculationRegressor | None = None,
     model: SpeedPredictor | None = None,
+    without: Collection[str] = (),
 ) -> Advisor:
     """The recommender for `host` with the registry's current evidence.
 
     Without `estimator` or `model`: the model saved by `specreg train` if it matches this code
     and data, else the cached fit on the prior plus this host's runs (refitted only when they
     change). With `estimator` (tune's small ensemble): a fresh fit of that estimator, never
-    cached. With `model`: that fitted model as it is, next to the current evidence.
+    cached. With `model`: that fitted model as it is, next to the current evidence. Runs of
+    the kinds `without` are no evidence here (adaptive serve replays its served runs itself).
     """
-    local = local_observations(con, host)
+    local = local_observations(con, host, without)
     # other hosts' runs inform the fit as prior rows do, with their own host's facts
-    evidence = [*local, *other_host_observations(con, host)]
+    evidence = [*local, *other_host_observations(con, host, without)]
     if model is None:
         if estimator is not None:
             model = fit(evidence, estimator).predictor()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Collection
 from typing import Any
 
 import duckdb
@@ -92,22 +93,27 @@ SOURCE_LOCAL = "local"
 SOURCE_OTHER_HOST = "other-host"
 
 
-def _evidence_runs(con: duckdb.DuckDBPyConnection) -> list[RunRecord]:
-    """Successful runs with a measured speed that are evidence of first use."""
+def _evidence_runs(
+    con: duckdb.DuckDBPyConnection, without: Collection[str] = ()
+) -> list[RunRecord]:
+    """Successful runs with a measured speed that are evidence of first use (runs of the kinds
+    `without` left out)."""
     try:
         runs = list_runs(con, status=STATUS_OK)
     except duckdb.Error:  # a registry without the runs tables has no local evidence
         return []
     # Runs whose figures are no evidence of first use (replays of a method that keeps state,
     # warm-server figures of such a method) stay in the registry but teach the model nothing.
-    return [r for r in runs if r.tokens_per_s and r.first_use_evidence]
+    return [r for r in runs if r.tokens_per_s and r.first_use_evidence and r.kind not in without]
 
 
-def local_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[Observation]:
+def local_observations(
+    con: duckdb.DuckDBPyConnection, host: HostFacts, without: Collection[str] = ()
+) -> list[Observation]:
     """This host's successful runs with a measured speed, as observations."""
     if host.fingerprint is None:
         return []
-    mine = [r for r in _evidence_runs(con) if r.host_fingerprint == host.fingerprint]
+    mine = [r for r in _evidence_runs(con, without) if r.host_fingerprint == host.fingerprint]
     return _observations(con, mine, host, SOURCE_LOCAL)
 
 
@@ -130,10 +136,12 @@ def _other_host(con: duckdb.DuckDBPyConnection, fp: str, runs: list[RunRecord]) 
     return HostFacts(bandwidth, cores, "recorded", fp)
 
 
-def other_host_observations(con: duckdb.DuckDBPyConnection, host: HostFacts) -> list[Observation]:
+def other_host_observations(
+    con: duckdb.DuckDBPyConnection, host: HostFacts, without: Collection[str] = ()
+) -> list[Observation]:
     """Other hosts' successful runs, each with its own host's facts, as prior-like rows."""
     by_host: dict[str, list[RunRecord]] = {}
-    for r in _evidence_runs(con):
+    for r in _evidence_runs(con, without):
         if r.host_fingerprint and r.host_fingerprint != host.fingerprint:
             by_host.setdefault(r.host_fingerprint, []).append(r)
     out: list[Observation] = []

@@ -16,6 +16,8 @@ from typing import Any
 
 from specreg.registry.run_store import RunRecord
 from specreg.serve.policy import (
+    KIND_PLAIN,
+    ORIGIN_TRAFFIC_CACHE,
     Candidate,
     PolicyStatus,
     TaskPolicy,
@@ -107,11 +109,48 @@ class Router:
         return policy.best().candidate.key
 
     def observe(
-        self, target: str, task: str, backend: str, tps: float | None, concurrency: int
+        self,
+        target: str,
+        task: str,
+        backend: str,
+        tps: float | None,
+        concurrency: int,
+        *,
+        drafted: int | None = None,
+        accepted: int | None = None,
+        generated: int | None = None,
     ) -> None:
         policy = self.policy(target, task)
         if policy is not None:
-            policy.observe(backend, tps, concurrency=concurrency)
+            policy.observe(
+                backend, tps, concurrency=concurrency, drafted=drafted, accepted=accepted,
+                generated=generated,
+            )  # fmt: skip
+
+    def offer_cache(self, route: CandidateRoute, why: str) -> list[str]:
+        """A cache grown from (target, task)'s traffic joins its policy, its prior the older
+        cache's posterior where that has evidence, else plain decoding's (ngram-cache drafts
+        from the cache and decodes plainly where it finds nothing); older caches of the task
+        retire. Returns the backends no policy keeps any more (stop them)."""
+        policy = self.policy(route.target, route.task)
+        if policy is None or len(policy.arms) < 2:
+            return []  # no policy, or a pin of one configuration: it stays a pin
+        older = [a for a in policy.arms.values() if a.candidate.origin == ORIGIN_TRAFFIC_CACHE
+                 and a.candidate.key != route.backend]  # fmt: skip
+        near = next((a for a in reversed(older) if a.weight > 0), None)
+        if near is None:
+            near = next((a for a in policy.active if a.candidate.kind == KIND_PLAIN), None)
+        near = near or policy.best()
+        joined = _candidate(route)
+        if not policy.add_near(near.candidate.key, joined, why):
+            return []
+        gone = []
+        for arm in older:
+            policy.retire(arm.candidate.key, f"superseded by {joined.label}")
+            if not any(arm.candidate.key in p.arms and p[arm.candidate.key].active
+                       for p in self.policies.values()):  # fmt: skip
+                gone.append(arm.candidate.key)
+        return gone
 
     def retire(self, backend: str, why: str) -> bool:
         """Retire `backend` in every policy offering it; True when none keeps it (it was
@@ -153,7 +192,14 @@ class Router:
             if run.status != "ok" or not run.tokens_per_s:
                 continue
             concurrency = int(info.get("concurrency", 1)) if isinstance(info, dict) else 1
-            policy.observe(backend, run.tokens_per_s, concurrency=concurrency)
+            policy.observe(
+                backend,
+                run.tokens_per_s,
+                concurrency=concurrency,
+                drafted=run.draft_n,
+                accepted=run.draft_n_accepted,
+                generated=run.prompts[0].predicted_n if run.prompts else None,
+            )
             n += 1
         self.replayed += n
         return n

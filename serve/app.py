@@ -34,6 +34,7 @@ from specreg.serve.classify import TASK_HEADER, Classification, TaskClassifier, 
 from specreg.serve.policy import PolicyStatus
 from specreg.serve.recorder import RunRecorder
 from specreg.serve.routes import Route, RouteTable, split_model
+from specreg.serve.traffic import TrafficCaches, answer_text, delta_text, request_text
 from specreg.terms import STARTUP_TIMEOUT_S, TASKS
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class Service:
         templates: Mapping[str, RunRecord],
         recorder: RunRecorder | None = None,
         router: Router | None = None,
+        traffic: TrafficCaches | None = None,
         max_body: int = DEFAULT_MAX_BODY,
         ready_timeout: float = READY_TIMEOUT_S,
         request_timeout: float = REQUEST_TIMEOUT_S,
@@ -103,6 +105,8 @@ class Service:
         self.templates = templates
         self.recorder = recorder
         self.router = router or Router(table)
+        # Requests' texts are kept (in their runs) only to grow lookup caches from them.
+        self.traffic = traffic
         if self.router.adaptive:
             # a crashed candidate is retired, not restarted (unless a policy has no other)
             pool.on_crash = lambda backend, why: self.router.retire(backend.name, why)
@@ -185,6 +189,7 @@ class Service:
             "memory_budget": self.pool.memory_budget,
             "memory_used": self.pool.used(),
             "evictions": list(self.pool.evictions),
+            "traffic_caches": self.traffic.to_json() if self.traffic is not None else None,
             "backends": [
                 {
                     "name": b.name,
@@ -332,6 +337,7 @@ class _Call:
     concurrency: int = 1  # the most requests in flight at once while this one was
     crashed: str | None = None  # why the backend broke during the request
     retired: str | None = None  # why the policy retired the candidate after this request
+    streamed: list[str] | None = None  # a stream's text so far (when texts are kept)
     _live: bool = False
     _recorded: bool = False
 
@@ -414,9 +420,14 @@ class _Call:
     async def _relay(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         tail = b""
         failure: tuple[str, str] | None = None
+        keep = self.service.traffic is not None
+        self.streamed = [] if keep else None
+        line = b""  # an event line not yet complete (texts kept only)
         try:
             async for chunk in resp.content.iter_any():
                 tail = (tail + chunk)[-TAIL_BYTES:]
+                if keep:
+                    line = self._read_events(line + chunk)
                 yield chunk
         except aiohttp.ClientError as err:
             # The status line has gone out already: the failure travels as an event.
@@ -434,6 +445,16 @@ class _Call:
             else:
                 self.record(final, 200, None)
 
+    def _read_events(self, data: bytes) -> bytes:
+        """Add the text of every complete event in `data`; return the incomplete rest."""
+        *whole, rest = data.split(b"\n")
+        assert self.streamed is not None
+        for event in whole:
+            if event.startswith(b"data:"):
+                parsed = _loads(event[5:].strip())
+                self.streamed.append(delta_text(parsed if isinstance(parsed, dict) else None))
+        return rest[-TAIL_BYTES:]
+
     def record(
         self,
         answer: dict[str, Any] | None,
@@ -446,18 +467,37 @@ class _Call:
             return
         self._recorded = True
         timings = answer.get("timings") if isinstance(answer, dict) else None
-        tps = finite(timings.get("predicted_per_second")) if isinstance(timings, dict) else None
+        timings = timings if isinstance(timings, dict) else {}
+        tps = finite(timings.get("predicted_per_second"))
         if status == 200 and self.pick is not None:
+            # as the run records them: a server that reports timings but no drafts drafted 0
+            drafted = int(timings.get("draft_n", 0) or 0) if timings else None
+            accepted = int(timings.get("draft_n_accepted", 0) or 0) if timings else None
             self.service.router.observe(
-                self.target, self.cls.task, self.backend.name, tps, self.concurrency
-            )
+                self.target, self.cls.task, self.backend.name, tps, self.concurrency,
+                drafted=drafted, accepted=accepted, generated=_int(timings.get("predicted_n")),
+            )  # fmt: skip
         recorder = self.service.recorder
         if recorder is None:
             return
         try:
-            recorder.put(self._run(answer, status, message, kind))
+            run = self._run(answer, status, message, kind)
+            recorder.put(run)
         except Exception:  # recording must never fail a request
             log.exception("could not record a served request")
+            return
+        traffic = self.service.traffic
+        if traffic is not None and run.status == STATUS_OK and run.prompts[0].output_text:
+            target = self.service.table.find_target(self.target)
+            if target is not None:
+                traffic.note(target.name, target.model_id, target.path, self.cls.task)
+
+    def texts(self, answer: dict[str, Any] | None) -> tuple[str | None, str | None]:
+        """The request's text and the answer's, when traffic caches keep them."""
+        if self.service.traffic is None:
+            return None, None
+        output = "".join(self.streamed) if self.streamed is not None else answer_text(answer)
+        return request_text(self.body), output or None
 
     def _run(
         self, answer: dict[str, Any] | None, status: int, message: str | None, kind: str | None
@@ -474,6 +514,7 @@ class _Call:
             finish = choices[0].get("finish_reason")
         template = self.service.templates[self.backend.name]
         ok = status == 200
+        prompt_text, output_text = self.texts(answer) if ok else (None, None)
         prompt = PromptRecord(
             prompt_id="request",
             prompt_sha256=hashlib.sha256(self.raw).hexdigest(),
@@ -489,6 +530,8 @@ class _Call:
             samples_draft_n_accepted=(accepted,) if timings else (),
             samples_session=(self.backend.starts,),
             samples_position=(self.position,),
+            prompt_text=prompt_text,
+            output_text=output_text,
         )
         temperature = self.body.get("temperature")
         seed = self.body.get("seed")

@@ -234,12 +234,10 @@ class BackendPool:
         # One long-lived thread starts and stops every process (see the module docstring).
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specreg-backends")
         logs.mkdir(parents=True, exist_ok=True)
-        self.backends = {
-            spec.name: Backend(
-                spec, env=env, logs=logs, executor=self.executor, startup_timeout=startup_timeout
-            )
-            for spec in table.backends
-        }
+        self.env, self.logs, self.startup_timeout = env, logs, startup_timeout
+        self.backends: dict[str, Backend] = {}
+        for spec in table.backends:
+            self.add(spec)
         self.on_restart = on_restart
         self.memory_budget = memory_budget
         self.lazy = lazy  # start a backend when a request first needs it
@@ -253,6 +251,22 @@ class BackendPool:
 
     def __getitem__(self, name: str) -> Backend:
         return self.backends[name]
+
+    def add(self, spec: BackendSpec) -> Backend:
+        """A backend the pool knows from now on (not started: a request starts it)."""
+        if spec.name not in self.backends:
+            self.backends[spec.name] = Backend(
+                spec, env=self.env, logs=self.logs, executor=self.executor,
+                startup_timeout=self.startup_timeout,
+            )  # fmt: skip
+        return self.backends[spec.name]
+
+    async def drop(self, name: str, why: str) -> None:
+        """Stop a backend for good (a candidate superseded or retired): it serves no more."""
+        backend = self.backends[name]
+        backend.failure = why
+        if backend.server is not None:
+            await backend.evict()
 
     async def start(self, names: Iterable[str] | None = None) -> None:
         """Start the backends named (default: every one), one after the other: they share the

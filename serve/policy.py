@@ -60,7 +60,13 @@ CONCURRENT_WEIGHT = 0.25
 RETIRE_P = 0.02  # retire when P(mu_candidate > mu_best) falls below this
 MIN_RETIRE_WEIGHT = 3.0  # ... and the candidate has at least this much evidence of its own
 EDGE_WEIGHT = 3.0  # evidence the best of a family needs before K moves outward from it
-NEW_K_SIGMA = 0.35  # prior sigma of a K that joins from its neighbour's posterior
+NEW_K_SIGMA = 0.35  # prior sigma of a candidate that joins from a neighbour's posterior
+# A speculative candidate whose accepted draft tokens make less than IDLE_SHARE of what it
+# generated, over at least IDLE_RETIRE_REQUESTS requests, decodes as plain decoding does plus
+# the cost of drafting (it cannot gain more than that share): with plain among the candidates it
+# retires, rather than splitting requests with plain for ever on noise.
+IDLE_RETIRE_REQUESTS = 3
+IDLE_SHARE = 0.02
 BAND = 0.9  # the band shown with each posterior
 SHIFT_SHRINK = 1.0  # requests' worth of "the predictions are right" in the shared shift
 
@@ -75,6 +81,7 @@ ORIGIN_RECOMMEND = "recommend"
 ORIGIN_K_OUTWARD = "k-outward"
 ORIGIN_TRAFFIC_CACHE = "traffic-cache"
 ORIGIN_PIN = "pinned"
+JOINED = (ORIGIN_K_OUTWARD, ORIGIN_TRAFFIC_CACHE)  # candidates added while serving
 
 KIND_PLAIN = "plain"
 KIND_DRAFT = "draft"  # a draft model or MTP heads: a family per drafter, K ladder
@@ -145,6 +152,10 @@ class Arm:
     noise: float = NOISE_SIGMA  # the policy's current per-request scatter
     status: str = STATUS_ACTIVE
     why: str = ""
+    drafted: int = 0  # draft tokens its requests proposed (requests that reported them)
+    accepted: int = 0  # ... and the target accepted
+    generated: int = 0  # ... and the tokens those requests generated
+    figured: int = 0  # requests that reported drafted, accepted and generated
 
     @classmethod
     def of(cls, candidate: Candidate) -> Arm:
@@ -186,8 +197,20 @@ class Arm:
             math.exp(self.mean + z * self.sigma),
         )
 
-    def observe(self, tps: float, weight: float) -> None:
+    def observe(
+        self,
+        tps: float,
+        weight: float,
+        drafted: int | None = None,
+        accepted: int | None = None,
+        generated: int | None = None,
+    ) -> None:
         self.requests += 1
+        if drafted is not None and accepted is not None and generated and tps > 0:
+            self.figured += 1
+            self.drafted += drafted
+            self.accepted += accepted
+            self.generated += generated
         if weight <= 0 or not tps > 0:
             return
         self.weight += weight
@@ -214,6 +237,9 @@ class Arm:
             "band": BAND,
             "requests": self.requests,
             "evidence": round(self.weight, 4),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "generated": self.generated,
             "status": self.status,
             "why": self.why,
         }
@@ -292,15 +318,17 @@ class TaskPolicy:
         best = self.best()
         if len(active) == 1:
             return Decision(best.candidate.key, ONLY, math.exp(best.mean), best.candidate.key)
-        if best.weight >= EDGE_WEIGHT:
-            # Once the best has evidence, a candidate never tried whose band still reaches
-            # above the best's speed gets one request: Thompson alone, with a prior that says
-            # "slower", can leave a good candidate untried for a long time.
-            top = math.exp(best.mean)
-            hopeful = [a for a in active if a.requests == 0 and a.band()[2] > top]
-            if hopeful:
-                pick = max(hopeful, key=lambda a: a.mean)
-                return Decision(pick.candidate.key, EXPLORE, pick.band()[2], best.candidate.key)
+        top = math.exp(best.mean)
+        # A candidate that joined while serving (a K outward, a cache grown from traffic) joined
+        # to be measured: it gets the next request. Once the best has evidence, so does any
+        # candidate never tried whose band still reaches above the best's speed: Thompson
+        # alone, with a prior that says "slower", can leave a good one untried for a long time.
+        hopeful = [a for a in active if a.requests == 0
+                   and (a.candidate.origin in JOINED or best.weight >= EDGE_WEIGHT)
+                   and a.band()[2] > top]  # fmt: skip
+        if hopeful:
+            pick = max(hopeful, key=lambda a: a.mean)
+            return Decision(pick.candidate.key, EXPLORE, pick.band()[2], best.candidate.key)
         draws = self.rng.normal([a.mean for a in active], [a.sigma for a in active])
         pick = active[int(np.argmax(draws))]
         reason = EXPLOIT if pick is best else EXPLORE
@@ -309,14 +337,27 @@ class TaskPolicy:
 
     # -- learning -----------------------------------------------------------------------------
 
-    def observe(self, key: str, tps: float | None, *, concurrency: int = 1) -> None:
-        """One served request's decode throughput (None: no figure, e.g. a failure)."""
+    def observe(
+        self,
+        key: str,
+        tps: float | None,
+        *,
+        concurrency: int = 1,
+        drafted: int | None = None,
+        accepted: int | None = None,
+        generated: int | None = None,
+    ) -> None:
+        """One served request's decode throughput (None: no figure, e.g. a failure) and, when
+        the server reported them, the draft tokens it proposed, those the target accepted and
+        the tokens it generated."""
         arm = self.arms.get(key)
         if arm is None:
             return
-        arm.observe(tps or 0.0, request_weight(concurrency) if tps else 0.0)
+        weight = request_weight(concurrency) if tps else 0.0
+        arm.observe(tps or 0.0, weight, drafted, accepted, generated)
         self._shift()
         self._retire()
+        self._retire_idle(arm)
         self._move_k()
 
     def retire(self, key: str, why: str) -> None:
@@ -338,6 +379,22 @@ class TaskPolicy:
         self.events.append(f"added {candidate.label}: {why}")
         self._shift()
         return True
+
+    def add_near(self, near_key: str, candidate: Candidate, why: str) -> bool:
+        """`candidate` joins with `near`'s posterior, widened to NEW_K_SIGMA, as its prior
+        (its own prediction is ignored): what the policy has learnt is the best guess for a
+        configuration close to one it has measured."""
+        near = self.arms[near_key]
+        z = NormalDist().inv_cdf(0.5 + candidate.prior_band / 2)
+        mid = near.mean
+        made = replace(
+            candidate,
+            prior_tps=math.exp(mid),
+            prior_lo=math.exp(mid - z * NEW_K_SIGMA),
+            prior_hi=math.exp(mid + z * NEW_K_SIGMA),
+            shared_shift=False,
+        )
+        return self.add(made, why)
 
     def _shift(self) -> None:
         """The scatter of one request, learnt; then each candidate's prior moves by the
@@ -379,6 +436,23 @@ class TaskPolicy:
                 )
                 self.events.append(f"retired {arm.candidate.label}: {arm.why}")
 
+    def _retire_idle(self, arm: Arm) -> None:
+        """A speculative candidate whose drafts the target hardly ever keeps is plain decoding
+        with extra work; with plain itself on offer it retires (see IDLE_SHARE)."""
+        if not arm.active or arm.candidate.kind == KIND_PLAIN:
+            return
+        if arm.figured < IDLE_RETIRE_REQUESTS or arm.accepted >= IDLE_SHARE * arm.generated:
+            return
+        if not any(a.active and a.candidate.kind == KIND_PLAIN for a in self.arms.values()):
+            return
+        arm.status = STATUS_RETIRED
+        arm.why = (
+            f"{arm.accepted} accepted draft token(s) of {arm.generated} generated in "
+            f"{arm.figured} request(s) (under {IDLE_SHARE:.0%}): it decodes as plain decoding "
+            "does, with the cost of drafting on top"
+        )
+        self.events.append(f"retired {arm.candidate.label}: {arm.why}")
+
     def _move_k(self) -> None:
         if not self.k_ladder:
             return
@@ -407,25 +481,15 @@ class TaskPolicy:
 
     def _add_k(self, family: str, k: int, near: Arm) -> None:
         base = near.candidate
-        if self.k_source is not None:
-            made = self.k_source(family, k, base)
-            if made is None:  # the caller cannot run that K
-                return
-        else:
-            lo, mid, hi = near.mean - NEW_K_SIGMA, near.mean, near.mean + NEW_K_SIGMA
-            z = NormalDist().inv_cdf(0.5 + base.prior_band / 2)
-            made = replace(
-                base,
-                key=f"{family}:K={k}",
-                label=_with_k(base.label, base.k, k),
-                k=k,
-                prior_tps=math.exp(mid),
-                prior_lo=math.exp(mid - z * (mid - lo)),
-                prior_hi=math.exp(mid + z * (hi - mid)),
-                shared_shift=False,
-            )
-        made = replace(made, origin=ORIGIN_K_OUTWARD, family=family, k=k)
-        self.add(made, f"{base.label} is the best of its K range and sits at its edge")
+        why = f"{base.label} is the best of its K range and sits at its edge"
+        if self.k_source is None:
+            made = replace(base, key=f"{family}:K={k}", label=_with_k(base.label, base.k, k))
+            made = replace(made, origin=ORIGIN_K_OUTWARD, family=family, k=k)
+            self.add_near(base.key, made, why)
+            return
+        given = self.k_source(family, k, base)
+        if given is not None:  # None: the caller cannot run that K
+            self.add(replace(given, origin=ORIGIN_K_OUTWARD, family=family, k=k), why)
 
     # -- showing ------------------------------------------------------------------------------
 

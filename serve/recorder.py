@@ -3,6 +3,8 @@
 DuckDB lets one process hold a registry open for writing, so the recorder opens it only to
 write a batch and closes it again: `specreg runs` (and the recommender) can read the registry
 while `serve` runs. A batch that finds the registry busy waits for the next turn.
+Other work that writes the registry (a cache built from traffic) is handed to the same thread
+with `schedule`: it runs after the runs queued before it are written.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from specreg.errors import RegistryError
@@ -33,6 +36,7 @@ class RunRecorder:
         self.db_path = db_path
         self.interval = interval
         self._pending: collections.deque[RunRecord] = collections.deque()
+        self._jobs: collections.deque[Callable[[], None]] = collections.deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -52,6 +56,11 @@ class RunRecorder:
                 self.dropped += 1
             self._pending.append(run)
 
+    def schedule(self, job: Callable[[], None]) -> None:
+        """Run `job` on the recorder's thread once the runs queued now are written."""
+        self._jobs.append(job)
+        self._wake.set()
+
     @property
     def pending(self) -> int:
         return len(self._pending)
@@ -63,13 +72,14 @@ class RunRecorder:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def flush(self) -> None:
-        """Write what is queued now, in the caller's thread."""
+    def flush(self) -> bool:
+        """Write what is queued now, in the caller's thread; False when the registry was busy
+        (the batch stays queued)."""
         with self._lock:
             batch = list(self._pending)
             self._pending.clear()
         if not batch:
-            return
+            return True
         try:
             with opened(self.db_path) as con:
                 record_runs(con, batch)  # one transaction: the batch lands whole or not at all
@@ -78,8 +88,9 @@ class RunRecorder:
             log.warning("runs not written yet (%s): retrying", err)
             with self._lock:
                 self._pending.extendleft(reversed(batch))
-            return
+            return False
         self.written += len(batch)
+        return True
 
     def _loop(self) -> None:
         # Writing a run costs DuckDB a few ms of CPU: on a busy host that must come out of idle
@@ -89,5 +100,15 @@ class RunRecorder:
         while not self._stop.is_set():
             self._wake.wait(self.interval)
             self._wake.clear()
-            self.flush()
+            jobs = len(self._jobs)  # those scheduled before this flush's runs were queued
+            if self.flush():
+                self._run_jobs(jobs)
         self.flush()
+
+    def _run_jobs(self, n: int) -> None:
+        for _ in range(n):
+            job = self._jobs.popleft()
+            try:
+                job()
+            except Exception:  # a job must not stop the runs being written
+                log.exception("a registry job failed")

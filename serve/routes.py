@@ -38,6 +38,7 @@ from specreg.serve.policy import (
     KIND_STACK,
     ORIGIN_PIN,
     ORIGIN_RECOMMEND,
+    ORIGIN_TRAFFIC_CACHE,
     Candidate,
     pick_candidates,
 )
@@ -615,6 +616,39 @@ def _route_kind(offers: Sequence[Candidate], route: BackendSpec) -> tuple[str, s
         ):
             return o.kind, o.family
     return KIND_PLAIN, None
+
+
+def cache_candidate(
+    table: RouteTable,
+    install: LlamaInstall,
+    host: Host,
+    target: str,
+    task: str,
+    cache_path: str,
+    *,
+    prior: tuple[float, float, float] = (1.0, 0.0, 0.0),
+) -> tuple[BackendSpec, CandidateRoute]:
+    """ngram-cache reading `cache_path` (a lookup cache grown from this task's traffic) as a
+    new candidate of (target, task): the target's plain backend with the static cache added,
+    same threads, context and slots. `prior`: (t/s, low, high), no band by default."""
+    base = next(b for b in table.backends if b.target.name == target)
+    np_at = base.flags.index("-np") + 1 if "-np" in base.flags else None
+    parallel = int(base.flags[np_at]) if np_at is not None else DEFAULT_PARALLEL
+    config = Config(
+        spec_type="ngram-cache",
+        lookup_cache=cache_path,
+        threads=base.config.threads,
+        ctx=base.config.ctx,
+        temperature=0.0,
+    )
+    existing = {(str(install.server), *b.flags): b for b in table.backends}
+    spec = _backend(existing, install, host, base.target, config, None, parallel)
+    label = f"ngram-cache {Path(cache_path).stem}"
+    candidate = CandidateRoute(
+        target, task, spec.name, label, KIND_CACHE, f"ngram-cache@{Path(cache_path).stem}",
+        None, *prior, 0.8, ORIGIN_TRAFFIC_CACHE,
+    )  # fmt: skip
+    return spec, candidate
 
 
 def _unique(cands: Sequence[CandidateRoute]) -> list[CandidateRoute]:

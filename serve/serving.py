@@ -14,12 +14,12 @@ import logging
 import signal
 import socket
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specreg.errors import UsageError
 from specreg.home import logs_dir
@@ -33,6 +33,7 @@ from specreg.serve.app import DEFAULT_MAX_BODY, KIND_SERVE, REQUEST_TIMEOUT_S, S
 from specreg.serve.backends import BackendPool, BackendStatus
 from specreg.serve.classify import fitted_classifier
 from specreg.serve.memory import default_budget
+from specreg.serve.policy import KIND_PLAIN
 from specreg.serve.recorder import RunRecorder
 from specreg.serve.routes import (
     DEFAULT_PARALLEL,
@@ -40,16 +41,24 @@ from specreg.serve.routes import (
     POLICY_FIXED,
     BackendSpec,
     RouteTable,
+    cache_candidate,
     parse_pin,
     plan_routes,
 )
-from specreg.terms import REGIME_WARM, TASKS, keeps_state
+from specreg.serve.traffic import (
+    TrafficCaches,
+    TrafficState,
+    latest_cache,
+    traffic_state,
+)
+from specreg.terms import REGIME_WARM, TASKS, TRAFFIC_CACHE_EVERY, keeps_state
 
 if TYPE_CHECKING:
     import duckdb
     import uvicorn
 
     from specreg.host.facts import HostQuery
+    from specreg.registry.lookup_caches import LookupCache
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +78,7 @@ class ServeOptions:
     record: bool = True
     seed: int = 0  # the adaptive policy's: the same evidence gives the same choices
     memory_budget: int | None = None  # bytes all backends may hold; None: MemAvailable share
+    traffic_every: int = TRAFFIC_CACHE_EVERY  # requests of a task per traffic cache (0: none)
 
     @property
     def loopback(self) -> bool:
@@ -111,6 +121,7 @@ class Prepared:
     install: LlamaInstall
     host: Host
     evidence: tuple[RunRecord, ...] = ()  # served runs of the targets, for the policy
+    traffic: Mapping[tuple[str, str], TrafficState] = field(default_factory=dict)
 
     def router(self, seed: int = 0) -> Router:
         """The policy with the stored evidence read back (what a restarted server knows)."""
@@ -149,13 +160,55 @@ def prepare(
     spec = load_spec(spec_path)[0] if spec_path is not None and spec_path.exists() else None
     with opened(db_path) as con:
         host, facts = resolve_host(host_query, con)
-        advisor = open_advisor(con, facts)
+        # The adaptive policy replays the served runs as its own evidence: priors drawn from a
+        # recommender that had read them too would count each request twice.
+        served = (KIND_SERVE,) if policy == POLICY_ADAPTIVE else ()
+        advisor = open_advisor(con, facts, without=served)
         table = plan_routes(
             con, install, host, advisor, targets,
             spec=spec, pins=parsed, threads=threads, ctx=ctx, parallel=parallel, policy=policy,
         )  # fmt: skip
-        evidence = served_runs(con, table) if policy == POLICY_ADAPTIVE else ()
-    return Prepared(table, install, host, evidence)
+        evidence: tuple[RunRecord, ...] = ()
+        traffic: dict[tuple[str, str], TrafficState] = {}
+        if policy == POLICY_ADAPTIVE:
+            evidence = served_runs(con, table)
+            table = with_traffic_caches(con, table, install, host)
+            traffic = {(t.name, task): traffic_state(con, t.model_id, task)
+                       for t in table.targets for task in TASKS}  # fmt: skip
+    return Prepared(table, install, host, evidence, traffic)
+
+
+def with_traffic_caches(
+    con: duckdb.DuckDBPyConnection, table: RouteTable, install: LlamaInstall, host: Host
+) -> RouteTable:
+    """The table with each (target, task)'s newest cache grown from traffic as a candidate
+    (a restarted server offers what the last one had built), where the task chooses among
+    several candidates and the cache file is intact."""
+    from specreg.errors import SpecregError
+    from specreg.registry.queries import get_model
+    from specreg.runner.lookup_cache import usable_cache
+
+    backends, candidates = list(table.backends), list(table.candidates)
+    for target in table.targets:
+        model = get_model(con, target.model_id)
+        for task in TASKS:
+            own = [c for c in table.candidates_of(target.name, task) if not c.reserve]
+            cache = latest_cache(con, target.model_id, task)
+            if len(own) < 2 or cache is None or model is None:
+                continue
+            try:
+                usable_cache(con, cache.name, model)
+            except SpecregError as err:
+                log.warning("traffic cache %s left out: %s", cache.name, err)
+                continue
+            plain = min(own, key=lambda c: (c.kind != KIND_PLAIN, -c.prior_tps))
+            prior = (plain.prior_tps, plain.prior_lo, plain.prior_hi)
+            spec, cand = cache_candidate(table, install, host, target.name, task, cache.path,
+                                         prior=prior)  # fmt: skip
+            if spec.name not in {b.name for b in backends}:
+                backends.append(spec)
+            candidates.append(cand)
+    return replace(table, backends=tuple(backends), candidates=tuple(candidates))
 
 
 def served_runs(con: duckdb.DuckDBPyConnection, table: RouteTable) -> tuple[RunRecord, ...]:
@@ -198,6 +251,8 @@ def run_template(spec: BackendSpec, install: LlamaInstall, host: Host) -> RunRec
         repeats=1,
         regime=REGIME_WARM,
         protocol=serve_protocol(c.spec_type).to_json(),
+        # a cache file is named after its registry entry (specreg.runner.lookup_cache)
+        lookup_cache=Path(c.lookup_cache).stem if c.lookup_cache else None,
     )
 
 
@@ -232,18 +287,24 @@ def serve(
     *,
     on_ready: Callable[[list[BackendStatus]], None] | None = None,
     router: Router | None = None,
+    traffic: Mapping[tuple[str, str], TrafficState] | None = None,
 ) -> str:
     """Serve until SIGTERM/SIGINT; return why it stopped. `ServerFailed` if a backend
     cannot start (nothing is left running). `router`: the policy with its evidence
-    (`Prepared.router`); by default one without evidence."""
+    (`Prepared.router`); by default one without evidence. `traffic`: where each task's
+    traffic caches stand (`Prepared.traffic`)."""
     check_port(options.host, options.port)
     router = router or Router(table, seed=options.seed)
-    main = _main(table, install, host, db_path, options, on_ready, router)
+    main = _main(table, install, host, db_path, options, on_ready, router, traffic or {})
     try:
         import uvloop  # the [serve] extra's faster event loop, where it installs
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    loop.call_soon_threadsafe(fn, *args)
 
 
 @dataclass
@@ -260,6 +321,7 @@ async def _main(
     options: ServeOptions,
     on_ready: Callable[[list[BackendStatus]], None] | None,
     router: Router,
+    traffic_states: Mapping[tuple[str, str], TrafficState],
 ) -> str:
     import uvicorn
 
@@ -286,13 +348,36 @@ async def _main(
         table, env=host.env(), logs=logs_dir(), startup_timeout=options.startup_timeout,
         memory_budget=budget, lazy=adaptive,
     )  # fmt: skip
+    templates = {b.name: run_template(b, install, host) for b in table.backends}
+    dropping: set[asyncio.Task[None]] = set()
+
+    def offer(target: str, task: str, cache: LookupCache) -> None:
+        """A cache grown from traffic becomes a candidate (on the event loop's thread)."""
+        spec, cand = cache_candidate(table, install, host, target, task, cache.path)
+        pool.add(spec)
+        made = run_template(spec, install, host)
+        templates.setdefault(spec.name, replace(made, lookup_cache_sha256=cache.sha256))
+        why = f"built from {len(cache.sources)} served request(s) of {task}"
+        for gone in router.offer_cache(cand, why):
+            job = asyncio.create_task(pool.drop(gone, f"superseded by {cand.label}"))
+            dropping.add(job)
+            job.add_done_callback(dropping.discard)
+
+    traffic = None
+    if adaptive and recorder is not None and options.traffic_every > 0:
+        traffic = TrafficCaches(
+            db_path, install, host, every=options.traffic_every, states=traffic_states,
+            schedule=recorder.schedule,
+            on_built=lambda *built: _call_soon(loop, offer, *built),
+        )  # fmt: skip
     service = Service(
         table,
         pool,
         classifier,
-        templates={b.name: run_template(b, install, host) for b in table.backends},
+        templates=templates,
         recorder=recorder,
         router=router,
+        traffic=traffic,
         max_body=options.max_body,
         ready_timeout=options.startup_timeout,
         request_timeout=options.request_timeout,

@@ -172,6 +172,8 @@ ENGINES: tuple[str, ...] = (ENGINE_AUTO, ENGINE_SERVER, ENGINE_LEGACY)
 DEFAULT_N_PREDICT = 64  # tokens generated per prompt in a timed sample
 DEFAULT_REPEATS = 3  # timed samples per prompt
 STARTUP_TIMEOUT_S = 180.0  # seconds llama-server may take to load and answer /health
+# serve --policy adaptive: served requests of a task between two lookup caches grown from them
+TRAFFIC_CACHE_EVERY = 24
 
 # --- llama.cpp flag dialects -------------------------------------------------------------
 

@@ -45,6 +45,7 @@ def opt(name, default=None):
     return args[args.index(name) + 1] if name in args else default
 
 tps = float(opt("--fake-tps", "10"))
+accept = float(opt("--fake-accept", "0"))  # share of the generated tokens drafts gave
 mode = opt("--fake-mode", "ok")
 hold = bytearray(b"x" * (int(opt("--fake-mem", "0")) << 20))  # resident: written pages
 if mode == "no-start":
@@ -77,11 +78,14 @@ class H(BaseHTTPRequestHandler):
         if mode == "crash":
             print("E ggml_abort: fake crash", file=sys.stderr, flush=True)
             os._exit(134)
+        timings = {"prompt_n": 5, "prompt_ms": 5.0, "predicted_n": 24,
+                   "predicted_ms": 24000.0 / tps, "predicted_per_second": tps}
+        if accept > 0:  # as llama-server: the draft figures only when something was drafted
+            timings.update(draft_n=int(48 * accept), draft_n_accepted=int(24 * accept))
         self.reply(200, {
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
                          "finish_reason": "length"}],
-            "timings": {"prompt_n": 5, "prompt_ms": 5.0, "predicted_n": 24,
-                        "predicted_ms": 24000.0 / tps, "predicted_per_second": tps},
+            "timings": timings,
         })
 
 ThreadingHTTPServer(("127.0.0.1", int(opt("--port"))), H).serve_forever()
@@ -92,6 +96,9 @@ TARGET = Target("tiny", "f" * 32, "/models/tiny.gguf")
 
 
 def backend(fake: Path, name: str, config: Config, *flags: str) -> BackendSpec:
+    """A fake llama-server; a speculative one reports that drafts gave half its tokens."""
+    if config.speculative and "--fake-accept" not in flags:
+        flags = (*flags, "--fake-accept", "0.5")
     return BackendSpec(
         name=name, target=TARGET, config=config, draft_id=None, draft_path=None,
         prefix=(sys.executable,), binary=str(fake), flags=flags,
@@ -299,3 +306,26 @@ def test_a_restart_continues_from_the_stored_evidence(tmp_path: Path, fake: Path
     after = {c["key"]: c for c in again.status().to_json()["tasks"][0]["candidates"]}
     assert after == before
     assert again.best("tiny", "code") == "ngram"
+
+
+def test_a_candidate_that_drafts_nothing_retires_in_favour_of_plain(
+    tmp_path: Path, fake: Path
+) -> None:
+    # as llama-server reports it: no draft figures at all when nothing was drafted, at the
+    # speed plain has (a tie Thompson sampling alone would split for ever)
+    plain = backend(fake, "plain", Config(), "--fake-tps", "20")
+    idle = backend(fake, "idle", Config(spec_type="ngram-mod"), "--fake-tps", "20",
+                   "--fake-accept", "0")  # fmt: skip
+    t = table([plain, idle], [cand(plain, KIND_PLAIN, 20.0), cand(idle, KIND_NGRAM, 22.0)])
+
+    async def body(client: httpx.AsyncClient, service: Service) -> Any:
+        got = [await ask(client) for _ in range(16)]
+        return got, service.router.status().to_json()
+
+    got, status = serve(tmp_path, t, body)
+    chosen = [r.headers["x-specreg-backend"] for r in got]
+    (code,) = [x for x in status["tasks"] if x["task"] == "code"]
+    arms = {c["key"]: c for c in code["candidates"]}
+    assert arms["idle"]["status"] == "retired" and arms["idle"]["requests"] == 3
+    assert "0 accepted draft token(s) of 72 generated in 3 request(s)" in arms["idle"]["why"]
+    assert chosen[-10:] == ["plain"] * 10 and code["choice"] == "plain"

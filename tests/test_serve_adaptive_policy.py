@@ -173,3 +173,49 @@ def test_an_untried_candidate_moves_with_what_the_others_found() -> None:
     assert 15.0 < math.exp(policy["ngram-mod"].mean) < 17.6
     # so it is still tried, where an unshifted prior of 11 t/s would never be
     assert "ngram-mod" in run(policy, {"plain": 16.0, "ngram-mod": 26.0}, 30)[-5:]
+
+
+def test_a_candidate_whose_drafts_are_never_kept_retires_in_favour_of_plain() -> None:
+    # ngram-mod on prompts that repeat nothing: it drafts next to nothing and measures what
+    # plain measures; on noise alone Thompson sampling would split requests for ever.
+    policy = TaskPolicy("t/prose", [NGRAM, PLAIN], seed=1)
+    for i in range(3):
+        d = policy.choose()
+        drafted, accepted = (6, 1) if d.key == "ngram-mod" else (0, 0)
+        policy.observe(d.key, 10.0 + 0.1 * i, drafted=drafted, accepted=accepted, generated=128)
+        if i < 2:
+            assert policy["ngram-mod"].active
+    for _ in range(6):
+        d = policy.choose()
+        policy.observe(d.key, 10.0, drafted=4, accepted=0, generated=128)
+    arm = policy["ngram-mod"]
+    assert arm.status == STATUS_RETIRED and "under 2%" in arm.why, arm.why
+    assert policy.choose().key == "plain" and policy.best().candidate.key == "plain"
+    # a draft the target keeps stays, however slow: speed alone decides about it
+    policy = TaskPolicy("t/edit", [NGRAM, PLAIN], seed=1)
+    for _ in range(8):
+        policy.observe("ngram-mod", 10.0, drafted=40, accepted=30, generated=128)
+    assert policy["ngram-mod"].active
+    # without plain on offer there is nothing better to fall back to
+    alone = TaskPolicy("t/prose", [NGRAM, draft(4, 9.0)], seed=1)
+    for _ in range(5):
+        alone.observe("ngram-mod", 10.0, drafted=4, accepted=0, generated=128)
+    assert alone["ngram-mod"].active
+
+
+def test_a_candidate_that_joins_while_serving_starts_from_its_neighbour_and_goes_next() -> None:
+    from specreg.serve.policy import EXPLORE, KIND_CACHE, ORIGIN_TRAFFIC_CACHE
+
+    policy = TaskPolicy("t/code", [PLAIN, NGRAM], seed=2)
+    for _ in range(2):
+        policy.observe("plain", 20.0)
+    cache = Candidate("cache-g1", "ngram-cache traffic-g1", 1.0, 0.0, 0.0,
+                      kind=KIND_CACHE, origin=ORIGIN_TRAFFIC_CACHE)  # fmt: skip
+    assert policy.add_near("plain", cache, "built from 2 served requests")
+    joined = policy["cache-g1"]
+    # its own prediction (1 t/s) is ignored: plain's posterior, widened, is its prior
+    assert math.exp(joined.mean) == math.exp(policy["plain"].mean)
+    assert joined.sigma > policy["plain"].sigma
+    d = policy.choose()
+    assert (d.key, d.reason) == ("cache-g1", EXPLORE)
+    assert "added ngram-cache traffic-g1: built from 2 served requests" in policy.events

@@ -19,6 +19,7 @@ from specreg.cli.common import (
     resolve_db,
     threads_option,
 )
+from specreg.terms import TRAFFIC_CACHE_EVERY
 
 if TYPE_CHECKING:
     from specreg.host.facts import HostQuery
@@ -84,6 +85,18 @@ SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'spe
     help="Memory all backends may hold together (e.g. 16G); the least recently used idle "
     "backend stops to make room (default: 90% of the memory available at start).",
 )
+@click.option(
+    "--traffic-cache",
+    "traffic_every",
+    type=click.IntRange(min=0),
+    default=TRAFFIC_CACHE_EVERY,
+    show_default=True,
+    metavar="N",
+    help="Under --policy adaptive: every N served requests of a task, build a lookup cache "
+    "from their prompts and outputs and offer ngram-cache reading it as a new candidate, "
+    "judged on later requests only. Requests' texts are kept in the registry for this; 0 "
+    "builds no cache and keeps no text.",
+)
 @click.option("--no-record", is_flag=True, help="Do not record served requests as runs.")
 @click.option(
     "--dry-run", is_flag=True, help="Print the route table with the reasons; start nothing."
@@ -105,6 +118,7 @@ def serve_cmd(
     policy: str,
     seed: int,
     memory_budget: str | None,
+    traffic_every: int,
     no_record: bool,
     dry_run: bool,
     db_path: Path | None,
@@ -136,7 +150,7 @@ def serve_cmd(
     )  # fmt: skip
     options = serving.ServeOptions(
         host=bind, port=port, max_body=max_body, record=not no_record, seed=seed,
-        memory_budget=_budget(memory_budget),
+        memory_budget=_budget(memory_budget), traffic_every=traffic_every,
     )  # fmt: skip
     router = prepared.router(seed)
     if not options.loopback:
@@ -150,7 +164,7 @@ def serve_cmd(
     why = serving.serve(
         prepared.table, prepared.install, prepared.host, resolve_db(db_path), options,
         on_ready=lambda status: _print_ready(options.url, prepared.table, status),
-        router=router,
+        router=router, traffic=prepared.traffic,
     )  # fmt: skip
     err_console().print(f"stopped ({why}); every backend has exited")
 

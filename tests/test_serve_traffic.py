@@ -1,0 +1,87 @@
+"""Caches grown from traffic, the parts without llama.cpp: what text a request and its answer
+give, cache names, and the recorder running a build only after the runs it reads."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specreg.registry.db import opened
+from specreg.registry.run_store import STATUS_OK, PromptRecord, RunRecord, list_runs
+from specreg.serve.recorder import RunRecorder
+from specreg.serve.traffic import (
+    MAX_TEXT_CHARS,
+    answer_text,
+    cache_name,
+    delta_text,
+    parse_name,
+    request_text,
+)
+from specreg.terms import TASKS
+
+
+def test_the_text_of_a_request_and_of_its_answer() -> None:
+    parts = [{"type": "text", "text": "Sum 2, 3."}, {"type": "image_url", "image_url": {}}]
+    chat = {"messages": [{"role": "system", "content": "Be brief."},
+                         {"role": "user", "content": parts}]}  # fmt: skip
+    assert request_text(chat) == "Be brief.\nSum 2, 3."
+    assert request_text({"prompt": "def f():"}) == "def f():"
+    assert request_text({"prompt": ["a", 3, "b"]}) == "a\nb"
+    assert request_text({"messages": [{"role": "user"}]}) is None
+    assert request_text({"prompt": "x" * (MAX_TEXT_CHARS + 10)}) == "x" * MAX_TEXT_CHARS
+    assert answer_text({"choices": [{"message": {"content": "5"}}]}) == "5"
+    assert answer_text({"choices": [{"text": " return 1"}]}) == " return 1"
+    assert answer_text({"error": {"message": "no"}}) is None
+    assert answer_text(None) is None
+    assert delta_text({"choices": [{"delta": {"content": "ab"}}]}) == "ab"
+    assert delta_text({"choices": [{"delta": {"role": "assistant"}}]}) == ""
+    assert delta_text({"choices": [{"text": "c"}]}) == "c"
+    assert delta_text({"choices": []}) == ""
+
+
+@given(
+    st.text(alphabet="0123456789abcdef", min_size=12, max_size=64),
+    st.sampled_from(TASKS),
+    st.integers(min_value=1, max_value=10**6),
+)
+def test_a_cache_name_says_whose_it_is(model_id: str, task: str, generation: int) -> None:
+    name = cache_name(model_id, task, generation)
+    assert parse_name(name) == (model_id[:12], task, generation)
+    assert len(name) <= 64  # a valid lookup cache name
+    assert parse_name("code-cache") is None
+    assert parse_name(name + "x") is None
+
+
+def _run(i: int) -> RunRecord:
+    return RunRecord(
+        kind="serve", status=STATUS_OK, started_at=datetime.now(timezone.utc),
+        config={}, config_label="plain", spec_type="none", task="code",
+        prompts=(PromptRecord(f"p{i}", f"{i:064x}", 1, output_text=f"out {i}"),),
+    )  # fmt: skip
+
+
+def test_a_scheduled_job_runs_after_the_runs_queued_before_it(tmp_path: Path) -> None:
+    db = tmp_path / "registry.duckdb"
+    with opened(db):
+        pass
+    seen: list[int] = []
+    done = threading.Event()
+
+    def job() -> None:
+        with opened(db, read_only=True) as con:
+            seen.append(len(list_runs(con)))
+        done.set()
+
+    recorder = RunRecorder(db, interval=30.0).start()  # only a wake-up writes
+    try:
+        for i in range(3):
+            recorder.put(_run(i))
+        recorder.schedule(job)
+        assert done.wait(30)
+    finally:
+        recorder.close()
+    assert seen == [3]
