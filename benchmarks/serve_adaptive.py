@@ -2,6 +2,9 @@
 
     flock /tmp/specreg-llama.lock python3 benchmarks/serve_adaptive.py MODEL [--prompts 200]
         [--candidates none,ngram-mod:16] [--n-predict 128] [--threads 1] [--png regret.png]
+        [--traffic-cache 24] [--json results.json]
+    # the real pair (issue 26): --qwen serves Qwen2.5-Coder-1.5B with the 0.5B as draft
+    python3 benchmarks/serve_adaptive.py --qwen [--candidates none,draft-simple:4,ngram-mod:16]
 
 The stream: code, prose, edit-a-supplied-text, summarise-a-supplied-text and JSON requests,
 each sent once, in a seeded random order. Measured in one run, each on its own `serve`:
@@ -9,9 +12,13 @@ each sent once, in a seeded random order. Measured in one run, each on its own `
   (b) serve pinned to each single candidate (--policy fixed); the best of them is the best
       fixed configuration in hindsight;
   (c) today's static per-task routes (--policy fixed, no pin: the recommender's top);
-  (d) the per-request oracle: for each prompt the fastest of the single-candidate runs of (b).
-      (b) runs on one long-lived server per candidate, so a stateful method (ngram-mod) has
-      seen the earlier prompts, as it would in service; it is not a fresh server per prompt.
+  (d) the per-request oracle: each prompt measured on every candidate on a fresh server (first
+      encounter), best per prompt. A candidate whose method keeps no state across requests
+      (plain, draft-simple) answers a prompt on a long-lived server exactly as on a fresh one,
+      so its figures of (b) are taken; a stateful one (ngram-mod) gets a fresh llama-server,
+      with the flags `serve` gives it, for every prompt.
+Adaptive serve also grows lookup caches from the stream (--traffic-cache N, 0: none), judged on
+later prompts only; the oracle does not get them (they are built from the stream itself).
 Stream throughput = generated tokens / generation seconds over the whole stream. Printed: the
 room (oracle / best fixed), adaptive / oracle and / best fixed, static / best fixed, each task's
 adaptive / best-fixed after the first 20 requests, and the cumulative regret (PNG).
@@ -21,6 +28,8 @@ Numbers taken while other processes load the machine are not quiet-host numbers.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import random
 import signal
@@ -35,6 +44,11 @@ from typing import Any
 import httpx
 
 from specreg.llama.process import free_port
+from specreg.llama.server import LlamaServer
+from specreg.samples.qwen_pair import ensure_qwen_pair
+from specreg.terms import keeps_state
+
+CTX = 4096
 
 SUBJECTS = ["lighthouse", "bakery", "orchard", "library", "harbour", "observatory", "garden",
             "bridge", "market", "railway station", "vineyard", "museum", "school", "castle",
@@ -80,7 +94,7 @@ def stream(n: int, seed: int) -> list[tuple[str, str]]:
 def start(model: str, args: argparse.Namespace, home: Path, *extra: str) -> tuple[Any, str]:
     port = free_port()
     argv = [sys.executable, "-m", "specreg", "serve", model, "--port", str(port), "--threads",
-            str(args.threads), "--ctx", "4096", *extra]  # fmt: skip
+            str(args.threads), "--ctx", str(CTX), *extra]  # fmt: skip
     log = (home / f"serve-{port}.log").open("wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "SPECREG_HOME": str(home)})  # fmt: skip
@@ -97,69 +111,143 @@ def start(model: str, args: argparse.Namespace, home: Path, *extra: str) -> tupl
     raise SystemExit(f"serve did not come up: {' '.join(argv)}")
 
 
+Row = tuple[str, int, float]  # (backend, generated tokens, generation seconds)
+
+
+def ask(url: str, args: argparse.Namespace, task: str, prompt: str) -> tuple[dict[str, Any], str]:
+    r = httpx.post(url + "/v1/chat/completions", timeout=600, json={
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": args.n_predict, "temperature": 0,
+    }, headers={"X-Specreg-Task": task})  # fmt: skip
+    r.raise_for_status()
+    return r.json().get("timings", {}), r.headers.get("x-specreg-backend", "?")
+
+
+def row(timings: dict[str, Any], backend: str) -> Row:
+    return backend, int(timings.get("predicted_n", 0)), timings.get("predicted_ms", 0.0) / 1000
+
+
 def run(model: str, args: argparse.Namespace, prompts: list[tuple[str, str]], *extra: str
-        ) -> list[tuple[str, int, float]]:  # fmt: skip
-    """Per prompt: (backend, generated tokens, generation seconds)."""
+        ) -> tuple[list[Row], dict[str, Any]]:  # fmt: skip
+    """Per prompt (backend, generated tokens, generation seconds), and the final status."""
     with tempfile.TemporaryDirectory() as home:
         proc, url = start(model, args, Path(home), *extra)
         out = []
         try:
             for task, prompt in prompts:
-                r = httpx.post(url + "/v1/chat/completions", timeout=600, json={
-                    "messages": [{"role": "user", "content": prompt}],
-                    "max_tokens": args.n_predict, "temperature": 0,
-                }, headers={"X-Specreg-Task": task})  # fmt: skip
-                t = r.json().get("timings", {})
-                backend = r.headers.get("x-specreg-backend", "?")
-                seconds = t.get("predicted_ms", 0.0) / 1000
-                out.append((backend, int(t.get("predicted_n", 0)), seconds))
+                out.append(row(*ask(url, args, task, prompt)))
+            status = httpx.get(url + "/v1/specreg/status", timeout=30).json()
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=120)
+    return out, status
+
+
+def backend_argv(model: str, args: argparse.Namespace, pin: str) -> list[str]:
+    """The llama-server argv `serve` runs for one pinned candidate."""
+    with tempfile.TemporaryDirectory() as home:
+        got = subprocess.run(
+            [sys.executable, "-m", "specreg", "serve", model, "--pin", f"default={pin}",
+             "--threads", str(args.threads), "--ctx", str(CTX), "--dry-run", "--json"],
+            env={**os.environ, "SPECREG_HOME": home}, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    (backend,) = json.loads(got.stdout)["backends"]
+    return list(backend["argv"])
+
+
+def fresh(model: str, args: argparse.Namespace, prompts: list[tuple[str, str]], pin: str
+          ) -> list[Row]:  # fmt: skip
+    """Each prompt on a fresh llama-server running `pin` as serve would: first encounter."""
+    argv = backend_argv(model, args, pin)
+    out = []
+    with tempfile.TemporaryDirectory() as logs:
+        for i, (task, prompt) in enumerate(prompts):
+            server = LlamaServer(argv, env=dict(os.environ), log_path=Path(logs) / f"{i}.log")
+            with server:
+                out.append(row(*ask(f"http://127.0.0.1:{server.port}", args, task, prompt)))
     return out
 
 
-def tps(rows: list[tuple[str, int, float]]) -> float:
+def tps(rows: list[Row]) -> float:
     return sum(n for _, n, _ in rows) / max(sum(s for _, _, s in rows), 1e-9)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model")
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--qwen", action="store_true", help="the real pair: Qwen2.5-Coder-1.5B/0.5B")
     ap.add_argument("--prompts", type=int, default=200)
-    ap.add_argument("--candidates", default="none,ngram-mod:16")
+    ap.add_argument("--candidates", default=None)
     ap.add_argument("--n-predict", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--traffic-cache", type=int, default=24)
     ap.add_argument("--png", default="serve_adaptive_regret.png")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
+    if args.qwen:
+        pair = ensure_qwen_pair()
+        model = str(pair.target.path)
+        default = f"none,draft-simple:4@{pair.draft.path},ngram-mod:16"
+    elif args.model:
+        model, default = args.model, "none,ngram-mod:16"
+    else:
+        ap.error("give MODEL or --qwen")
     prompts = stream(args.prompts, args.seed)
-    cands = args.candidates.split(",")
+    cands = (args.candidates or default).split(",")
     pins = [x for c in cands for x in ("--pin", f"default={c}")]
-    adaptive = run(args.model, args, prompts, *pins, "--policy", "adaptive", "--seed",
-                   str(args.seed))  # fmt: skip
-    single = {c: run(args.model, args, prompts, "--policy", "fixed", "--pin", f"default={c}")
+    t0, load0 = time.monotonic(), loadavg()
+    adaptive, status = run(model, args, prompts, *pins, "--policy", "adaptive", "--seed",
+                           str(args.seed), "--traffic-cache", str(args.traffic_cache))  # fmt: skip
+    single = {c: run(model, args, prompts, "--policy", "fixed", "--pin", f"default={c}")[0]
               for c in cands}  # fmt: skip
-    static = run(args.model, args, prompts, "--policy", "fixed")
-    oracle = [max((single[c][i] for c in cands), key=lambda r: r[1] / max(r[2], 1e-9))
+    static, _ = run(model, args, prompts, "--policy", "fixed")
+    first = {c: fresh(model, args, prompts, c) if keeps_state(c.split(":")[0]) else single[c]
+             for c in cands}  # fmt: skip
+    oracle = [max((first[c][i] for c in cands), key=lambda r: r[1] / max(r[2], 1e-9))
               for i in range(len(prompts))]  # fmt: skip
     best_c = max(cands, key=lambda c: tps(single[c]))
     best = tps(single[best_c])
-    print(f"{len(prompts)} prompts, candidates {', '.join(cands)}, {args.n_predict} tokens, "
-          f"{args.threads} thread(s)")  # fmt: skip
-    print(f"room: oracle / best fixed ({best_c}) = {tps(oracle) / best:.3f}")
-    for name, rows in [("adaptive", adaptive), *((f"fixed {c}", single[c]) for c in cands),
-                       ("static routes", static), ("oracle", oracle)]:  # fmt: skip
+    short = {c: c.split("@")[0] for c in cands}
+    print(f"{Path(model).name}: {len(prompts)} prompts, candidates "
+          f"{', '.join(short.values())}, {args.n_predict} tokens, {args.threads} thread(s), "
+          f"traffic cache every {args.traffic_cache}; {time.monotonic() - t0:.0f} s, load "
+          f"{load0} -> {loadavg()}")  # fmt: skip
+    room = tps(oracle) / best
+    print(f"room: oracle / best fixed ({short[best_c]}) = {room:.3f}")
+    named = [("adaptive", adaptive), *((f"fixed {short[c]}", single[c]) for c in cands),
+             ("static routes", static), ("oracle", oracle)]  # fmt: skip
+    for name, rows in named:
         print(f"  {name:24} {tps(rows):8.2f} t/s  {tps(rows) / best:5.3f}x best fixed  "
               f"{tps(rows) / tps(oracle):5.3f}x oracle")  # fmt: skip
+    goal = tps(adaptive) / tps(oracle)
+    print(f"goal adaptive >= 0.9x oracle: {goal:.3f} ({'met' if goal >= 0.9 else 'MISSED'})")
+    if room >= 1.25:
+        g2 = tps(adaptive) / best
+        print(f"goal adaptive >= 1.2x best fixed (room {room:.2f}): {g2:.3f} "
+              f"({'met' if g2 >= 1.2 else 'MISSED'})")  # fmt: skip
     by_task: dict[str, list[int]] = defaultdict(list)
     for i, (task, _) in enumerate(prompts):
         if i >= 20:
             by_task[task].append(i)
+    worst = math.inf
     for task, idx in sorted(by_task.items()):
         fixed_t = max(tps([single[c][i] for i in idx]) for c in cands)
-        print(f"  after 20 requests, {task:10} adaptive / its best fixed = "
-              f"{tps([adaptive[i] for i in idx]) / fixed_t:5.3f}")  # fmt: skip
+        ratio = tps([adaptive[i] for i in idx]) / fixed_t
+        worst = min(worst, ratio)
+        print(f"  after 20 requests, {task:10} adaptive / its best fixed = {ratio:5.3f}")
+    print(f"goal no task below 0.95x its best fixed: worst {worst:.3f} "
+          f"({'met' if worst >= 0.95 else 'MISSED'})")  # fmt: skip
+    chosen: dict[str, int] = defaultdict(int)
+    for b, _, _ in adaptive:
+        chosen[b] += 1
+    print("adaptive's requests per backend:", dict(chosen))
+    for t in status.get("tasks", []):
+        if t.get("candidates"):
+            print(f"  {t['task']:10} choice {t['choice']}: {t['why']}")
+            for e in t.get("events", []):
+                print(f"      {e}")
+    print("traffic caches:", status.get("traffic_caches"))
     regret, acc = [], 0.0
     for a, o in zip(adaptive, oracle, strict=True):
         acc += a[2] - o[2] * (a[1] / max(o[1], 1))
@@ -173,10 +261,20 @@ def main() -> None:
     ax.plot(range(1, len(regret) + 1), regret)
     ax.set_xlabel("request")
     ax.set_ylabel("generation seconds lost against the oracle")
-    ax.set_title("adaptive serve: cumulative regret")
+    ax.set_title(f"adaptive serve, {Path(model).stem}: cumulative regret")
     fig.tight_layout()
     fig.savefig(args.png)
     print(f"regret plot: {args.png}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({
+            "model": model, "candidates": cands, "room": room, "adaptive_vs_oracle": goal,
+            "tps": {name: tps(rows) for name, rows in named}, "worst_task": worst,
+            "status": status,
+        }, indent=1, default=str))  # fmt: skip
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 if __name__ == "__main__":
