@@ -6,17 +6,20 @@ model needs, per configuration: the target's verify cost at its K in single step
 seconds per generated token, the draft's step relative to the target's, and the draft's pass over
 the same K + 1 tokens (llama-server's draft-simple feeds the draft every batch the target
 decodes). These are ratios of one tool's timings, so they hold whatever measured the baseline.
+Beside them, the draft's vocabulary: llama-server samples every drafted token from it, a cost
+llama-bench never pays (costmodel.SAMPLE_SECONDS_PER_VOCAB).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 
 from specreg.registry.calibration import CalibrationRecord, list_calibrations
+from specreg.registry.queries import get_model
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,7 @@ class Calibration:
 
     target: CalibrationRecord | None
     drafts: dict[str, CalibrationRecord]  # model id -> its calibration
+    vocab: dict[str, int] = field(default_factory=dict)  # draft model id -> its n_vocab
 
     @property
     def threads(self) -> int | None:
@@ -41,13 +45,16 @@ class Calibration:
         return out
 
     def draft_fields(self, draft_id: str, k: int | None = None) -> dict[str, Any]:
-        """ConfigFacts fields of a draft: its step relative to the target's, and (given K) its
-        pass over the K + 1 tokens the target verifies (the draft mirrors every target batch)."""
+        """ConfigFacts fields of a draft: its step relative to the target's, its vocabulary
+        (when the registry knows it) and, given K, its pass over the K + 1 tokens the target
+        verifies (the draft mirrors every target batch)."""
         d = self.drafts.get(draft_id)
         t = self.target
         if d is None or t is None or not d.gen_seconds or not t.gen_seconds or not d.batch:
             return {}
         out: dict[str, Any] = {"draft_step_ratio": float(d.gen_seconds / t.gen_seconds)}
+        if self.vocab.get(draft_id):
+            out["draft_n_vocab"] = self.vocab[draft_id]
         if k:
             out["draft_pass_ratio"] = float(d.verify_ratio(k))
         return out
@@ -78,7 +85,8 @@ def load_calibration(
     threads: int | None = None,
 ) -> Calibration:
     """The newest calibration of the target on this host (at `threads` when given and measured,
-    else the newest at any thread count), and its drafts' at the same thread count."""
+    else the newest at any thread count), and its drafts' at the same thread count (with each
+    draft's vocabulary from the registry)."""
     empty = Calibration(None, {})
     if host_fingerprint is None:
         return empty
@@ -96,4 +104,9 @@ def load_calibration(
         )
         if found:
             drafts[d] = found[0]
-    return Calibration(target, drafts)
+    vocab: dict[str, int] = {}
+    for d in drafts:
+        rec = get_model(con, d)
+        if rec is not None and rec.n_tokens:
+            vocab[d] = int(rec.n_tokens)
+    return Calibration(target, drafts, vocab)

@@ -62,6 +62,7 @@ class ConfigFacts:
     target_step_s: float = math.nan  # target: seconds per plainly generated token
     draft_step_ratio: float = math.nan  # draft's seconds per generated token / the target's
     draft_pass_ratio: float = math.nan  # draft: its pass over the K + 1 verified tokens / 1
+    draft_n_vocab: int = 0  # draft: its vocabulary (llama-server samples every drafted token)
     # the target's output layer (vocabulary x embedding) as a share of its weights: a verify
     # pass computes a logits row per position, llama-bench's passes only the last one
     output_share: float = 0.0
@@ -127,6 +128,7 @@ FEATURES: tuple[str, ...] = (
     "target_step_s",
     "draft_step_ratio",
     "draft_pass_ratio",
+    "draft_n_vocab",
     "output_share",
     *(f"task_{t}" for t in TASK_SLOTS),
     *(f"arch_{f}" for f in ARCH_FAMILIES),
@@ -167,6 +169,7 @@ def feature_row(c: ConfigFacts) -> list[float]:
         float(c.target_step_s),
         float(c.draft_step_ratio if draft else math.nan),
         float(c.draft_pass_ratio if draft else math.nan),
+        float(c.draft_n_vocab if draft else 0),
         float(c.output_share),
         *(float(task == t) for t in TASK_SLOTS),
         *(float(arch_slot(c.target_arch_family) == f) for f in ARCH_FAMILIES),

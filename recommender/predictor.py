@@ -121,10 +121,15 @@ Member = tuple[CostParams, ResidualTrees | None]
 
 
 def point(X: np.ndarray, params: CostParams, residual: ResidualTrees | None) -> np.ndarray:
-    """Predicted tokens/s of one member: the cost model times exp(learned log-residual)."""
+    """Predicted tokens/s of one member: the cost model times exp(learned log-residual).
+
+    The residual is what the cost formulas miss where they model a host's costs from its
+    bandwidth (the prior's hosts); a row calibrated on this host (`specreg calibrate`) has its
+    costs measured by llama-bench, so it keeps the cost model's figure."""
     tps, _ = predict_tps(X, params)
     if residual is not None:
-        tps = tps * np.exp(residual.predict(residual_matrix(X)))
+        modelled = ~np.isfinite(column(X, "target_step_s"))
+        tps = tps * np.where(modelled, np.exp(residual.predict(residual_matrix(X))), 1.0)
     return tps
 
 
