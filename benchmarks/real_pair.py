@@ -19,8 +19,9 @@ registry (or --keep DIR, whose calibration and agreement are reused):
    Where a goal is missed: which part of the model misses. Acceptance: predicted per-token
    acceptance against the one the run's accepted/drafted implies at its K. Target step: plain
    predicted against plain measured. Verify + draft cost: the seconds of one speculative step
-   (tokens per step over t/s) in plain steps, predicted against measured, beside the
-   calibrated verify cost of K + 1 tokens (llama-bench), so the rest is draft cost.
+   (tokens per step over t/s), predicted against measured, beside the target's verify pass
+   (llama-bench's over K + 1 tokens, times llama-server's SERVER_PASS_FACTOR), so the rest is
+   draft cost (and the logits rows of the drafted positions).
 4. Tune against the exhaustive sweep: `tune` (default budget 6) replayed over the measurements
    of step 2: each run it asks for is answered with the measured t/s of that candidate; one the
    sweep did not measure is answered as a failed run and named. No run is recorded, so tune's
@@ -52,7 +53,11 @@ from typing import Any
 
 from scipy.stats import spearmanr
 
-from specreg.recommender.costmodel import expected_tokens_per_step, per_token_acceptance
+from specreg.recommender.costmodel import (
+    SERVER_PASS_FACTOR,
+    expected_tokens_per_step,
+    per_token_acceptance,
+)
 from specreg.samples.qwen_pair import ensure_qwen_pair
 
 TASKS = ("code", "prose", "json", "summarize", "math")
@@ -226,8 +231,13 @@ def measure(
     c.accepted = doc.get("draft_n_accepted") or 0
 
 
-def attribution(c: Candidate, plain: Candidate, verify_ratio: dict[int, float]) -> str:
-    """Which part of the model misses for a candidate outside the goal."""
+def attribution(
+    c: Candidate, plain: Candidate, verify_ratio: dict[int, float], step_s: float | None = None
+) -> str:
+    """Which part of the model misses for a candidate outside the goal. A step's cost is in
+    seconds on both sides (tokens a step over t/s): counted in each side's own plain step, a
+    miss of the plain step would pass for a miss of the draft. `step_s` is llama-bench's
+    target step, which the calibrated verify ratios are relative to."""
     if c.spec_type == "none":
         return f"target step: predicted {c.predicted_tps:.1f} t/s, measured {c.measured_tps:.1f}"
     parts = []
@@ -239,19 +249,21 @@ def attribution(c: Candidate, plain: Candidate, verify_ratio: dict[int, float]) 
             f"acceptance {a_pred:.0%} predicted vs {a_meas:.0%} measured per token "
             f"({e_pred:.2f} vs {e_meas:.2f} tokens a step)"
         )
-        # seconds of one speculative step in plain steps, each side with its own plain step
-        step_pred = e_pred / c.predicted_tps * plain.predicted_tps
-        step_meas = e_meas / c.measured_tps * plain.measured_tps
+        # seconds of one speculative step, each side from its own tokens a step and t/s
+        step_pred = e_pred / c.predicted_tps
+        step_meas = e_meas / c.measured_tps
         v = verify_ratio.get(c.k)
+        verify_s = v * step_s * SERVER_PASS_FACTOR if v and step_s else None
         vtxt = (
-            f"; calibrated verify of K+1 = {v:.2f}, so draft ~{step_meas - v:.2f} measured "
-            f"vs ~{step_pred - v:.2f} predicted"
-            if v
+            f"; the target's verify pass {verify_s * 1e3:.0f} ms (llama-bench's over K+1 = "
+            f"{v:.2f} steps, x{SERVER_PASS_FACTOR} in llama-server), so draft and the rest "
+            f"~{(step_meas - verify_s) * 1e3:.0f} ms measured vs "
+            f"~{(step_pred - verify_s) * 1e3:.0f} predicted"
+            if verify_s
             else ""
         )
         parts.append(
-            f"verify+draft cost {step_pred:.2f} plain steps predicted vs "
-            f"{step_meas:.2f} measured{vtxt}"
+            f"a step {step_pred * 1e3:.0f} ms predicted vs {step_meas * 1e3:.0f} measured{vtxt}"
         )
     elif not c.draft_n:
         parts.append(
@@ -264,7 +276,7 @@ def attribution(c: Candidate, plain: Candidate, verify_ratio: dict[int, float]) 
 
 
 def task_report(
-    task: str, cands: list[Candidate], verify_ratio: dict[int, float]
+    task: str, cands: list[Candidate], verify_ratio: dict[int, float], step_s: float | None = None
 ) -> dict[str, Any]:
     ok = [c for c in cands if c.measured_tps > 0]
     plain = cands[0]
@@ -304,7 +316,7 @@ def task_report(
     print(f"recommend's answer: {said}; measured: {right}")
     for c in ok:
         if abs(c.error) > TOLERANCE:
-            print(f"  miss {c.label} {c.error:+.0%}: {attribution(c, plain, verify_ratio)}")
+            print(f"  miss {c.label} {c.error:+.0%}: {attribution(c, plain, verify_ratio, step_s)}")
     return {
         "task": task,
         "spearman": rho,
@@ -334,11 +346,11 @@ def tune_replay(db: Path, target: Path, task: str, cands: list[Candidate], budge
     from specreg.host.machine import detect_host
     from specreg.recommender.recommend import Option
     from specreg.registry.db import opened
-    from specreg.tune.tuner import tune
+    from specreg.tune.tuner import Ran, tune
 
     asked: list[str] = []
 
-    def replay(option: Option) -> tuple[float | None, int | None]:
+    def replay(option: Option) -> Ran:
         spec = option.stack or ("none" if option.method.value == "none" else option.spec_type)
         hit = next(
             (
@@ -351,7 +363,9 @@ def tune_replay(db: Path, target: Path, task: str, cands: list[Candidate], budge
             None,
         )
         asked.append(option.label + ("" if hit else " (not in the sweep)"))
-        return (hit.measured_tps if hit else None), None
+        if hit is None:
+            return None, None
+        return hit.measured_tps, None, hit.draft_n  # not recorded: its drafts said here
 
     facts = detect_host_facts(fingerprint=detect_host().fingerprint)
     with opened(db) as con:
@@ -536,9 +550,11 @@ def main() -> None:
         f"{cal.get('contended')}, reruns {cal.get('reruns')}"
     )
     verify_ratio: dict[int, float] = {}
+    step_s: float | None = None  # llama-bench's target step
     for r in cal["models"]:
         if r["role"] == "target" and r["verify_ratio"]:
             verify_ratio = {int(k): float(v) for k, v in r["verify_ratio"].items()}
+            step_s = r.get("gen_seconds")
     print(f"calibrated verify cost of K+1 tokens in plain steps: {verify_ratio}")
     for task in tasks:
         t0, load0 = time.monotonic(), loadavg()
@@ -571,7 +587,7 @@ def main() -> None:
         for c in cands:
             measure(measure_cli, target, draft, task, c, args.n_predict, args.repeat)
         print(f"measured {task}: load {load0} -> {loadavg()}")
-        reports.append(task_report(task, cands, verify_ratio))
+        reports.append(task_report(task, cands, verify_ratio, step_s))
     print("\n## tune (default budget 6, replayed over the sweep above) against the sweep's best")
     print("| task | tune's pick | its t/s | sweep best | t/s | loss | runs | goal | runs asked |")
     print("|---|---|---|---|---|---|---|---|---|")
