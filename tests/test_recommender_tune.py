@@ -256,3 +256,19 @@ def test_tune_settles_with_interleaved_runs_while_budget_lasts(demo_con) -> None
     assert best is not None
     tied = [o for o in result.final.options if o.label in (*result.ties, best.label)]
     assert min(cost_rank(o) for o in tied) == cost_rank(best.option)
+
+
+def test_a_best_that_drafted_nothing_is_not_bracketed() -> None:
+    """ngram-mod measured fastest on noise while drafting nothing: it ran as plain decoding,
+    so no run goes to its K neighbours (they cannot differ); one that drafted is bracketed."""
+    from specreg.tune.tuner import next_option
+
+    plain = _opt(Method.NONE, None, 30.0)
+    ngrams = [_opt(Method.NGRAM, k, 25.0) for k in (4, 8, 16)]
+    options = [plain, *ngrams]
+    idle = [TuneStep(plain, 26.0, None, ""), TuneStep(ngrams[1], 27.7, None, "", drafted=0)]
+    pick, why = next_option(options, idle)
+    assert pick is None or "bracket" not in why, (pick, why)
+    busy = [TuneStep(plain, 26.0, None, ""), TuneStep(ngrams[1], 27.7, None, "", drafted=40)]
+    pick, why = next_option(options, busy)
+    assert pick is not None and pick.k in (4, 16) and why == "bracket the best K"

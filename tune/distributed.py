@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from specreg.host.facts import HostFacts
     from specreg.recommender.recommend import Option
     from specreg.runner.workload import Workload
-    from specreg.tune.tuner import TuneResult, TuneStep
+    from specreg.tune.tuner import Ran, TuneResult, TuneStep
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +344,7 @@ def ray_runner(
     n_predict: int = DEFAULT_N_PREDICT,
     repeats: int = DEFAULT_REPEATS,
     threads: int | None = None,
-) -> Callable[[Option], tuple[float | None, int | None]]:
+) -> Callable[[Option], Ran]:
     """tune's `run_option` on the Ray host `host`: each option measured there, recorded here.
     A lookup cache is a file of this registry: such options are not sent (no run)."""
     from specreg.registry.run_store import new_run_uuid
@@ -353,7 +353,7 @@ def ray_runner(
 
     target_id = model_record(con, target).model_id
 
-    def run_option(option: Option) -> tuple[float | None, int | None]:
+    def run_option(option: Option) -> Ran:
         if option.lookup_cache:
             log.warning("%s reads a lookup cache of this registry: not run on %s", option.label,
                         host.name)  # fmt: skip

@@ -41,8 +41,11 @@ from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, Method
 
 log = logging.getLogger(__name__)
 
-# A run of an option: measured tokens/s (None when it failed) and the recorded run id.
-RunOption = Callable[[Option], tuple[float | None, int | None]]
+# A run of an option: measured tokens/s (None when it failed) and the recorded run id; a run
+# that is not recorded (a replay) may add the draft tokens it proposed as a third element (a
+# recorded run's are read from the registry).
+Ran = tuple[float | None, int | None] | tuple[float | None, int | None, int | None]
+RunOption = Callable[[Option], Ran]
 # Predictions within this share of the best measured speed do not need measuring (nor within
 # the best run's own spread, when that is wider): a run cannot tell them apart.
 CONFIRM_MARGIN = 0.03
@@ -97,7 +100,7 @@ def llama_runner(
     `threads` overrides the host's default (one per physical core) for every run.
     """
 
-    def run_option(option: Option) -> tuple[float | None, int | None]:
+    def run_option(option: Option) -> Ran:
         draft = Path(option.draft_path) if option.draft_path else None
         p = runs.plan(
             con,
@@ -128,6 +131,12 @@ class TuneStep:
     reason: str = ""  # why this option was measured next
     measured_lo: float | None = None  # the run's slowest and fastest repeat
     measured_hi: float | None = None
+    drafted: int | None = None  # draft tokens it proposed (None: unknown, or plain)
+
+    @property
+    def drafted_nothing(self) -> bool:
+        """A speculative run that proposed no draft token decoded as plain decoding does."""
+        return self.drafted == 0 and self.option.method is not Method.NONE
 
     @property
     def label(self) -> str:
@@ -307,7 +316,9 @@ def next_option(options: Sequence[Option], steps: Sequence[TuneStep]) -> tuple[O
     if top.tps > best_tps * (1 + margin):
         return top, "predicted to beat the best measured"
     ks = sorted(o.k for o in options if best and _family(o) == _family(best.option) and o.k)
-    if best is not None and best.option.k in ks:
+    # A best that drafted nothing ran as plain decoding: its K cannot matter, so no run is spent
+    # bracketing it.
+    if best is not None and best.option.k in ks and not best.drafted_nothing:
         i = ks.index(best.option.k)
         near = {ks[j] for j in (i - 1, i + 1) if 0 <= j < len(ks)}
         neighbours = [o for o in pending if _family(o) == _family(best.option) and o.k in near]
@@ -329,14 +340,17 @@ def next_option(options: Sequence[Option], steps: Sequence[TuneStep]) -> tuple[O
 def _step(
     con: duckdb.DuckDBPyConnection, option: Option, run_option: RunOption, reason: str
 ) -> TuneStep:
-    tps, run_id = run_option(option)
+    tps, run_id, *given = run_option(option)
     lo = hi = None
+    drafted = given[0] if given else None
     if run_id is not None:
         from specreg.registry.run_store import get_run
 
         rec = get_run(con, run_id)
         lo, hi = rec.tokens_per_s_lo, rec.tokens_per_s_hi
-    return TuneStep(option, tps, run_id, reason, lo, hi)
+        if rec.speculative_active is not False and rec.spec_type != "none":
+            drafted = rec.draft_n if rec.draft_n is not None else drafted
+    return TuneStep(option, tps, run_id, reason, lo, hi, drafted)
 
 
 def tune(
