@@ -126,13 +126,16 @@ def test_pick_candidates_keeps_plain_the_best_drafts_with_their_neighbours() -> 
         *(draft(k, t) for k, t in ((4, 9.0), (8, 14.0), (16, 13.0), (24, 11.0), (32, 8.0))),
         Candidate("e:K=8", "other K=8", 12.0, 6.0, 24.0, k=8, family="e", kind=KIND_DRAFT),
         Candidate("x:K=8", "third K=8", 11.5, 6.0, 24.0, k=8, family="x", kind=KIND_DRAFT),
+        Candidate("y:K=8", "fourth K=8", 10.5, 6.0, 24.0, k=8, family="y", kind=KIND_DRAFT),
         NGRAM,
         Candidate(
             "ngram-mod:16", "ngram-mod 16", 9.0, 5.0, 15.0, kind=KIND_NGRAM, family="ngram-mod"
         ),  # fmt: skip
     ]
     got = [c.key for c in pick_candidates(offers)]
-    assert got == ["d:K=8", "d:K=16", "e:K=8", "ngram-mod", "plain", "d:K=4"]
+    assert got == ["d:K=8", "d:K=16", "e:K=8", "x:K=8", "ngram-mod", "plain", "d:K=4"]
+    two = [c.key for c in pick_candidates(offers, drafters=2)]
+    assert two == ["d:K=8", "d:K=16", "e:K=8", "ngram-mod", "plain", "d:K=4"]
 
 
 @settings(max_examples=60, deadline=None)
