@@ -29,6 +29,8 @@ pytestmark = pytest.mark.llama
 PINS = ("--pin", "default=none", "--pin", "default=ngram-mod:16")
 N_PREDICT = 128  # ngram-mod matches 24 tokens before it drafts: the answer must outgrow that
 SETTLE_WITHIN = 20  # requests after which the choice must be made
+# ... and its last 8 requests must average this share of the choice's posterior speed
+SETTLED = 0.95
 
 SUBJECTS = ["lighthouse", "bakery", "orchard", "library", "harbour", "observatory", "garden",
             "bridge", "market", "railway station", "vineyard", "museum", "school", "castle",
@@ -137,11 +139,14 @@ def test_edits_settle_and_a_restart_continues(
     ngram = next(c["key"] for c in first["candidates"] if "ngram-mod" in c["label"])
     arms = {c["key"]: c for c in first["candidates"]}
     shown = [(c["label"], c["requests"], round(c["posterior_tps"], 1)) for c in first["candidates"]]
-    # Settled: the choice is the candidate its evidence favours, and it took most of the last
-    # requests (Thompson sampling still tries a loser now and then).
+    # Settled: the choice is the candidate its evidence favours, and the last requests cost
+    # little against sending them all there. Thompson sampling still tries the other where the
+    # two measure close (both are then nearly as good), and stops where they do not.
     choice = first["choice"]
     assert choice == max(arms.values(), key=lambda c: c["posterior_tps"])["key"], shown
-    assert chosen[-4:].count(choice) >= 3, (chosen, first)
+    last = [arms[b]["posterior_tps"] / arms[choice]["posterior_tps"] for b in chosen[-8:]]
+    assert sum(last) / len(last) >= SETTLED, (chosen, shown)
+
     # On edits ngram-mod drafts the copied text. On a quiet 2-core host it measures about as
     # fast as plain (84.7 vs 83.4 t/s seen), elsewhere faster; where its band clears every
     # other candidate's, it is the choice.
@@ -166,11 +171,13 @@ def test_edits_settle_and_a_restart_continues(
     assert {k: c["requests"] for k, c in after.items()} == {
         k: c["requests"] for k, c in before.items()
     }
-    # Posteriors agree within their prior's move: the restarted server's recommender also
-    # reads the recorded served runs, so the priors it starts from shift a little (seen: 3 %).
+    # the same priors too: the recommender they come from leaves served runs out (it read
+    # them as evidence once, and moved the priors 3 %: each request counted twice)
     for k, c in after.items():
-        assert c["posterior_tps"] == pytest.approx(before[k]["posterior_tps"], rel=0.1)
-    assert choice in more, more
+        assert c["prior_tps"] == pytest.approx(before[k]["prior_tps"], rel=1e-6)
+        assert c["posterior_tps"] == pytest.approx(before[k]["posterior_tps"], rel=0.01)
+    # and it goes on serving with them: a retired candidate gets nothing
+    assert set(more) <= {k for k, c in after.items() if c["status"] == "active"}, more
 
 
 def test_requests_that_repeat_nothing_settle_on_plain(
