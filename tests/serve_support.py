@@ -1,14 +1,20 @@
 """Starting `specreg serve` as a process in tests: wait until /health answers, or fail with
-its log."""
+its log; read its policy status; stop it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import pytest
+
+from specreg.llama.install import LlamaInstall
+from specreg.llama.process import free_port
 
 STARTUP_S = 180.0
 
@@ -30,3 +36,44 @@ def wait_healthy(
         time.sleep(0.2)
     proc.kill()
     pytest.fail(f"serve was not healthy within {startup_s:.0f} s: {log.read_text()}")
+
+
+class ServeProcess:
+    """A `specreg serve` a test started: its process, URL and log."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path):
+        self.proc, self.url, self.log = proc, url, log
+
+    def status(self) -> dict[str, Any]:
+        return dict(httpx.get(f"{self.url}/v1/specreg/status", timeout=10).json())
+
+    def task(self, task: str) -> dict[str, Any]:
+        """One task's policy in the status (this server's only target)."""
+        (got,) = [t for t in self.status()["tasks"] if t["task"] == task]
+        return dict(got)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+S = TypeVar("S", bound=ServeProcess)
+
+
+def start_serve(cls: type[S], home: Path, llama: LlamaInstall, model: Path, *args: str) -> S:
+    """`specreg serve MODEL ARGS...` on a free port with SPECREG_HOME=`home`, healthy."""
+    port = free_port()
+    log = home / f"serve-{port}.log"
+    argv = [sys.executable, "-m", "specreg", "serve", str(model), *args, "--port", str(port),
+            "--llama-bin", str(llama.bin_dir)]  # fmt: skip
+    env = {**os.environ, "SPECREG_HOME": str(home)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    served = cls(proc, f"http://127.0.0.1:{port}", log)
+    wait_healthy(proc, served.url, log)
+    return served

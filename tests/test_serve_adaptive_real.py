@@ -7,10 +7,6 @@ the target keeps: it measures what plain measures, and the policy settles on pla
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,15 +14,15 @@ from typing import Any
 import httpx
 import pytest
 from llama_fixtures import llama_install, small_models  # noqa: F401
-from serve_support import wait_healthy
+from serve_support import ServeProcess, start_serve
 
 from specreg.llama.install import LlamaInstall
-from specreg.llama.process import free_port
 from specreg.samples.small_models import SmallModels
 
 pytestmark = pytest.mark.llama
 
 PINS = ("--pin", "default=none", "--pin", "default=ngram-mod:16")
+TASK = "summarize"
 N_PREDICT = 128  # ngram-mod matches 24 tokens before it drafts: the answer must outgrow that
 SETTLE_WITHIN = 20  # requests after which the choice must be made
 # ... and its last 8 requests must average this share of the choice's posterior speed
@@ -61,10 +57,7 @@ def fresh_prompt(i: int) -> str:
     return f"Write a short story about a {subject} in winter, in your own words."
 
 
-class Served:
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path):
-        self.proc, self.url, self.log = proc, url, log
-
+class Served(ServeProcess):
     def ask(self, prompt: str, *, chat: bool = False) -> httpx.Response:
         # Edits go to /v1/completions (the model continues the copy); fresh requests to the
         # chat endpoint, whose template keeps SmolLM2 from looping on one word.
@@ -76,41 +69,14 @@ class Served:
         return httpx.post(
             f"{self.url}/v1/{'chat/completions' if chat else 'completions'}",
             json=body,
-            headers={"X-Specreg-Task": "summarize"},
+            headers={"X-Specreg-Task": TASK},
             timeout=120,
         )
 
-    def status(self) -> dict[str, Any]:
-        return dict(httpx.get(f"{self.url}/v1/specreg/status", timeout=10).json())
-
-    def task(self, task: str = "summarize") -> dict[str, Any]:
-        (got,) = [t for t in self.status()["tasks"] if t["task"] == task]
-        return dict(got)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-
 
 def start(home: Path, llama: LlamaInstall, model: Path) -> Served:
-    port = free_port()
-    log = home / f"serve-{port}.log"
-    argv = [
-        sys.executable, "-m", "specreg", "serve", str(model), *PINS, "--policy", "adaptive",
-        "--seed", "0", "--port", str(port), "--threads", "1", "--ctx", "2048",
-        "--llama-bin", str(llama.bin_dir),
-    ]  # fmt: skip
-    env = {**os.environ, "SPECREG_HOME": str(home)}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-    served = Served(proc, f"http://127.0.0.1:{port}", log)
-    wait_healthy(proc, served.url, log)
-    return served
+    return start_serve(Served, home, llama, model, *PINS, "--policy", "adaptive", "--seed", "0",
+                       "--threads", "1", "--ctx", "2048")  # fmt: skip
 
 
 @pytest.fixture
@@ -133,7 +99,7 @@ def test_edits_settle_and_a_restart_continues(
     served = start(home, llama_install, small_models.smollm2.path)
     try:
         chosen = run_stream(served, edit_prompt, SETTLE_WITHIN)
-        first = served.task()
+        first = served.task(TASK)
     finally:
         served.stop()
     ngram = next(c["key"] for c in first["candidates"] if "ngram-mod" in c["label"])
@@ -158,7 +124,7 @@ def test_edits_settle_and_a_restart_continues(
     again = start(home, llama_install, small_models.smollm2.path)
     try:
         status = again.status()
-        resumed = again.task()
+        resumed = again.task(TASK)
         more = run_stream(again, edit_prompt, 2, offset=SETTLE_WITHIN)
     finally:
         again.stop()
@@ -186,7 +152,7 @@ def test_requests_that_repeat_nothing_settle_on_plain(
     served = start(home, llama_install, small_models.smollm2.path)
     try:
         chosen = run_stream(served, fresh_prompt, 16)
-        got = served.task()
+        got = served.task(TASK)
     finally:
         served.stop()
     arms = {c["label"].split()[0]: c for c in got["candidates"]}

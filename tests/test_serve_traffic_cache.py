@@ -8,9 +8,6 @@ from), and a restarted server offers it again with its evidence."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,10 +15,9 @@ from typing import Any
 import httpx
 import pytest
 from llama_fixtures import llama_install, small_models  # noqa: F401
-from serve_support import wait_healthy
+from serve_support import ServeProcess, start_serve
 
 from specreg.llama.install import LlamaInstall
-from specreg.llama.process import free_port
 from specreg.registry.db import opened
 from specreg.registry.lookup_caches import list_caches
 from specreg.registry.run_store import list_runs
@@ -41,10 +37,7 @@ def code_prompt(i: int) -> str:
     return f"Write a Python function named {name}_numbers that takes a list of numbers."
 
 
-class Served:
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path):
-        self.proc, self.url, self.log = proc, url, log
-
+class Served(ServeProcess):
     def ask(self, i: int, *, stream: bool = False) -> tuple[str, str]:
         """Send code prompt `i`; (the backend that answered, why the policy chose it)."""
         body = {"messages": [{"role": "user", "content": code_prompt(i)}],
@@ -56,33 +49,11 @@ class Served:
             assert got.text.rstrip().endswith("data: [DONE]"), got.text[-200:]
         return got.headers["x-specreg-backend"], got.headers["x-specreg-policy"]
 
-    def status(self) -> dict[str, Any]:
-        return dict(httpx.get(f"{self.url}/v1/specreg/status", timeout=10).json())
-
-    def code(self) -> dict[str, Any]:
-        (got,) = [t for t in self.status()["tasks"] if t["task"] == "code"]
-        return dict(got)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
-
 
 def start(home: Path, llama: LlamaInstall, model: Path, *extra: str) -> Served:
-    port = free_port()
-    log = home / f"serve-{port}.log"
-    argv = [
-        sys.executable, "-m", "specreg", "serve", str(model), "--pin", "default=none",
-        "--pin", "default=ngram-mod:16", "--policy", "adaptive", "--seed", "0",
-        "--port", str(port), "--threads", "1", "--ctx", "2048",
-        "--llama-bin", str(llama.bin_dir), *extra,
-    ]  # fmt: skip
-    env = {**os.environ, "SPECREG_HOME": str(home)}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-    served = Served(proc, f"http://127.0.0.1:{port}", log)
-    wait_healthy(proc, served.url, log)
-    return served
+    return start_serve(Served, home, llama, model, "--pin", "default=none", "--pin",
+                       "default=ngram-mod:16", "--policy", "adaptive", "--seed", "0",
+                       "--threads", "1", "--ctx", "2048", *extra)  # fmt: skip
 
 
 def cache_arm(task: dict[str, Any]) -> dict[str, Any] | None:
@@ -98,12 +69,12 @@ def test_a_cache_grown_from_traffic_joins_and_is_judged_on_later_requests(
         # the first four: one streamed (its text is read from the events), three whole
         asked = [served.ask(0, stream=True)] + [served.ask(i) for i in range(1, EVERY)]
         deadline = time.monotonic() + 90
-        while (arm := cache_arm(served.code())) is None and time.monotonic() < deadline:
+        while (arm := cache_arm(served.task("code"))) is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert arm is not None, (served.status(), served.log.read_text()[-2000:])
         assert served.status()["traffic_caches"]["generation"] == {f"{model.stem}/code": 1}
         later = [served.ask(i) for i in range(EVERY, EVERY + 4)]
-        after = served.code()
+        after = served.task("code")
     finally:
         served.stop()
     assert all(b != arm["key"] for b, _ in asked)
@@ -145,7 +116,7 @@ def test_a_cache_grown_from_traffic_joins_and_is_judged_on_later_requests(
     again = start(tmp_path, llama_install, model, "--traffic-cache", str(EVERY))
     try:
         status = again.status()
-        resumed = cache_arm(again.code())
+        resumed = cache_arm(again.task("code"))
     finally:
         again.stop()
     assert resumed is not None and resumed["key"].endswith(f"-code-g{newest}"), resumed
