@@ -248,6 +248,13 @@ def main() -> None:
             for e in t.get("events", []):
                 print(f"      {e}")
     print("traffic caches:", status.get("traffic_caches"))
+    pooled = status.get("pooled_state")
+    if pooled:
+        gen_s = sum(r[2] for r in adaptive)
+        print(f"pooled n-gram state: {pooled['fed_texts']} texts read by catch-up in "
+              f"{pooled['fed_calls']} calls, {pooled['fed_seconds']:.1f} s of prompt processing "
+              f"({pooled['fed_seconds'] / gen_s:.1%} of adaptive's {gen_s:.0f} generation "
+              f"seconds; not in its t/s), {pooled['failures']} failure(s)")  # fmt: skip
     regret, acc = [], 0.0
     for a, o in zip(adaptive, oracle, strict=True):
         acc += a[2] - o[2] * (a[1] / max(o[1], 1))

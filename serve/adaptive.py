@@ -119,12 +119,13 @@ class Router:
         drafted: int | None = None,
         accepted: int | None = None,
         generated: int | None = None,
+        cold: bool = False,
     ) -> None:
         policy = self.policy(target, task)
         if policy is not None:
             policy.observe(
                 backend, tps, concurrency=concurrency, drafted=drafted, accepted=accepted,
-                generated=generated,
+                generated=generated, cold=cold,
             )  # fmt: skip
 
     def offer_cache(self, route: CandidateRoute, why: str) -> list[str]:
@@ -199,6 +200,7 @@ class Router:
                 drafted=run.draft_n,
                 accepted=run.draft_n_accepted,
                 generated=run.prompts[0].predicted_n if run.prompts else None,
+                cold=isinstance(info, dict) and info.get("warm") is False,
             )
             n += 1
         self.replayed += n

@@ -32,6 +32,7 @@ from specreg.serve.adaptive import REASON_FIXED, REASON_RETRY, SERVE_KEY, Pick, 
 from specreg.serve.backends import Backend, BackendPool, BackendUnavailable
 from specreg.serve.classify import TASK_HEADER, Classification, TaskClassifier, classify
 from specreg.serve.policy import PolicyStatus
+from specreg.serve.pooled import CatchUp, PooledState
 from specreg.serve.recorder import RunRecorder
 from specreg.serve.routes import Route, RouteTable, split_model
 from specreg.serve.traffic import TrafficCaches, answer_text, delta_text, request_text
@@ -95,6 +96,7 @@ class Service:
         recorder: RunRecorder | None = None,
         router: Router | None = None,
         traffic: TrafficCaches | None = None,
+        pooled: PooledState | None = None,
         max_body: int = DEFAULT_MAX_BODY,
         ready_timeout: float = READY_TIMEOUT_S,
         request_timeout: float = REQUEST_TIMEOUT_S,
@@ -107,6 +109,8 @@ class Service:
         self.router = router or Router(table)
         # Requests' texts are kept (in their runs) only to grow lookup caches from them.
         self.traffic = traffic
+        # Backends with pooled n-gram state read the traffic routed elsewhere (serve.pooled).
+        self.pooled = pooled
         if self.router.adaptive:
             # a crashed candidate is retired, not restarted (unless a policy has no other)
             pool.on_crash = lambda backend, why: self.router.retire(backend.name, why)
@@ -190,6 +194,7 @@ class Service:
             "memory_used": self.pool.used(),
             "evictions": list(self.pool.evictions),
             "traffic_caches": self.traffic.to_json() if self.traffic is not None else None,
+            "pooled_state": self.pooled.to_json() if self.pooled is not None else None,
             "backends": [
                 {
                     "name": b.name,
@@ -338,6 +343,8 @@ class _Call:
     crashed: str | None = None  # why the backend broke during the request
     retired: str | None = None  # why the policy retired the candidate after this request
     streamed: list[str] | None = None  # a stream's text so far (when texts are kept)
+    caught_up: CatchUp | None = None  # texts a pooled-state backend read before this request
+    warm: bool | None = None  # ... and whether it had read enough of them (None: not pooled)
     _live: bool = False
     _recorded: bool = False
 
@@ -379,8 +386,22 @@ class _Call:
             return f"backend {self.backend.name} crashed during the request: {report}"
         return f"backend {self.backend.name} broke the connection: {type(err).__name__}: {err}"
 
+    @property
+    def keeps_texts(self) -> bool:
+        return self.service.traffic is not None or self.service.pooled is not None
+
+    async def catch_up(self) -> None:
+        """A backend with pooled n-gram state first reads the target's traffic it missed."""
+        state = self.service.pooled
+        if state is None or not self.backend.pooled:
+            return
+        b = self.backend
+        self.caught_up = await state.catch_up(self.client, b.url, self.target, b.name, b.starts)
+        self.warm = state.is_warm(b.name, b.starts)
+
     async def forward(self, headers: dict[str, str]) -> Response:
         self.begin()
+        await self.catch_up()
         try:
             async with self.client.post(
                 self.backend.url + self.path, data=self.raw, headers=_JSON
@@ -399,6 +420,7 @@ class _Call:
 
     async def stream(self, headers: dict[str, str]) -> Response:
         self.begin()
+        await self.catch_up()
         try:
             resp = await self.client.post(
                 self.backend.url + self.path, data=self.raw, headers=_JSON
@@ -420,7 +442,7 @@ class _Call:
     async def _relay(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         tail = b""
         failure: tuple[str, str] | None = None
-        keep = self.service.traffic is not None
+        keep = self.keeps_texts
         self.streamed = [] if keep else None
         line = b""  # an event line not yet complete (texts kept only)
         try:
@@ -476,7 +498,12 @@ class _Call:
             self.service.router.observe(
                 self.target, self.cls.task, self.backend.name, tps, self.concurrency,
                 drafted=drafted, accepted=accepted, generated=_int(timings.get("predicted_n")),
+                cold=self.warm is False,
             )  # fmt: skip
+        if status == 200 and self.service.pooled is not None:
+            prompt_text, output_text = self.texts(answer)
+            text = "\n".join(t for t in (prompt_text, output_text) if t)
+            self.service.pooled.served(self.target, self.backend.name, self.backend.starts, text)
         recorder = self.service.recorder
         if recorder is None:
             return
@@ -493,8 +520,8 @@ class _Call:
                 traffic.note(target.name, target.model_id, target.path, self.cls.task)
 
     def texts(self, answer: dict[str, Any] | None) -> tuple[str | None, str | None]:
-        """The request's text and the answer's, when traffic caches keep them."""
-        if self.service.traffic is None:
+        """The request's text and the answer's, when traffic caches or pooled state keep them."""
+        if not self.keeps_texts:
             return None, None
         output = "".join(self.streamed) if self.streamed is not None else answer_text(answer)
         return request_text(self.body), output or None
@@ -514,7 +541,9 @@ class _Call:
             finish = choices[0].get("finish_reason")
         template = self.service.templates[self.backend.name]
         ok = status == 200
-        prompt_text, output_text = self.texts(answer) if ok else (None, None)
+        # texts go into the registry only for traffic caches (--traffic-cache 0 keeps none)
+        kept = ok and self.service.traffic is not None
+        prompt_text, output_text = self.texts(answer) if kept else (None, None)
         prompt = PromptRecord(
             prompt_id="request",
             prompt_sha256=hashlib.sha256(self.raw).hexdigest(),
@@ -562,6 +591,9 @@ class _Call:
                     "attempt": self.attempt,
                     "concurrency": self.concurrency,
                     "retired": self.retired,
+                    "warm": self.warm,
+                    "catch_up_texts": self.caught_up.texts if self.caught_up else None,
+                    "catch_up_s": round(self.caught_up.seconds, 4) if self.caught_up else None,
                 },
             },
             temperature=float(temperature) if isinstance(temperature, (int, float)) else None,

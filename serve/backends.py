@@ -31,6 +31,7 @@ from pathlib import Path
 from specreg.llama.process import ServerFailed, llama_message
 from specreg.llama.server import STARTUP_TIMEOUT_S, LlamaServer
 from specreg.serve.memory import ANON_ESTIMATE, Resident, budget_str, file_bytes, resident
+from specreg.serve.pooled import pooled
 from specreg.serve.routes import BackendSpec, RouteTable
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,8 @@ class Backend:
         self.ready = asyncio.Event()
         self.starts = 0
         self.speculative: bool | None = None
+        # drafts from an n-gram pool of everything the process read (serve.pooled)
+        self.pooled = pooled(spec.config.spec_type)
         self.spec_warning = ""
         self.last_exit = ""  # how the last process ended, with llama.cpp's message
         self.failure = ""  # set when the backend was given up

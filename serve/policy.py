@@ -65,6 +65,8 @@ NEW_K_SIGMA = 0.35  # prior sigma of a candidate that joins from a neighbour's p
 # generated, over at least IDLE_RETIRE_REQUESTS requests, decodes as plain decoding does plus
 # the cost of drafting (it cannot gain more than that share): with plain among the candidates it
 # retires, rather than splitting requests with plain for ever on noise.
+# A candidate whose drafts come from a pool of what its server read (ngram-mod) is judged so
+# only on requests it served warm (the caller says which: specreg.serve.pooled).
 IDLE_RETIRE_REQUESTS = 3
 IDLE_SHARE = 0.02
 BAND = 0.9  # the band shown with each posterior
@@ -204,9 +206,10 @@ class Arm:
         drafted: int | None = None,
         accepted: int | None = None,
         generated: int | None = None,
+        cold: bool = False,
     ) -> None:
         self.requests += 1
-        if drafted is not None and accepted is not None and generated and tps > 0:
+        if drafted is not None and accepted is not None and generated and tps > 0 and not cold:
             self.figured += 1
             self.drafted += drafted
             self.accepted += accepted
@@ -346,15 +349,17 @@ class TaskPolicy:
         drafted: int | None = None,
         accepted: int | None = None,
         generated: int | None = None,
+        cold: bool = False,
     ) -> None:
         """One served request's decode throughput (None: no figure, e.g. a failure) and, when
         the server reported them, the draft tokens it proposed, those the target accepted and
-        the tokens it generated."""
+        the tokens it generated. `cold`: its drafts came from a pool of earlier texts that
+        held too few yet; they do not count towards the idle rule (its speed still does)."""
         arm = self.arms.get(key)
         if arm is None:
             return
         weight = request_weight(concurrency) if tps else 0.0
-        arm.observe(tps or 0.0, weight, drafted, accepted, generated)
+        arm.observe(tps or 0.0, weight, drafted, accepted, generated, cold=cold)
         self._shift()
         self._retire()
         self._retire_idle(arm)

@@ -34,6 +34,7 @@ from specreg.serve.backends import BackendPool, BackendStatus
 from specreg.serve.classify import fitted_classifier
 from specreg.serve.memory import default_budget
 from specreg.serve.policy import KIND_PLAIN
+from specreg.serve.pooled import PooledState
 from specreg.serve.recorder import RunRecorder
 from specreg.serve.routes import (
     DEFAULT_PARALLEL,
@@ -79,6 +80,8 @@ class ServeOptions:
     seed: int = 0  # the adaptive policy's: the same evidence gives the same choices
     memory_budget: int | None = None  # bytes all backends may hold; None: MemAvailable share
     traffic_every: int = TRAFFIC_CACHE_EVERY  # requests of a task per traffic cache (0: none)
+    # adaptive: backends with pooled n-gram state read the traffic sent elsewhere (serve.pooled)
+    share_state: bool = True
 
     @property
     def loopback(self) -> bool:
@@ -378,6 +381,7 @@ async def _main(
         recorder=recorder,
         router=router,
         traffic=traffic,
+        pooled=PooledState() if adaptive and options.share_state else None,
         max_body=options.max_body,
         ready_timeout=options.startup_timeout,
         request_timeout=options.request_timeout,

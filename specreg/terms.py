@@ -108,6 +108,10 @@ CROSS_REQUEST_STATE: dict[str, str] = {
     "`cache_size` across requests; begin() is a no-op, so a request adds nothing until it "
     "outgrows the longest earlier one",
 }
+# Types whose state is one pool per server that every prompt it reads adds to: a long-lived
+# server drafts from the whole stream it served (serve feeds such a backend the traffic the
+# policy sent elsewhere: specreg.serve.pooled).
+POOLED_STATE_TYPES: tuple[str, ...] = ("ngram-mod",)
 # Types whose state lives within one request, and where the build says so.
 REQUEST_STATE: dict[str, str] = {
     "ngram-simple": "common_speculative_impl_ngram_simple: begin() is a no-op; drafts come from "

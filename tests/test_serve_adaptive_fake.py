@@ -6,6 +6,7 @@ stored evidence are checked deterministically (fixed timings, seeded policy)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections import Counter
@@ -25,6 +26,7 @@ from specreg.serve.app import Service
 from specreg.serve.backends import BackendPool
 from specreg.serve.classify import fitted_classifier
 from specreg.serve.policy import KIND_DRAFT, KIND_NGRAM, KIND_PLAIN, ORIGIN_K_OUTWARD
+from specreg.serve.pooled import PooledState
 from specreg.serve.routes import (
     POLICY_ADAPTIVE,
     BackendSpec,
@@ -47,6 +49,7 @@ def opt(name, default=None):
 tps = float(opt("--fake-tps", "10"))
 accept = float(opt("--fake-accept", "0"))  # share of the generated tokens drafts gave
 mode = opt("--fake-mode", "ok")
+log = opt("--fake-log")  # every POST's path and body, a JSON line each
 hold = bytearray(b"x" * (int(opt("--fake-mem", "0")) << 20))  # resident: written pages
 if mode == "no-start":
     print("E main: failed to load model '/models/broken.gguf'", file=sys.stderr, flush=True)
@@ -73,7 +76,10 @@ class H(BaseHTTPRequestHandler):
     def do_POST(self):
         global served
         n = int(self.headers.get("content-length", 0))
-        self.rfile.read(n)
+        data = self.rfile.read(n)
+        if log:
+            with open(log, "a") as f:
+                f.write(json.dumps({"path": self.path, "body": json.loads(data)}) + "\n")
         served += 1
         if mode == "crash":
             print("E ggml_abort: fake crash", file=sys.stderr, flush=True)
@@ -125,7 +131,8 @@ Body = Callable[[httpx.AsyncClient, Service], Awaitable[Any]]
 
 
 def serve(tmp_path: Path, t: RouteTable, body: Body, *, budget: int | None = None,
-          router: Router | None = None, recorder: Any = None) -> Any:  # fmt: skip
+          router: Router | None = None, recorder: Any = None,
+          pooled: PooledState | None = None) -> Any:  # fmt: skip
     async def main() -> Any:
         pool = BackendPool(t, env=dict(os.environ), logs=tmp_path / "logs", memory_budget=budget,
                            lazy=True, startup_timeout=30)  # fmt: skip
@@ -133,6 +140,7 @@ def serve(tmp_path: Path, t: RouteTable, body: Body, *, budget: int | None = Non
             t, pool, fitted_classifier(),
             templates={b.name: run_template(b, INSTALL, detect_host()) for b in t.backends},
             router=router or Router(t, seed=0), recorder=recorder, ready_timeout=30,
+            pooled=pooled,
         )  # fmt: skip
         await pool.start([t.routes[0].backend])
         await service.open()
@@ -147,10 +155,10 @@ def serve(tmp_path: Path, t: RouteTable, body: Body, *, budget: int | None = Non
     return asyncio.run(main())
 
 
-async def ask(client: httpx.AsyncClient) -> httpx.Response:
+async def ask(client: httpx.AsyncClient, text: str = "hi") -> httpx.Response:
     return await client.post(
         "/v1/chat/completions",
-        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 24},
+        json={"messages": [{"role": "user", "content": text}], "max_tokens": 24},
         headers={"X-Specreg-Task": "code"},
     )
 
@@ -329,3 +337,49 @@ def test_a_candidate_that_drafts_nothing_retires_in_favour_of_plain(
     assert arms["idle"]["status"] == "retired" and arms["idle"]["requests"] == 3
     assert "0 accepted draft token(s) of 72 generated in 3 request(s)" in arms["idle"]["why"]
     assert chosen[-10:] == ["plain"] * 10 and code["choice"] == "plain"
+
+
+def test_a_pooled_state_backend_reads_the_traffic_sent_elsewhere(
+    tmp_path: Path, fake: Path
+) -> None:
+    # ngram-mod drafts from a pool of everything its server read: before each request it
+    # serves, it reads the requests plain served since (one token generated per catch-up), and
+    # its drafts are judged by the idle rule only once it has read WARM_TEXTS of them
+    log = tmp_path / "ngram.jsonl"
+    plain = backend(fake, "plain", Config(), "--fake-tps", "20")
+    ngram = backend(fake, "ngram", Config(spec_type="ngram-mod"), "--fake-tps", "20",
+                    "--fake-accept", "0", "--fake-log", str(log))  # fmt: skip
+    t = table([plain, ngram], [cand(plain, KIND_PLAIN, 20.0), cand(ngram, KIND_NGRAM, 22.0)])
+    state = PooledState(warm=4)
+
+    async def body(client: httpx.AsyncClient, service: Service) -> Any:
+        got = [await ask(client, f"prompt number {i}") for i in range(16)]
+        return got, (await client.get("/v1/specreg/status")).json()
+
+    got, status = serve(tmp_path, t, body, pooled=state)
+    chosen = [r.headers["x-specreg-backend"] for r in got]
+    posts = [json.loads(line) for line in log.read_text().splitlines()]
+    # what the ngram backend was sent, in order: catch-ups, then the requests it served
+    served_here = [p["body"]["messages"][0]["content"] for p in posts if "messages" in p["body"]]
+    assert served_here == [f"prompt number {i}" for i, b in enumerate(chosen) if b == "ngram"]
+    read = " ".join(p["body"]["prompt"] for p in posts if p["path"] == "/completion")
+    last = max(i for i, b in enumerate(chosen) if b == "ngram")
+    for i, b in enumerate(chosen):
+        # every request plain served before ngram's last one was read by ngram, once
+        if b == "plain" and i < last:
+            assert read.count(f"prompt number {i}\n") == 1, (i, chosen)
+        elif b == "plain":
+            assert f"prompt number {i}\n" not in read, (i, chosen)
+    assert all(p["body"]["n_predict"] == 1 for p in posts if p["path"] == "/completion")
+    (code,) = [x for x in status["tasks"] if x["task"] == "code"]
+    arms = {c["key"]: c for c in code["candidates"]}
+    # retired by the idle rule on its third warm request: at the start of request i it has
+    # read the i requests before it (the backlog holds them all), so it is warm from i = 4
+    warm = [i for i, b in enumerate(chosen) if b == "ngram" and i >= state.warm]
+    assert arms["ngram"]["status"] == "retired", arms
+    assert len(warm) == 3 and warm[-1] == last, chosen
+    assert any(b == "ngram" for b in chosen[: state.warm]), chosen  # cold ones were served
+    assert "in 3 request(s)" in arms["ngram"]["why"] and arms["ngram"]["generated"] == 72
+    shown = status["pooled_state"]
+    assert shown["fed_texts"] == read.count("prompt number ") == last - (len(served_here) - 1)
+    assert shown["texts_read"]["ngram"] == last + 1 and shown["failures"] == 0

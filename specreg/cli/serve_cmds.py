@@ -97,6 +97,15 @@ SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'spe
     "judged on later requests only. Requests' texts are kept in the registry for this; 0 "
     "builds no cache and keeps no text.",
 )
+@click.option(
+    "--share-state/--no-share-state",
+    default=True,
+    show_default=True,
+    help="Under --policy adaptive: before a backend whose drafts come from what its server "
+    "has read (ngram-mod) serves a request, it reads the target's requests served elsewhere "
+    "since (prompt processing only, shown in the status), so its drafts and its evidence do "
+    "not depend on how the policy routed earlier requests.",
+)
 @click.option("--no-record", is_flag=True, help="Do not record served requests as runs.")
 @click.option(
     "--dry-run", is_flag=True, help="Print the route table with the reasons; start nothing."
@@ -119,6 +128,7 @@ def serve_cmd(
     seed: int,
     memory_budget: str | None,
     traffic_every: int,
+    share_state: bool,
     no_record: bool,
     dry_run: bool,
     db_path: Path | None,
@@ -151,6 +161,7 @@ def serve_cmd(
     options = serving.ServeOptions(
         host=bind, port=port, max_body=max_body, record=not no_record, seed=seed,
         memory_budget=_budget(memory_budget), traffic_every=traffic_every,
+        share_state=share_state,
     )  # fmt: skip
     router = prepared.router(seed)
     if not options.loopback:
