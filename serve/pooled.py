@@ -113,7 +113,7 @@ class PooledState:
             return
         self.seq += 1
         queue = self.texts.setdefault(target, deque(maxlen=self.backlog))
-        queue.append(_Text(self.seq, backend, text))
+        queue.append(_Text(self.seq, backend, text[-CALL_CHARS:]))  # all a call reads of it
         reader = self._reader(backend, starts)
         reader.texts += 1
 
@@ -157,7 +157,7 @@ class PooledState:
             return done
         t0 = time.perf_counter()
         for chunk in _chunks(todo, CALL_CHARS):
-            prompt = SEPARATOR.join(t.text[-CALL_CHARS:] for t in chunk)
+            prompt = SEPARATOR.join(t.text for t in chunk)
             body: dict[str, Any] = {
                 "prompt": prompt,
                 "n_predict": 1,
