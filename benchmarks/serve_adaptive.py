@@ -2,7 +2,7 @@
 
     flock /tmp/specreg-llama.lock python3 benchmarks/serve_adaptive.py MODEL [--prompts 200]
         [--candidates none,ngram-mod:16] [--n-predict 128] [--threads 1] [--png regret.png]
-        [--traffic-cache 24] [--json results.json]
+        [--traffic-cache 24] [--share-state] [--json results.json]
     # the real pair (issue 26): --qwen serves Qwen2.5-Coder-1.5B with the 0.5B as draft
     python3 benchmarks/serve_adaptive.py --qwen [--candidates none,draft-simple:4,ngram-mod:16]
 
@@ -182,6 +182,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--traffic-cache", type=int, default=24)
+    ap.add_argument("--share-state", action="store_true", help="adaptive serve --share-state")
     ap.add_argument("--png", default="serve_adaptive_regret.png")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
@@ -198,7 +199,8 @@ def main() -> None:
     pins = [x for c in cands for x in ("--pin", f"default={c}")]
     t0, load0 = time.monotonic(), loadavg()
     adaptive, status = run(model, args, prompts, *pins, "--policy", "adaptive", "--seed",
-                           str(args.seed), "--traffic-cache", str(args.traffic_cache))  # fmt: skip
+                           str(args.seed), "--traffic-cache", str(args.traffic_cache),
+                           *(["--share-state"] if args.share_state else []))  # fmt: skip
     single = {c: run(model, args, prompts, "--policy", "fixed", "--pin", f"default={c}")[0]
               for c in cands}  # fmt: skip
     static, _ = run(model, args, prompts, "--policy", "fixed")

@@ -80,8 +80,10 @@ class ServeOptions:
     seed: int = 0  # the adaptive policy's: the same evidence gives the same choices
     memory_budget: int | None = None  # bytes all backends may hold; None: MemAvailable share
     traffic_every: int = TRAFFIC_CACHE_EVERY  # requests of a task per traffic cache (0: none)
-    # adaptive: backends with pooled n-gram state read the traffic sent elsewhere (serve.pooled)
-    share_state: bool = True
+    # adaptive: backends with pooled n-gram state read the traffic sent elsewhere (serve.pooled);
+    # off by default: the catch-up's prompt processing cost 50-75 % of the generation seconds
+    # on the 2-core host's streams (docs/adaptive-serving.md)
+    share_state: bool = False
 
     @property
     def loopback(self) -> bool:
