@@ -8,7 +8,9 @@ the random-weight synthetic MoE, Gemma-3-270M Q4_K_M with its Q8_0/Q4_0 self-dra
 synthetic MoE with its Q8_0 self-draft, and the real pair of two sizes: Qwen2.5-Coder-1.5B with
 its 0.5B draft, from `specreg llama models`) and every task prompt set:
 
-* agreement: `measure_agreement` (same top token on the target's own greedy text);
+* agreement: `measure_agreement` (same top token on the target's own greedy text), over the
+  answers' tokens (the default: what speculation drafts) and over the whole text with its
+  prompts (what `agree` scored before), both from one measurement;
 * first-encounter acceptance: one draft-simple run at K on a fresh llama-server (accepted /
   drafted over the task's prompts, no warm-up, nothing replayed);
 * the predicted accepted-per-drafted at K from agreement (draft-simple's rules at the build's
@@ -22,6 +24,7 @@ against the prior's. Runs go to a throwaway registry; logits and texts to the ca
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import tempfile
 import time
@@ -104,9 +107,10 @@ def main() -> None:
         f"draft-simple K={args.k}, {args.n_predict} tokens a prompt, fresh server per run; "
         f"agreement on the target's greedy text of {agree_n} tokens a prompt\n"
     )
-    print("| target | draft | task | agreement | KLD | agree s | predicted acc/drafted "
-          "| prior's guess | measured acc/drafted (accepted/drafted) | run s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| target | draft | task | agreement (answers) | whole text | KLD | agree s "
+          "| predicted acc/drafted | from whole text | prior's guess "
+          "| measured acc/drafted (accepted/drafted) | run s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     with opened(home / "registry.duckdb") as con:
         for target, draft in pairs:
@@ -135,23 +139,32 @@ def main() -> None:
                     continue
                 measured = run.acceptance if run.acceptance is not None else 0.0
                 predicted = drafted_acceptance_at(point.same_top, args.k)
+                whole = point.text_same_top if point.text_same_top is not None else math.nan
+                from_whole = drafted_acceptance_at(whole, args.k)
                 prior_pred = float(drafted_acceptance(guess, args.k))
-                rows.append((point.same_top, measured, predicted, prior_pred, guess))
+                rows.append((point.same_top, measured, predicted, prior_pred, guess, whole,
+                             from_whole))  # fmt: skip
+                scored = "" if point.scored == "answers" else f" ({point.scored})"
                 print(
-                    f"| {target.name} | {draft.name} | {task} | {point.same_top:.1%} | "
-                    f"{point.mean_kld:.3f} | {agree_s:.1f} | {predicted:.1%} | {prior_pred:.1%} "
+                    f"| {target.name} | {draft.name} | {task} | {point.same_top:.1%}{scored} "
+                    f"| {whole:.1%} | {point.mean_kld:.3f} | {agree_s:.1f} | {predicted:.1%} "
+                    f"| {from_whole:.1%} | {prior_pred:.1%} "
                     f"| {measured:.1%} ({run.draft_n_accepted}/{run.draft_n}) | {run_s:.1f} |"
                 )
     agreement = [r[0] for r in rows]
     measured = [r[1] for r in rows]
     rho = spearmanr(agreement, measured).statistic
     rho_prior = spearmanr([r[4] for r in rows], measured).statistic
+    rho_whole = spearmanr([r[5] for r in rows], measured).statistic
     mae = statistics.fmean(abs(r[2] - r[1]) for r in rows)
     mae_prior = statistics.fmean(abs(r[3] - r[1]) for r in rows)
+    mae_whole = statistics.fmean(abs(r[6] - r[1]) for r in rows)
     print(f"\n{len(rows)} pairs x tasks")
     print(f"Spearman(agreement, measured acceptance) = {rho:.3f} (goal >= 0.8); "
+          f"over the whole text: {rho_whole:.3f}; "
           f"the prior's acceptance: {rho_prior:.3f}")  # fmt: skip
     print(f"MAE of accepted/drafted at K={args.k}: from agreement {mae:.3f} (goal <= 0.10); "
+          f"from whole-text agreement {mae_whole:.3f}; "
           f"the prior's guess {mae_prior:.3f}")  # fmt: skip
 
 

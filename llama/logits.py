@@ -29,10 +29,12 @@ agrees (what a draft `p_min` cuts).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from specreg.errors import UsageError
 
@@ -44,6 +46,12 @@ LOG_P_FLOOR = -16.0
 P_MIN_GRID: tuple[float, ...] = (0.0, 0.3, 0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 0.95)
 # Rows decoded at once: bounds memory at ~ROWS_PER_BLOCK * n_vocab * 8 bytes per file.
 ROWS_PER_BLOCK = 32
+# Locating an answer in a text's tokens: pieces of this many of its token ids are looked for
+# within ANSWER_SLACK tokens of where the token counts put them (the joined text re-tokenizes
+# a token or two differently at each seam; copies of the answer elsewhere, in the prompt it
+# summarises or edits, lie further away).
+ANSWER_PIECE = 8
+ANSWER_SLACK = 24
 
 
 def row_width(n_vocab: int) -> int:
@@ -94,6 +102,58 @@ class LogitsHeader:
         first = self.n_ctx // 2
         chunks = self.tokens.reshape(self.n_chunk, self.n_ctx)
         return chunks[:, first + 1 :].reshape(-1)
+
+    def next_positions(self) -> np.ndarray:
+        """Where in `tokens` the token each scored row predicts is, in row order."""
+        first = self.n_ctx // 2
+        starts = np.arange(self.n_chunk)[:, None] * self.n_ctx
+        return (starts + np.arange(first + 1, self.n_ctx)[None, :]).reshape(-1)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A generated answer inside a text: its token ids, and where the token counts put its
+    first token among the text's tokens (to within a few tokens)."""
+
+    start: int
+    ids: tuple[int, ...]
+
+
+def answer_positions(
+    tokens: np.ndarray,
+    answers: Sequence[Answer],
+    *,
+    piece: int = ANSWER_PIECE,
+    slack: int = ANSWER_SLACK,
+) -> np.ndarray:
+    """True at each of `tokens` that belongs to an answer, found by the answer's own ids.
+
+    Each answer is cut into pieces of `piece` ids (the first id left out: it may merge with
+    the prompt's last characters), and each piece is looked for within `slack` tokens of where
+    it should be, that place moving with every piece found (a seam that re-tokenized
+    differently shifts the rest). A piece not found is left out, so the mask never claims a
+    prompt token."""
+    mask = np.zeros(len(tokens), dtype=bool)
+    if len(tokens) < piece:
+        return mask
+    windows = sliding_window_view(tokens, piece)
+    for a in answers:
+        ids = np.asarray(a.ids, dtype=tokens.dtype)
+        offsets = list(range(1, len(ids) - piece + 1, piece))
+        if len(ids) > piece and (not offsets or offsets[-1] + piece < len(ids)):
+            offsets.append(len(ids) - piece)  # the tail
+        shift = 0
+        for off in offsets:
+            expect = a.start + off + shift
+            lo, hi = max(0, expect - slack), min(len(windows), expect + slack + 1)
+            if lo >= hi:
+                continue
+            hits = lo + np.nonzero((windows[lo:hi] == ids[off : off + piece]).all(axis=1))[0]
+            if len(hits):
+                at = int(hits[np.argmin(np.abs(hits - expect))])
+                mask[at : at + piece] = True
+                shift = at - a.start - off
+    return mask
 
 
 def read_header(path: Path) -> LogitsHeader:
@@ -205,11 +265,20 @@ def _check_same_tokens(base: LogitsHeader, other: LogitsHeader) -> int:
     return n_chunk
 
 
-def compare(base_path: Path, other_path: Path, temperature: float = 0.0) -> Comparison:
-    """Compare two saved-logits files of the same text, over the ids both vocabularies have."""
+def compare(
+    base_path: Path,
+    other_path: Path,
+    temperature: float = 0.0,
+    answers: Sequence[Answer] | None = None,
+) -> Comparison:
+    """Compare two saved-logits files of the same text, over the ids both vocabularies have;
+    with `answers`, only at the rows that predict an answer's token (what speculation drafts)."""
     base, other = read_header(base_path), read_header(other_path)
     n_chunk = _check_same_tokens(base, other)
     n_rows = n_chunk * scored_per_chunk(base.n_ctx)
+    keep = None
+    if answers is not None:
+        keep = answer_positions(base.tokens, answers)[base.next_positions()[:n_rows]]
     shared = min(base.n_vocab, other.n_vocab)
     rows_b, rows_o = base.rows(), other.rows()
     next_tok = base.next_tokens()[:n_rows]
@@ -242,6 +311,11 @@ def compare(base_path: Path, other_path: Path, temperature: float = 0.0) -> Comp
         rows = np.arange(stop - start)
         nll_b[start:stop] = -lb[rows, np.minimum(tok, base.n_vocab - 1)]
         nll_o[start:stop] = -lo[rows, np.minimum(tok, other.n_vocab - 1)]
+    if keep is not None:
+        same, kld, accept, conf, nll_b, nll_o = (
+            x[keep] for x in (same, kld, accept, conf, nll_b, nll_o)
+        )
+        n_rows = int(keep.sum())
     p_same = float(same.mean()) if n_rows else math.nan
     same_unc = math.sqrt(p_same * (1 - p_same) / (n_rows - 1)) if n_rows > 1 else math.nan
     kld_mean, kld_unc = mean_and_uncertainty(kld)

@@ -20,7 +20,13 @@ from test_quality_json import validate
 
 from specreg.cli.main import cli
 from specreg.host.machine import detect_host
-from specreg.quality.agreement import measure_agreement, plan_agreement
+from specreg.quality.agreement import (
+    MIN_ANSWER_ROWS,
+    SCORED_ANSWERS,
+    SCORED_TEXT,
+    measure_agreement,
+    plan_agreement,
+)
 from specreg.quality.kld import Measuring
 from specreg.registry.quality_store import (
     METHOD_KLD,
@@ -79,12 +85,20 @@ def test_agreement_orders_the_self_drafts_and_the_random_draft(
     plan = plan_agreement(con, target, (q8, q4, rand), ("code",))
     result = measure_agreement(con, measuring, plan)
     by = {Path(p.draft_path).name: p for p in result.points}
-    assert all(p.ok and p.method == METHOD_KLD for p in result.points), result.points
+    # by default over the answers' tokens only (what speculation drafts): the draft's logits
+    # are saved and compared per position, the whole text's share kept beside
+    assert all(p.ok and p.method == METHOD_SAVED for p in result.points), result.points
+    assert all(p.scored == SCORED_ANSWERS for p in result.points), result.points
     s8, s4, sr = (by[p.name].same_top for p in (q8, q4, rand))
     assert s8 is not None and s4 is not None and sr is not None
     assert s8 > s4 > 0.4 and s8 > 0.85 and sr < 0.05
     assert by[q8.name].mean_kld < by[q4.name].mean_kld < by[rand.name].mean_kld  # type: ignore[operator]
-    assert by[q8.name].n_tokens == CHUNKS * 63
+    # the answers are part of the scored positions, the prompts the rest (code prompts are
+    # short: most scored tokens are answers)
+    n = by[q8.name].n_tokens
+    assert n is not None and MIN_ANSWER_ROWS <= n < CHUNKS * 63
+    whole = by[q8.name].text_same_top
+    assert whole is not None and abs(whole - s8) < 0.1
     (text,) = result.texts
     assert not text.cached and text.text.source == TEXT_GENERATED and text.n_tokens >= 512
 
@@ -121,10 +135,13 @@ def test_temperature_acceptance_from_saved_logits_matches_the_tools_same_top(
 ) -> None:
     target = small_models.smollm2.path
     q4 = small_models.draft("smollm2", "Q4_0").path
-    greedy = measure_agreement(con, measuring, plan_agreement(con, target, (q4,), ("math",)))
+    # over the whole text, where llama-perplexity's own statistics exist to check against
+    plan = plan_agreement(con, target, (q4,), ("math",))
+    greedy = measure_agreement(con, measuring, plan, scored=SCORED_TEXT)
     warm = measure_agreement(
-        con, measuring, plan_agreement(con, target, (q4,), ("math",), temperature=0.7)
-    )
+        con, measuring, plan_agreement(con, target, (q4,), ("math",), temperature=0.7),
+        scored=SCORED_TEXT,
+    )  # fmt: skip
     g, w = greedy.points[0], warm.points[0]
     assert g.method == METHOD_KLD and w.method == METHOD_SAVED
     # Saved (quantized) draft logits against the tool's float ones: the same answer.
@@ -145,7 +162,8 @@ def test_the_command_reports_json(small_models: SmallModels, specreg_home: Path)
     assert (doc["version"], doc["kind"], doc["temperature"]) == ("1", "agreement", 0.0)
     validate(doc)  # tests/schemas pins every field
     (point,) = doc["points"]
-    assert point["task"] == "json" and point["method"] == METHOD_KLD and point["same_top"] > 0.8
+    assert point["task"] == "json" and point["method"] == METHOD_SAVED and point["same_top"] > 0.8
+    assert point["scored"] == SCORED_ANSWERS and point["text_same_top"] > 0.5
     assert doc["acceptance"] == "greedy (same top token)"
 
 

@@ -14,6 +14,8 @@ import pytest
 from specreg.errors import UsageError
 from specreg.llama.logits import (
     P_MIN_GRID,
+    Answer,
+    answer_positions,
     compare,
     decode_rows,
     logits_file_bytes,
@@ -249,3 +251,59 @@ def test_failures_carry_llama_cpps_own_line(tmp_path: Path) -> None:
     crash = failure_of("llama_model_load: error loading model: bad magic\n", 1, log)
     assert crash.kind == "load" and "exited with code 1" in str(crash)
     assert parse_saved_ppl("I Final estimate: PPL = 33.3589 +/- 6.50549") == (33.3589, 6.50549)
+
+
+def test_answers_are_found_by_their_ids_not_by_their_copies_in_the_prompt() -> None:
+    rng = np.random.default_rng(3)
+    answer = rng.integers(100, 200, size=40)
+    # a prompt that quotes the answer's middle (a summary copies from its text), then the
+    # answer itself, then a second prompt and answer; the counts put each answer 2 tokens off
+    prompt = np.concatenate([rng.integers(0, 100, 30), answer[8:32], rng.integers(0, 100, 20)])
+    other = rng.integers(200, 300, size=20)
+    tokens = np.concatenate([prompt, answer, [7], rng.integers(0, 100, 10), other])
+    start_1, start_2 = len(prompt), len(prompt) + 40 + 1 + 10
+    mask = answer_positions(
+        tokens, [Answer(start_1 + 2, tuple(answer)), Answer(start_2 - 2, tuple(other))]
+    )
+    assert not mask[: len(prompt)].any()  # the quoted copy is not an answer
+    # every answer token but the first (it may merge with the prompt's end) is found
+    assert mask[start_1 + 1 : start_1 + 40].all() and not mask[start_1]
+    assert mask[start_2 + 1 : start_2 + 20].all()
+    assert mask.sum() == 39 + 19
+
+
+def test_a_seam_that_tokenized_differently_shifts_the_rest_of_the_answer() -> None:
+    rng = np.random.default_rng(4)
+    answer = rng.integers(100, 200, size=48)
+    # in the joined text, two of the answer's tokens came out as three (a different merge)
+    joined = np.concatenate([answer[:20], [5, 6, 7], answer[22:]])
+    tokens = np.concatenate([rng.integers(0, 100, 16), joined, rng.integers(0, 100, 16)])
+    mask = answer_positions(tokens, [Answer(16, tuple(answer))])
+    where = np.nonzero(mask)[0]
+    assert not mask[:16].any() and not mask[16 + len(joined) :].any()
+    assert not mask[16 + 20 : 16 + 23].any()  # the re-tokenized seam is left out
+    assert len(where) >= 48 - 2 - 16  # at most the pieces touching the seam are lost
+    assert mask[-16 - 8 : -16].all()  # the tail, found past the shift
+
+
+def test_compare_over_answers_scores_only_their_rows(tmp_path: Path) -> None:
+    # 4 chunks of 8: rows predict positions 5, 6, 7 of each chunk. The draft agrees with the
+    # target on the rows predicting answer tokens (positions 16..31) and nowhere else.
+    n_vocab = 20
+    tokens = np.arange(4 * N_CTX) % n_vocab
+    header_rows = 4 * scored_per_chunk(N_CTX)
+    target = np.zeros((header_rows, n_vocab))
+    target[:, 1] = 5.0
+    draft = np.zeros((header_rows, n_vocab))
+    positions = (np.arange(4)[:, None] * N_CTX + np.arange(5, 8)[None, :]).reshape(-1)
+    in_answer = (positions >= 16) & (positions < 32)
+    draft[in_answer, 1] = 5.0
+    draft[~in_answer, 2] = 5.0
+    a = write_logits(tmp_path / "t.kld", target, tokens)
+    b = write_logits(tmp_path / "d.kld", draft, tokens)
+    assert read_header(a).next_positions().tolist() == positions.tolist()
+    whole = compare(a, b)
+    answers = [Answer(16, tuple(int(t) for t in tokens[15:32]))]
+    only = compare(a, b, answers=answers)
+    assert whole.n_tokens == 12 and whole.same_top == 0.5
+    assert only.n_tokens == 6 and only.same_top == 1.0

@@ -130,6 +130,15 @@ def quality_cmd(**kw: Any) -> None:
     "draft's top token.",
 )
 @n_predict_option(default=160, help="Tokens the target generates per prompt for its text.")
+@click.option(
+    "--scored",
+    type=click.Choice(["answers", "text"]),
+    default="answers",
+    show_default=True,
+    help="Positions agreement is taken over: the target's generated answers (what "
+    "speculation drafts; the draft's logits are saved and compared per position), or the "
+    "whole text with its prompts (llama-perplexity's own statistics).",
+)
 @_measure_options
 def agree_cmd(**kw: Any) -> None:
     """How often each DRAFT (default: every compatible draft in the registry) picks TARGET's
@@ -145,7 +154,9 @@ def agree_cmd(**kw: Any) -> None:
         drafts = [resolve_model_path(con, d) for d in kw["drafts"]]
         plan = plan_agreement(con, target, drafts, kw["tasks"], temperature=kw["temperature"])
         with measuring(as_json=kw["as_json"]):  # takes its turn on the host, says so
-            result = measure_agreement(con, _measuring(kw), plan, n_predict=kw["n_predict"])
+            result = measure_agreement(
+                con, _measuring(kw), plan, n_predict=kw["n_predict"], scored=kw["scored"]
+            )
     _emit(result, kw["as_json"], _print_agreement)
     if not result.ok:
         raise RunFailed("an agreement measurement failed and was recorded: see the table")
@@ -198,24 +209,28 @@ def _print_quality(r: QualityResult) -> None:
 def _print_agreement(r: AgreementResult) -> None:
     out = console()
     out.print(f"agreement with {Path(r.target).name}; acceptance: {r.acceptance_label}")
-    cols = ["draft", "task", "tokens", "same top", "mean KLD", "method"]
+    cols = ["draft", "task", "scored", "tokens", "same top", "whole text", "mean KLD", "method"]
     if r.temperature > 0:
-        cols.insert(4, f"accept @ T={r.temperature:g}")
+        cols.insert(6, f"accept @ T={r.temperature:g}")
     table = Table(*cols, box=None)
     for p in r.points:
         if not p.ok:
-            table.add_row(p.draft_name, p.task, "-", f"failed: {p.error}", *[""] * (len(cols) - 4))
+            table.add_row(
+                p.draft_name, p.task, "-", "-", f"failed: {p.error}", *[""] * (len(cols) - 5)
+            )
             continue
         row = [
             p.draft_name,
             p.task,
+            p.scored,
             str(p.n_tokens),
             _pm(p.same_top, p.same_top_unc, ".1f", 100) + " %",
+            "-" if p.text_same_top is None else f"{p.text_same_top:.1%}",
             _pm(p.mean_kld, p.mean_kld_unc),
             p.method,
         ]
         if r.temperature > 0:
-            row.insert(4, "-" if p.accept is None else f"{p.accept:.1%}")
+            row.insert(6, "-" if p.accept is None else f"{p.accept:.1%}")
         table.add_row(*row)
     out.print(table)
 
