@@ -141,17 +141,13 @@ class PooledState:
         """Send `backend` the target's texts it has not read. Never raises: a backend that
         cannot read them serves the request anyway (the failure is counted and returned)."""
         async with self.locks.setdefault(backend, asyncio.Lock()):
-            return await self._catch_up(client, url, target, backend, starts)
+            return await self._send(
+                client, url, backend, starts, self.pending(target, backend, starts)
+            )
 
-    async def _catch_up(
-        self,
-        client: aiohttp.ClientSession,
-        url: str,
-        target: str,
-        backend: str,
-        starts: int,
+    async def _send(
+        self, client: aiohttp.ClientSession, url: str, backend: str, starts: int, todo: list[_Text]
     ) -> CatchUp:
-        todo = self.pending(target, backend, starts)
         done = CatchUp()
         if not todo:
             return done
