@@ -74,7 +74,6 @@ class CatchUp:
     """One catch-up before a request: texts sent, and the seconds they took."""
 
     texts: int = 0
-    chars: int = 0
     seconds: float = 0.0
     failure: str | None = None
 
@@ -173,18 +172,13 @@ class PooledState:
             self._read(backend, starts, chunk)
             self.fed_calls += 1
             done.texts += len(chunk)
-            done.chars += len(prompt)
         done.seconds = time.perf_counter() - t0
         self.fed_texts += done.texts
         self.fed_seconds += done.seconds
         # what it could not read is skipped, not retried on every request
-        self._read_marks(backend, starts, todo)
-        return done
-
-    def _read_marks(self, backend: str, starts: int, texts: list[_Text]) -> None:
         reader = self._reader(backend, starts)
-        if texts:
-            reader.seq = max(reader.seq, texts[-1].seq)
+        reader.seq = max(reader.seq, todo[-1].seq)
+        return done
 
     def to_json(self) -> dict[str, Any]:
         return {
