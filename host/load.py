@@ -62,6 +62,9 @@ SPREAD_FACTOR = 4.0
 MIN_SPREAD = 0.35
 DEFAULT_NOISE_FLOOR = 0.1  # relative spread assumed until `specreg calibrate` measured one
 NOTE_EVERY_S = 10.0  # how often a wait says again what it waits for
+# The holder writes its name just after it takes the lock: a wait this young says nothing
+# until it can say whom it waits for.
+HOLDER_GRACE_S = 1.0
 TOP = 3  # consumers named in a message
 
 
@@ -482,7 +485,7 @@ def measurement_lock(what: str, *, policy: LoadPolicy | None = None) -> Iterator
                     f"host busy: {who} has held the measurement lock {path} for {waited:.0f} s; "
                     "wait for it to finish, or raise SPECREG_LOCK_WAIT"
                 )
-            if waited - last_note >= NOTE_EVERY_S:
+            if waited - last_note >= NOTE_EVERY_S and (holder or waited >= HOLDER_GRACE_S):
                 progress.note(f"waiting for {who} to finish before measuring {what} (taking turns)")
                 last_note = waited
             time.sleep(0.2)

@@ -167,6 +167,43 @@ def test_measurements_take_turns_and_the_one_that_waits_says_for_whom(
         other.wait()
 
 
+SLOW_TO_SIGN = """
+import fcntl, json, os, sys, time
+with open(sys.argv[1], "a+") as fh:
+    fcntl.flock(fh, fcntl.LOCK_EX)
+    open(sys.argv[2], "w").write("held")
+    time.sleep(0.5)  # holding, but not yet named in the file
+    fh.seek(0); fh.truncate()
+    fh.write(json.dumps({"pid": os.getpid(), "what": "the slow signer", "since": time.time()}))
+    fh.flush()
+    time.sleep(1.5)
+"""
+
+
+def test_a_wait_that_begins_before_the_holder_signs_still_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI's race: the lock was taken, its name not yet written; the first note must wait."""
+    monkeypatch.setenv(load.ENV_LOCK, str(tmp_path / "host.lock"))
+    held = tmp_path / "held"
+    other = subprocess.Popen(
+        [sys.executable, "-c", SLOW_TO_SIGN, str(tmp_path / "host.lock"), str(held)]
+    )
+    try:
+        while not held.exists():
+            time.sleep(0.01)
+        notes = Notes()
+        with progress.listening(notes), load.measurement_lock("plain on t.gguf"):
+            pass
+        assert notes.lines[0] == (
+            f"waiting for specreg measurement (pid {other.pid}: the slow signer) to "
+            "finish before measuring plain on t.gguf (taking turns)"
+        )
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_a_lock_held_past_the_bound_is_a_refusal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
