@@ -7,7 +7,9 @@
     python3 benchmarks/serve_adaptive.py --qwen [--candidates none,draft-simple:4,ngram-mod:16]
 
 The stream: code, prose, edit-a-supplied-text, summarise-a-supplied-text and JSON requests,
-each sent once, in a seeded random order. Measured in one run, each on its own `serve`:
+each sent once, in a seeded random order. Measured in one run, each on its own `serve`, all up
+at once; each prompt goes to every configuration in turn, in a rotating order, so a drift of
+the host falls on all alike:
   (a) adaptive serve over the candidates (pinned as a candidate set for every task);
   (b) serve pinned to each single candidate (--policy fixed); the best of them is the best
       fixed configuration in hindsight;
@@ -127,20 +129,25 @@ def row(timings: dict[str, Any], backend: str) -> Row:
     return backend, int(timings.get("predicted_n", 0)), timings.get("predicted_ms", 0.0) / 1000
 
 
-def run(model: str, args: argparse.Namespace, prompts: list[tuple[str, str]], *extra: str
-        ) -> tuple[list[Row], dict[str, Any]]:  # fmt: skip
-    """Per prompt (backend, generated tokens, generation seconds), and the final status."""
-    with tempfile.TemporaryDirectory() as home:
-        proc, url = start(model, args, Path(home), *extra)
-        out = []
+class Serve:
+    """One `specreg serve` with its own home, up until `stop`."""
+
+    def __init__(self, model: str, args: argparse.Namespace, *extra: str):
+        self._home = tempfile.TemporaryDirectory()
+        self.proc, self.url = start(model, args, Path(self._home.name), *extra)
+        self.rows: list[Row] = []
+
+    def ask(self, args: argparse.Namespace, task: str, prompt: str) -> None:
+        self.rows.append(row(*ask(self.url, args, task, prompt)))
+
+    def stop(self) -> dict[str, Any]:
+        """The final status; the serve and its backends are gone after."""
         try:
-            for task, prompt in prompts:
-                out.append(row(*ask(url, args, task, prompt)))
-            status = httpx.get(url + "/v1/specreg/status", timeout=30).json()
+            return httpx.get(self.url + "/v1/specreg/status", timeout=30).json()
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=120)
-    return out, status
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=120)
+            self._home.cleanup()
 
 
 def backend_argv(model: str, args: argparse.Namespace, pin: str) -> list[str]:
@@ -155,17 +162,12 @@ def backend_argv(model: str, args: argparse.Namespace, pin: str) -> list[str]:
     return list(backend["argv"])
 
 
-def fresh(model: str, args: argparse.Namespace, prompts: list[tuple[str, str]], pin: str
-          ) -> list[Row]:  # fmt: skip
-    """Each prompt on a fresh llama-server running `pin` as serve would: first encounter."""
-    argv = backend_argv(model, args, pin)
-    out = []
-    with tempfile.TemporaryDirectory() as logs:
-        for i, (task, prompt) in enumerate(prompts):
-            server = LlamaServer(argv, env=dict(os.environ), log_path=Path(logs) / f"{i}.log")
-            with server:
-                out.append(row(*ask(f"http://127.0.0.1:{server.port}", args, task, prompt)))
-    return out
+def fresh(argv: list[str], args: argparse.Namespace, task: str, prompt: str, logs: Path
+          ) -> Row:  # fmt: skip
+    """One prompt on a fresh llama-server running argv as serve would: first encounter."""
+    server = LlamaServer(argv, env=dict(os.environ), log_path=logs / f"{time.time_ns()}.log")
+    with server:
+        return row(*ask(f"http://127.0.0.1:{server.port}", args, task, prompt))
 
 
 def tps(rows: list[Row]) -> float:
@@ -198,14 +200,36 @@ def main() -> None:
     cands = (args.candidates or default).split(",")
     pins = [x for c in cands for x in ("--pin", f"default={c}")]
     t0, load0 = time.monotonic(), loadavg()
-    adaptive, status = run(model, args, prompts, *pins, "--policy", "adaptive", "--seed",
-                           str(args.seed), "--traffic-cache", str(args.traffic_cache),
-                           *(["--share-state"] if args.share_state else []))  # fmt: skip
-    single = {c: run(model, args, prompts, "--policy", "fixed", "--pin", f"default={c}")[0]
-              for c in cands}  # fmt: skip
-    static, _ = run(model, args, prompts, "--policy", "fixed")
-    first = {c: fresh(model, args, prompts, c) if keeps_state(c.split(":")[0]) else single[c]
-             for c in cands}  # fmt: skip
+    # Every configuration is up at once and each prompt goes to all of them in turn, in an order
+    # that rotates: a slow drift of the host falls on every configuration alike.
+    serves = {"adaptive": Serve(model, args, *pins, "--policy", "adaptive", "--seed",
+                                str(args.seed), "--traffic-cache", str(args.traffic_cache),
+                                *(["--share-state"] if args.share_state else []))}  # fmt: skip
+    serves |= {c: Serve(model, args, "--policy", "fixed", "--pin", f"default={c}") for c in cands}
+    serves["static"] = Serve(model, args, "--policy", "fixed")
+    stateful = {c: backend_argv(model, args, c) for c in cands if keeps_state(c.split(":")[0])}
+    first_rows: dict[str, list[Row]] = {c: [] for c in stateful}
+    try:
+        with tempfile.TemporaryDirectory() as logs:
+            turns = [*serves, *stateful]
+            for i, (task, prompt) in enumerate(prompts):
+                for name in turns[i % len(turns) :] + turns[: i % len(turns)]:
+                    if name in serves:
+                        serves[name].ask(args, task, prompt)
+                    else:
+                        first_rows[name].append(fresh(stateful[name], args, task, prompt,
+                                                      Path(logs)))  # fmt: skip
+                if (i + 1) % 20 == 0:
+                    print(f"  {i + 1}/{len(prompts)} prompts, {time.monotonic() - t0:.0f} s",
+                          file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        statuses = {name: srv.stop() for name, srv in serves.items()}
+    adaptive, status = serves["adaptive"].rows, statuses["adaptive"]
+    single = {c: serves[c].rows for c in cands}
+    static = serves["static"].rows
+    # plain and draft-simple keep no state across requests: a long-lived server's answer to a
+    # prompt is its first-encounter answer
+    first = {c: first_rows.get(c) or single[c] for c in cands}
     oracle = [max((first[c][i] for c in cands), key=lambda r: r[1] / max(r[2], 1e-9))
               for i in range(len(prompts))]  # fmt: skip
     best_c = max(cands, key=lambda c: tps(single[c]))
@@ -278,7 +302,8 @@ def main() -> None:
         args.json.write_text(json.dumps({
             "model": model, "candidates": cands, "room": room, "adaptive_vs_oracle": goal,
             "tps": {name: tps(rows) for name, rows in named}, "worst_task": worst,
-            "status": status,
+            "status": status, "tasks": [task for task, _ in prompts],
+            "rows": {name: rows for name, rows in named},
         }, indent=1, default=str))  # fmt: skip
 
 

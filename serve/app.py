@@ -115,6 +115,9 @@ class Service:
             # a crashed candidate is retired, not restarted (unless a policy has no other)
             pool.on_crash = lambda backend, why: self.router.retire(backend.name, why)
         self.inflight: set[_Call] = set()
+        # Work of serve's own on the same cores (a traffic cache's build): it counts as one
+        # more request in flight for every request it overlaps.
+        self.neighbours = 0
         self.max_body = max_body
         self.ready_timeout = ready_timeout
         self.request_timeout = request_timeout
@@ -131,6 +134,17 @@ class Service:
             ],
             exception_handlers={HTTPException: _http_error},
         )
+
+    def count_concurrency(self) -> None:
+        """Every request in flight ran alongside all the others and serve's own work."""
+        n = len(self.inflight) + self.neighbours
+        for call in self.inflight:
+            call.concurrency = max(call.concurrency, n)
+
+    def neighbour(self, started: bool) -> None:
+        """Serve's own work on the cores started or ended (on the event loop's thread)."""
+        self.neighbours = max(self.neighbours + (1 if started else -1), 0)
+        self.count_concurrency()
 
     async def open(self) -> None:
         # aiohttp's client costs a quarter of httpx's per request (0.12 vs 0.44 ms measured
@@ -352,9 +366,7 @@ class _Call:
         """Count this request as decoding (with every other one in flight: same cores)."""
         live = self.service.inflight
         live.add(self)
-        n = len(live)
-        for other in live:
-            other.concurrency = max(other.concurrency, n)
+        self.service.count_concurrency()
         self.backend.inflight += 1
         self._live = True
 

@@ -309,7 +309,8 @@ def serve(
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
-    loop.call_soon_threadsafe(fn, *args)
+    with contextlib.suppress(RuntimeError):  # the loop has closed: serve has stopped
+        loop.call_soon_threadsafe(fn, *args)
 
 
 @dataclass
@@ -368,12 +369,19 @@ async def _main(
             dropping.add(job)
             job.add_done_callback(dropping.discard)
 
+    service: Service | None = None
+
+    def neighbour(busy: bool) -> None:
+        if service is not None:
+            service.neighbour(busy)
+
     traffic = None
     if adaptive and recorder is not None and options.traffic_every > 0:
         traffic = TrafficCaches(
             db_path, install, host, every=options.traffic_every, states=traffic_states,
             schedule=recorder.schedule,
             on_built=lambda *built: _call_soon(loop, offer, *built),
+            on_busy=lambda busy: _call_soon(loop, neighbour, busy),
         )  # fmt: skip
     service = Service(
         table,

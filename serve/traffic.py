@@ -179,6 +179,7 @@ class TrafficCaches:
         states: Mapping[tuple[str, str], TrafficState],
         schedule: Callable[[Callable[[], None]], None],
         on_built: OnBuilt,
+        on_busy: Callable[[bool], None] = lambda busy: None,
     ):
         self.db_path = db_path
         self.install = install
@@ -189,6 +190,7 @@ class TrafficCaches:
         self.built_from = {key: s.built_from for key, s in states.items()}
         self.schedule = schedule  # runs a job on the recorder's thread
         self.on_built = on_built
+        self.on_busy = on_busy  # a build takes the cores (True) and gives them back (False)
         self.building: set[tuple[str, str]] = set()
         self.failures: list[str] = []
         self._lock = threading.Lock()
@@ -206,6 +208,13 @@ class TrafficCaches:
         self.schedule(lambda: self._build(job))
 
     def _build(self, job: _Job) -> None:
+        self.on_busy(True)  # the requests it overlaps ran under load: they count less
+        try:
+            self._build_one(job)
+        finally:
+            self.on_busy(False)
+
+    def _build_one(self, job: _Job) -> None:
         from specreg.registry.db import opened
         from specreg.runner.lookup_cache import BuildRequest, build_cache
 

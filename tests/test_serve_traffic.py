@@ -10,11 +10,19 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specreg.host.machine import detect_host
+from specreg.llama.config import Config
+from specreg.llama.install import LlamaInstall
 from specreg.registry.db import opened
 from specreg.registry.run_store import STATUS_OK, PromptRecord, RunRecord, list_runs
+from specreg.serve.app import Service
+from specreg.serve.backends import BackendPool
+from specreg.serve.classify import fitted_classifier
 from specreg.serve.recorder import RunRecorder
+from specreg.serve.routes import BackendSpec, RouteTable, Target
 from specreg.serve.traffic import (
     MAX_TEXT_CHARS,
+    TrafficCaches,
     answer_text,
     cache_name,
     delta_text,
@@ -85,3 +93,49 @@ def test_a_scheduled_job_runs_after_the_runs_queued_before_it(tmp_path: Path) ->
     finally:
         recorder.close()
     assert seen == [3]
+
+
+class _InFlight:
+    concurrency = 1
+
+
+def test_a_build_is_load_on_every_request_it_overlaps(tmp_path: Path) -> None:
+    """llama-lookup-create shares the cores: requests decoding beside it count less."""
+    db = tmp_path / "registry.duckdb"
+    with opened(db):
+        pass
+    target = Target("tiny", "f" * 32, str(tmp_path / "tiny.gguf"))
+    spec = BackendSpec(
+        name="tiny-plain", target=target, config=Config(), draft_id=None, draft_path=None,
+        prefix=(), binary="/nonexistent/llama-server", flags=("-m", target.path),
+    )  # fmt: skip
+    table = RouteTable((target,), (), (spec,))
+    pool = BackendPool(table, env={}, logs=tmp_path)
+    service = Service(table, pool, fitted_classifier(), templates={})
+    before, during, after = _InFlight(), _InFlight(), _InFlight()
+    service.inflight.add(before)  # type: ignore[arg-type]
+    seen: list[tuple[bool, int]] = []
+
+    def on_busy(busy: bool) -> None:
+        service.neighbour(busy)
+        if busy:
+            assert before.concurrency == 2  # itself and the build
+            service.inflight.add(during)  # type: ignore[arg-type]
+            service.count_concurrency()  # as a request's begin() does
+        else:
+            service.inflight -= {before, during}  # type: ignore[arg-type]
+            service.inflight.add(after)  # type: ignore[arg-type]
+            service.count_concurrency()
+        seen.append((busy, service.neighbours))
+
+    install = LlamaInstall(tmp_path / "no-build", "test", "0 (test)", "spec-type", (), ())
+    caches = TrafficCaches(
+        db, install, detect_host(), every=1, states={}, schedule=lambda job: job(),
+        on_built=lambda *built: None, on_busy=on_busy,
+    )  # fmt: skip
+    caches.note("tiny", target.model_id, target.path, "code")
+    # the build failed (no runs, no binary), and still gave the cores back
+    assert seen == [(True, 1), (False, 0)]
+    assert caches.failures and caches.failures[0].startswith("traffic cache for tiny/code")
+    # both ran beside each other and the build; the one after it, alone
+    assert (before.concurrency, during.concurrency, after.concurrency) == (3, 3, 1)
