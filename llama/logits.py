@@ -270,15 +270,23 @@ def compare(
     other_path: Path,
     temperature: float = 0.0,
     answers: Sequence[Answer] | None = None,
+    spans: Sequence[tuple[int, int]] | None = None,
 ) -> Comparison:
     """Compare two saved-logits files of the same text, over the ids both vocabularies have;
-    with `answers`, only at the rows that predict an answer's token (what speculation drafts)."""
+    with `answers`, only at the rows that predict an answer's token (what speculation drafts);
+    with `spans` (token places, [start, end)), only at the rows that predict a token in one."""
     base, other = read_header(base_path), read_header(other_path)
     n_chunk = _check_same_tokens(base, other)
     n_rows = n_chunk * scored_per_chunk(base.n_ctx)
     keep = None
     if answers is not None:
         keep = answer_positions(base.tokens, answers)[base.next_positions()[:n_rows]]
+    if spans is not None:
+        inside = np.zeros(len(base.tokens), dtype=bool)
+        for start, end in spans:
+            inside[max(start, 0) : max(end, 0)] = True
+        in_spans = inside[base.next_positions()[:n_rows]]
+        keep = in_spans if keep is None else keep & in_spans
     shared = min(base.n_vocab, other.n_vocab)
     rows_b, rows_o = base.rows(), other.rows()
     next_tok = base.next_tokens()[:n_rows]

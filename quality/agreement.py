@@ -77,6 +77,16 @@ SCORED_ANSWERS = "answers"
 SCORED_TEXT = "text"
 # Fewer answer rows than this in the scored chunks: the whole text is scored instead.
 MIN_ANSWER_ROWS = 24
+# How the prompts and answers are laid out in the text the models are scored on.
+# joined: one after another (what llama-perplexity scores as prose; `--scored text`).
+# chunked: each prompt and its answer alone in one chunk, at its end: llama-perplexity scores
+# the second half of every chunk with nothing before the chunk in context, so the answer is
+# scored with its whole prompt in view (a summary with the text it summarises) and none of
+# the answer falls in an unscored first half. Filler words lead each chunk up to its prompt.
+LAYOUT_JOINED = "joined"
+LAYOUT_CHUNKED = "chunked"
+FILLER = " the"  # one token in every tokenizer we ship for; never scored
+CHUNK_MARGIN = 16  # tokens kept free at a chunk's end: re-tokenized seams move a part a little
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,53 @@ class GeneratedText:
     n_tokens: int  # prompt and generated tokens, as llama-server counted them
     cached: bool
     answers: tuple[Answer, ...] = ()  # the generated parts, by token ids and rough place
+    layout: str = LAYOUT_JOINED
+    ctx: int | None = None  # the chunk length a chunked layout was made for
+    spans: tuple[tuple[int, int], ...] = ()  # a chunked layout's prompt-and-answer tokens
+
+
+@dataclass(frozen=True)
+class _Part:
+    prompt: str
+    answer: str
+    prompt_n: int
+    answer_n: int  # as the server counted its generated tokens
+    answer_ids: tuple[int, ...]
+
+
+def _chunk_len(parts: Sequence[_Part], min_ctx: int) -> int:
+    """The shortest power-of-two chunk that holds every part with room to spare and scores
+    every answer token (the scored rows are the chunk's second half), with room to spare
+    there too: the answer may start a few tokens early."""
+    need = max(
+        max(p.prompt_n + p.answer_n + 2 * CHUNK_MARGIN, 2 * p.answer_n + 3 * CHUNK_MARGIN + 2)
+        for p in parts
+    )
+    c = max(min_ctx, MIN_CTX)
+    while c < need:
+        c *= 2
+    return c
+
+
+def chunked_layout(
+    parts: Sequence[_Part], min_ctx: int
+) -> tuple[str, int, tuple[Answer, ...], tuple[tuple[int, int], ...]]:
+    """(text, chunk length, answers, spans): part i ends CHUNK_MARGIN tokens before the end of
+    chunk i, led up to by filler. Token places are the server's counts (a BOS first), good to
+    a few tokens; `answer_positions` finds each answer exactly by its ids."""
+    c = _chunk_len(parts, min_ctx)
+    text, pos = "", 1
+    answers, spans = [], []
+    for i, p in enumerate(parts):
+        length = p.prompt_n + p.answer_n
+        fill = max((i + 1) * c - CHUNK_MARGIN - length - 1 - pos, 0)
+        text += FILLER * fill + "\n\n" + p.prompt + p.answer
+        start = pos + fill + 1
+        answers.append(Answer(start + p.prompt_n, p.answer_ids))
+        spans.append((start, start + length))
+        pos = start + length
+    text += FILLER * (2 * CHUNK_MARGIN)  # the last chunk must be whole to be scored
+    return text, c, tuple(answers), tuple(spans)
 
 
 def _text_key(target: ModelRecord, path: Path, task: str, n_predict: int, build: str) -> str:
@@ -97,15 +154,22 @@ def _text_key(target: ModelRecord, path: Path, task: str, n_predict: int, build:
 
 
 def target_text(
-    m: Measuring, target: ModelRecord, target_path: Path, task: str, n_predict: int
+    m: Measuring,
+    target: ModelRecord,
+    target_path: Path,
+    task: str,
+    n_predict: int,
+    layout: str = LAYOUT_JOINED,
 ) -> GeneratedText:
     """The target's own greedy continuations of the shipped `task` prompts, generated once per
-    model, prompts and build. Raises the server's failure (a `LlamaError`) if it cannot run."""
+    model, prompts and build, laid out as `layout` says. Raises the server's failure (a
+    `LlamaError`) if it cannot run."""
     build = build_id(m.install)
-    key = _text_key(target, target_path, task, n_predict, build)
+    key = _text_key(target, target_path, task, n_predict, f"{build}/{layout}/{m.ctx}")
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", target_path.stem)[:60]
     folder = m.logits_cache().root / "texts"  # beside the logits saved over them
-    path = folder / f"{stem}.{task}.n{n_predict}.{key}.txt"
+    suffix = "" if layout == LAYOUT_JOINED else f".{layout}"
+    path = folder / f"{stem}.{task}.n{n_predict}{suffix}.{key}.txt"
     meta = path.with_suffix(".json")
     name = f"agree-{task}"
     known = json.loads(meta.read_text()) if path.exists() and meta.exists() else {}
@@ -113,7 +177,10 @@ def target_text(
         sha = hashlib.sha256(path.read_bytes()).hexdigest()
         answers = tuple(Answer(int(a["start"]), tuple(a["ids"])) for a in known["answers"])
         source = TextSource(name, task, path, sha, TEXT_GENERATED)
-        return GeneratedText(source, int(known["n_tokens"]), True, answers)
+        kept_spans = tuple((int(a), int(b)) for a, b in known.get("spans", ()))
+        return GeneratedText(
+            source, int(known["n_tokens"]), True, answers, layout, known.get("ctx"), kept_spans
+        )
     m.say(f"generating {target_path.name}'s greedy text for {task} ({n_predict} tokens a prompt)")
     workload = Workload(f"task:{task}", task_prompts(task))
     # Untimed: it takes its turn on the host (measure's lock) but a busy host changes no token
@@ -124,30 +191,43 @@ def target_text(
         )  # fmt: skip
     if got.failure is not None:
         raise got.failure
-    done = [p.samples[0] for p in got.prompts if p.samples]
-    parts = [p.prompt.text + p.samples[0].content for p in got.prompts if p.samples]
-    n_tokens = sum(c.prompt_n + c.predicted_n for c in done)
-    # Where each answer starts among the joined text's tokens, by the server's counts (the
-    # two-newline seam about one token); `answer_positions` finds the exact place by its ids.
-    found: list[Answer] = []
-    at = 0
-    for c in done:
-        found.append(Answer(at + c.prompt_n, tuple(c.tokens)))
-        at += c.prompt_n + c.predicted_n + 1
-    answers = tuple(found)
+    parts = [
+        _Part(p.prompt.text, s.content, s.prompt_n, s.predicted_n, tuple(s.tokens))
+        for p in got.prompts
+        if p.samples
+        for s in p.samples[:1]
+    ]
+    ctx: int | None = None
+    spans: tuple[tuple[int, int], ...] = ()
+    if layout == LAYOUT_CHUNKED:
+        text, ctx, answers, spans = chunked_layout(parts, m.ctx)
+        n_tokens = spans[-1][1] + 2 * CHUNK_MARGIN if spans else 0
+    else:
+        # Where each answer starts among the joined text's tokens, by the server's counts (the
+        # two-newline seam about one token); `answer_positions` finds the exact place by ids.
+        found: list[Answer] = []
+        at = 0
+        for part in parts:
+            found.append(Answer(at + part.prompt_n, part.answer_ids))
+            at += part.prompt_n + part.answer_n + 1
+        answers = tuple(found)
+        text = "\n\n".join(part.prompt + part.answer for part in parts)
+        n_tokens = sum(part.prompt_n + part.answer_n for part in parts)
     folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob(f"{stem}.{task}.n{n_predict}.*"):
+    for old in folder.glob(f"{stem}.{task}.n{n_predict}{suffix}.*"):
         with contextlib.suppress(OSError):
             old.unlink()  # generated by an earlier model file or build
-    text = "\n\n".join(parts)
     path.write_text(text)
     kept = [{"start": a.start, "ids": list(a.ids)} for a in answers]
     meta.write_text(
-        json.dumps({"n_tokens": n_tokens, "target": os.fspath(target_path), "answers": kept}) + "\n"
-    )
+        json.dumps({
+            "n_tokens": n_tokens, "target": os.fspath(target_path), "answers": kept,
+            "layout": layout, "ctx": ctx, "spans": [list(s) for s in spans],
+        }) + "\n"
+    )  # fmt: skip
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     source = TextSource(name, task, path, sha, TEXT_GENERATED)
-    return GeneratedText(source, n_tokens, False, answers)
+    return GeneratedText(source, n_tokens, False, answers, layout, ctx, spans)
 
 
 def fit_ctx(n_tokens: int, ctx: int) -> int:
@@ -232,6 +312,8 @@ class AgreementResult:
                         "sha256": t.text.sha256,
                         "n_tokens": t.n_tokens,
                         "cached": t.cached,
+                        "layout": t.layout,
+                        "ctx": t.ctx,
                     }
                     for t in self.texts
                 ],
@@ -284,10 +366,12 @@ def _saved_comparison(
     base: Path,
     temperature: float,
     answers: tuple[Answer, ...] = (),
+    spans: tuple[tuple[int, int], ...] = (),
 ) -> tuple[Comparison, Comparison | None, tuple[str, ...]]:
     """Save the draft's logits over the text to a temporary file and compare it with the
-    target's saved logits, over the ids both vocabularies have: over the whole text, and
-    over the answers' tokens when they are known (else None)."""
+    target's saved logits, over the ids both vocabularies have: over the whole text (within
+    `spans` where they are given: a chunked layout's filler is no text), and over the
+    answers' tokens when they are known (else None)."""
     header = read_header(base)
     chunks = header.n_chunk
     size = planned_size(draft.n_tokens or 0, text.path, header.n_ctx, chunks)
@@ -305,7 +389,7 @@ def _saved_comparison(
             saved = tool.save_logits(
                 Path(draft.path), text.path, tmp, ctx=header.n_ctx, chunks=chunks
             )
-        whole = compare(base, saved.path, temperature)
+        whole = compare(base, saved.path, temperature, spans=spans or None)
         on_answers = compare(base, saved.path, temperature, answers) if answers else None
         return whole, on_answers, saved.argv
     finally:
@@ -366,9 +450,10 @@ def measure_agreement(
     cache = m.logits_cache()
     texts, points = [], []
     for task in plan.tasks:
-        gen = target_text(m, t, target_path, task, n_predict)
+        layout = LAYOUT_CHUNKED if scored == SCORED_ANSWERS else LAYOUT_JOINED
+        gen = target_text(m, t, target_path, task, n_predict, layout)
         texts.append(gen)
-        ctx = fit_ctx(gen.n_tokens, m.ctx)
+        ctx = gen.ctx or fit_ctx(gen.n_tokens, m.ctx)
         key = logits_key(
             target_path, t.model_id, gen.text.name, gen.text.sha256, tool.build, ctx, m.chunks
         )
@@ -379,8 +464,8 @@ def measure_agreement(
             )  # fmt: skip
         for d in plan.drafts:
             points.append(
-                _one_draft(con, m, tool, t, target_path, d, gen.text, base.path, ctx,
-                           plan.temperature, gen.answers if scored == SCORED_ANSWERS else ())
+                _one_draft(con, m, tool, t, target_path, d, gen, base.path, ctx,
+                           plan.temperature, scored)
             )  # fmt: skip
     return AgreementResult(
         target=os.fspath(target_path),
@@ -399,15 +484,18 @@ def _one_draft(
     t: ModelRecord,
     target_path: Path,
     d: ModelRecord,
-    text: TextSource,
+    gen: GeneratedText,
     base: Path,
     ctx: int,
     temperature: float,
-    answers: tuple[Answer, ...] = (),
+    scored_on: str = SCORED_ANSWERS,
 ) -> AgreementPoint:
-    """One draft's agreement on one text. With the answers known, over their tokens (the
-    draft's logits saved and compared per position); else over the whole text, by
-    llama-perplexity itself where it can."""
+    """One draft's agreement on one text. Scored on answers (and they are known): over their
+    tokens, the draft's logits saved and compared per position; else over the whole text
+    (a chunked layout's prompts and answers, never its filler), by llama-perplexity itself
+    where it can."""
+    text = gen.text
+    answers = gen.answers if scored_on == SCORED_ANSWERS else ()
     same_vocab = (t.n_tokens or 0) == (d.n_tokens or 0)
     method = METHOD_KLD if same_vocab and temperature == 0 and not answers else METHOD_SAVED
     t0 = time.monotonic()
@@ -465,7 +553,9 @@ def _one_draft(
                 mean_kld=s.mean_kld, mean_kld_unc=s.mean_kld_unc, accept=s.same_top,
                 text_same_top=s.same_top,
             )  # fmt: skip
-        whole, on_answers, argv = _saved_comparison(m, tool, d, text, base, temperature, answers)
+        whole, on_answers, argv = _saved_comparison(
+            m, tool, d, text, base, temperature, answers, gen.spans
+        )
     except (PerplexityFailed, UsageError) as err:
         seconds = time.monotonic() - t0
         mid = record_quality(con, replace(rec, seconds=seconds, **failure_fields(err)))

@@ -20,7 +20,9 @@ from test_quality_json import validate
 
 from specreg.cli.main import cli
 from specreg.host.machine import detect_host
+from specreg.llama.logits import scored_per_chunk
 from specreg.quality.agreement import (
+    LAYOUT_CHUNKED,
     MIN_ANSWER_ROWS,
     SCORED_ANSWERS,
     SCORED_TEXT,
@@ -93,13 +95,16 @@ def test_agreement_orders_the_self_drafts_and_the_random_draft(
     assert s8 is not None and s4 is not None and sr is not None
     assert s8 > s4 > 0.4 and s8 > 0.85 and sr < 0.05
     assert by[q8.name].mean_kld < by[q4.name].mean_kld < by[rand.name].mean_kld  # type: ignore[operator]
-    # the answers are part of the scored positions, the prompts the rest (code prompts are
-    # short: most scored tokens are answers)
+    # each prompt and its answer alone in a chunk, the answer in the scored half: nearly
+    # every answer token is scored (the first of each is left out: it may merge at the seam)
+    (text,) = result.texts
+    assert text.layout == LAYOUT_CHUNKED and text.ctx is not None and text.ctx >= 128
     n = by[q8.name].n_tokens
-    assert n is not None and MIN_ANSWER_ROWS <= n < CHUNKS * 63
+    answer_ids = sum(len(a.ids) for a in text.answers[:CHUNKS])
+    assert n is not None and MIN_ANSWER_ROWS <= answer_ids - 8 * CHUNKS <= n <= answer_ids
+    assert n <= CHUNKS * scored_per_chunk(text.ctx)
     whole = by[q8.name].text_same_top
     assert whole is not None and abs(whole - s8) < 0.1
-    (text,) = result.texts
     assert not text.cached and text.text.source == TEXT_GENERATED and text.n_tokens >= 512
 
     rows = list_quality(con, purpose=PURPOSE_AGREEMENT)

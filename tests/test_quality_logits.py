@@ -307,3 +307,8 @@ def test_compare_over_answers_scores_only_their_rows(tmp_path: Path) -> None:
     only = compare(a, b, answers=answers)
     assert whole.n_tokens == 12 and whole.same_top == 0.5
     assert only.n_tokens == 6 and only.same_top == 1.0
+    # spans mark positions directly: [16, 24) holds rows 5, 6, 7 of chunk 2
+    spanned = compare(a, b, spans=[(16, 24)])
+    assert spanned.n_tokens == 3 and spanned.same_top == 1.0
+    both = compare(a, b, answers=answers, spans=[(0, 24)])
+    assert both.n_tokens == 3
