@@ -207,18 +207,20 @@ def main() -> None:
                                 *(["--share-state"] if args.share_state else []))}  # fmt: skip
     serves |= {c: Serve(model, args, "--policy", "fixed", "--pin", f"default={c}") for c in cands}
     serves["static"] = Serve(model, args, "--policy", "fixed")
+    # a stateful candidate's first encounter: a turn of its own, a fresh llama-server per prompt
     stateful = {c: backend_argv(model, args, c) for c in cands if keeps_state(c.split(":")[0])}
     first_rows: dict[str, list[Row]] = {c: [] for c in stateful}
+    fresh_turns = {f"fresh {c}": c for c in stateful}
     try:
         with tempfile.TemporaryDirectory() as logs:
-            turns = [*serves, *stateful]
+            turns = [*serves, *fresh_turns]
             for i, (task, prompt) in enumerate(prompts):
                 for name in turns[i % len(turns) :] + turns[: i % len(turns)]:
                     if name in serves:
                         serves[name].ask(args, task, prompt)
                     else:
-                        first_rows[name].append(fresh(stateful[name], args, task, prompt,
-                                                      Path(logs)))  # fmt: skip
+                        c = fresh_turns[name]
+                        first_rows[c].append(fresh(stateful[c], args, task, prompt, Path(logs)))
                 if (i + 1) % 20 == 0:
                     print(f"  {i + 1}/{len(prompts)} prompts, {time.monotonic() - t0:.0f} s",
                           file=sys.stderr, flush=True)  # fmt: skip
@@ -230,6 +232,7 @@ def main() -> None:
     # plain and draft-simple keep no state across requests: a long-lived server's answer to a
     # prompt is its first-encounter answer
     first = {c: first_rows.get(c) or single[c] for c in cands}
+    assert all(len(r) == len(prompts) for r in (*first.values(), *single.values(), adaptive))
     oracle = [max((first[c][i] for c in cands), key=lambda r: r[1] / max(r[2], 1e-9))
               for i in range(len(prompts))]  # fmt: skip
     best_c = max(cands, key=lambda c: tps(single[c]))
