@@ -165,7 +165,9 @@ def target_text(
     model, prompts and build, laid out as `layout` says. Raises the server's failure (a
     `LlamaError`) if it cannot run."""
     build = build_id(m.install)
-    key = _text_key(target, target_path, task, n_predict, f"{build}/{layout}/{m.ctx}")
+    # a chunked layout depends on the smallest chunk asked for; the joined one on nothing more
+    made_by = build if layout == LAYOUT_JOINED else f"{build}/{layout}/{m.ctx}"
+    key = _text_key(target, target_path, task, n_predict, made_by)
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", target_path.stem)[:60]
     folder = m.logits_cache().root / "texts"  # beside the logits saved over them
     suffix = "" if layout == LAYOUT_JOINED else f".{layout}"
