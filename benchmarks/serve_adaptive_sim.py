@@ -44,6 +44,7 @@ from specreg.terms import Method
 MIN_PARAMS_B = 30.0
 PROMPT_SHARE = 0.5  # of the per-request log variance, the part every configuration shares
 CONCURRENT_SHARE = 0.15  # requests that decode next to another one
+PEERS = True  # --no-peers: each task's policy learns alone (as before cross-task evidence)
 CONCURRENT_SLOWDOWN = 0.6  # ... and run this much as fast
 
 
@@ -141,6 +142,9 @@ def simulate(
             k_ladder=ladders,
             k_source=k_source,
         )
+    if PEERS:  # as serve's Router: the tasks of one target share a configuration's error
+        for p in policies.values():
+            p.peers = list(policies.values())
     shared = sigma * math.sqrt(PROMPT_SHARE)
     own = sigma * math.sqrt(1 - PROMPT_SHARE)
     stream = rng.choice(names, size=n)
@@ -188,7 +192,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--min-params", type=float, default=MIN_PARAMS_B)
+    ap.add_argument("--no-peers", action="store_true", help="no evidence across a target's tasks")
     args = ap.parse_args()
+    global PEERS
+    PEERS = not args.no_peers
     sigma = sweep_sigma()
     print(
         f"per-request scatter of log t/s: {sigma:.3f} (from the sweeps' K curves; "

@@ -87,6 +87,12 @@ class Router:
                     k_source=k_source,
                 )
 
+        # a configuration's error against its prediction is shared by the tasks of a target
+        for target in table.targets:
+            same = [p for (t, _), p in self.policies.items() if t == target.name]
+            for p in same:
+                p.peers = same
+
     @property
     def name(self) -> str:
         return POLICY_ADAPTIVE if self.adaptive else POLICY_FIXED

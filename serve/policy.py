@@ -20,6 +20,12 @@ extra concurrent decode; zero weight never moves the posterior).
   still reaches above the best's speed is tried once first.
 - Retiring: a candidate with evidence of its own whose chance of beating the current best
   (posterior means compared with both uncertainties) is below RETIRE_P stops costing requests.
+- Other tasks' evidence: a configuration's error against its prediction is mostly the
+  configuration's, not the task's (a draft that costs more on these cores than the cost model
+  thinks costs more on every task). Its requests on the other tasks of the same target
+  (`peers`) move its prior here by that error, each task's worth at most TASK_SIGMA of
+  task-to-task scatter, and narrow the prior to match: a draft that lost badly on code is not
+  tried again on prose on a prediction the host has already overturned.
 - K moving outward: when the best candidate of a draft family (same draft and type, several K)
   has settled evidence and sits at the edge of the family's K values, the next K outward from
   the family's ladder (the build's limits) joins, with the recommender's prediction for it where
@@ -71,6 +77,10 @@ IDLE_RETIRE_REQUESTS = 3
 IDLE_SHARE = 0.02
 BAND = 0.9  # the band shown with each posterior
 SHIFT_SHRINK = 1.0  # requests' worth of "the predictions are right" in the shared shift
+# How far one configuration's speed relative to its prediction differs between two tasks of one
+# target (log units), beyond the per-request scatter: acceptance differs per task, costs do not.
+# Evidence from the other tasks never pins a candidate's prior closer than this.
+TASK_SIGMA = 0.25
 
 EXPLORE = "explore"
 EXPLOIT = "exploit"
@@ -158,22 +168,36 @@ class Arm:
     accepted: int = 0  # ... and the target accepted
     generated: int = 0  # ... and the tokens those requests generated
     figured: int = 0  # requests that reported drafted, accepted and generated
+    peer_shift: float = 0.0  # added to the prior mean by the other tasks' evidence (log units)
+    peer_sigma: float | None = None  # the prior's sigma once the other tasks have evidence
+    peer_weight: float = 0.0  # the other tasks' evidence behind peer_shift
 
     @classmethod
     def of(cls, candidate: Candidate) -> Arm:
         return cls(candidate)
 
     @property
+    def prior_sigma(self) -> float:
+        return self.peer_sigma if self.peer_sigma is not None else self.candidate.prior_sigma
+
+    @property
     def prec(self) -> float:
         """Posterior precision of mu."""
-        return 1.0 / self.candidate.prior_sigma**2 + self.weight / self.noise**2
+        return 1.0 / self.prior_sigma**2 + self.weight / self.noise**2
 
     @property
     def mean(self) -> float:
         """Posterior mean of mu (log tokens/s)."""
-        p0 = 1.0 / self.candidate.prior_sigma**2
-        m0 = self.candidate.prior_mu + self.shift
+        p0 = 1.0 / self.prior_sigma**2
+        m0 = self.candidate.prior_mu + self.shift + self.peer_shift
         return (p0 * m0 + self.sum_log / self.noise**2) / self.prec
+
+    @property
+    def own_error(self) -> float | None:
+        """What its own measurements say of its prediction beyond what the task's other
+        candidates say of theirs (log units): the configuration's share of the error."""
+        r = self.residual
+        return None if r is None else r - self.shift
 
     @property
     def residual(self) -> float | None:
@@ -236,6 +260,7 @@ class Arm:
             "posterior_lo": lo,
             "posterior_hi": hi,
             "prior_shift": math.exp(self.shift),
+            "peer_shift": math.exp(self.peer_shift),
             "noise": self.noise,
             "band": BAND,
             "requests": self.requests,
@@ -300,6 +325,8 @@ class TaskPolicy:
         self.k_ladder = tuple(sorted(set(k_ladder)))
         self.k_source = k_source
         self.events: list[str] = []  # what changed and why, oldest first
+        # the policies of the same target's other tasks (set by whoever holds them all)
+        self.peers: Sequence[TaskPolicy] = ()
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -317,6 +344,7 @@ class TaskPolicy:
     # -- choosing -----------------------------------------------------------------------------
 
     def choose(self) -> Decision:
+        self._from_peers()  # the other tasks may have learnt something since the last request
         active = self.active
         best = self.best()
         if len(active) == 1:
@@ -361,6 +389,7 @@ class TaskPolicy:
         weight = request_weight(concurrency) if tps else 0.0
         arm.observe(tps or 0.0, weight, drafted, accepted, generated, cold=cold)
         self._shift()
+        self._from_peers()
         self._retire()
         self._retire_idle(arm)
         self._move_k()
@@ -423,21 +452,52 @@ class TaskPolicy:
             shared = a.candidate.shared_shift
             a.shift = r / (w + SHIFT_SHRINK) if w > 0 and shared else 0.0
 
+    def _from_peers(self) -> None:
+        """Each candidate's prior, moved and narrowed by its own error on the other tasks.
+
+        Normal model: a configuration's log speed on task t is its prediction plus the task's
+        shared shift plus b (its own error, common to the tasks) plus e_t ~ N(0, TASK_SIGMA^2).
+        A peer task's measurements estimate b by their `own_error`, with variance TASK_SIGMA^2
+        plus the per-request scatter over their evidence. The prior of b is what is left of
+        the recommender's band after the task-to-task part; its posterior, plus e_t, is the
+        prior here, which its own requests then update as any prior. A peer's own_error reads
+        only that peer's measurements, so nothing goes round in circles. Without peer evidence
+        the prior is the recommender's, unchanged."""
+        for arm in self.arms.values():
+            arm.peer_shift, arm.peer_sigma, arm.peer_weight = 0.0, None, 0.0
+            if not arm.candidate.shared_shift:
+                continue  # a prior made from a measured neighbour holds what is known already
+            seen = [(e, a.noise**2 / a.weight + TASK_SIGMA**2, a.weight)
+                    for p in self.peers if p is not self
+                    and (a := p.arms.get(arm.candidate.key)) is not None
+                    and a.candidate.shared_shift and a.weight > 0
+                    and (e := a.own_error) is not None]  # fmt: skip
+            if not seen:
+                continue
+            s0 = arm.candidate.prior_sigma
+            var_b = max(s0**2 - TASK_SIGMA**2, MIN_PRIOR_SIGMA**2)
+            prec = 1.0 / var_b + sum(1.0 / v for _, v, _ in seen)
+            arm.peer_shift = sum(e / v for e, v, _ in seen) / prec
+            arm.peer_sigma = min(math.sqrt(1.0 / prec + TASK_SIGMA**2), s0)
+            arm.peer_weight = sum(w for _, _, w in seen)
+
     def _retire(self) -> None:
         best = self.best()
         for arm in self.active:
-            if arm is best or arm.weight <= 0:
-                continue
+            if arm is best or arm.weight + arm.peer_weight <= 0:
+                continue  # only evidence, its own or the other tasks', retires a candidate
             z = (arm.mean - best.mean) / math.hypot(arm.sigma, best.sigma)
             p = NormalDist().cdf(z)
-            # with little evidence of its own, only an overwhelming verdict retires it
-            limit = RETIRE_P if arm.weight >= MIN_RETIRE_WEIGHT else RETIRE_P / 20
+            # with little evidence, only an overwhelming verdict retires it
+            evidence = arm.weight + arm.peer_weight
+            limit = RETIRE_P if evidence >= MIN_RETIRE_WEIGHT else RETIRE_P / 20
             if p < limit and len(self.active) > 1:
                 lo, mid, hi = best.band()
                 arm.status = STATUS_RETIRED
                 arm.why = (
                     f"dominated by {best.candidate.label} ({mid:.1f} t/s [{lo:.1f}-{hi:.1f}]): "
                     f"P(faster) = {p:.3f} after {arm.requests} request(s)"
+                    + (f" and {arm.peer_weight:g} on other tasks" if arm.peer_weight else "")
                 )
                 self.events.append(f"retired {arm.candidate.label}: {arm.why}")
 

@@ -159,8 +159,11 @@ def test_never_retires_the_best_and_always_keeps_one(
     assert policy.active
     best = max(range(len(truth)), key=lambda i: truth[i])
     top = policy[f"c{best}"]
-    # with 5 % noise, the truly best is never retired by evidence (only by retire())
-    assert top.active or top.why == "test" or truth[best] < 1.5 * min(truth)
+    # with 5 % noise, the truly best is never retired by evidence (only by retire()), unless
+    # for one as fast that stays (two of one speed: either may go)
+    twin = any(policy[f"c{j}"].active for j, t in enumerate(truth)
+               if j != best and t >= 0.97 * truth[best])  # fmt: skip
+    assert top.active or top.why == "test" or twin or truth[best] < 1.5 * min(truth)
     assert policy.to_json()["choice"] in {a.candidate.key for a in policy.active}
     assert KIND_PLAIN == "plain"
 
@@ -222,3 +225,67 @@ def test_a_candidate_that_joins_while_serving_starts_from_its_neighbour_and_goes
     d = policy.choose()
     assert (d.key, d.reason) == ("cache-g1", EXPLORE)
     assert "added ngram-cache traffic-g1: built from 2 served requests" in policy.events
+
+
+def peers(*names: str, seed: int = 0, predicted: float = 12.0) -> list[TaskPolicy]:
+    """One policy per task of one target, each knowing the others (as the Router sets them)."""
+    out = [TaskPolicy(f"t/{n}", [PLAIN, draft(4, predicted)], seed=seed) for n in names]
+    for p in out:
+        p.peers = out
+    return out
+
+
+def test_a_draft_that_lost_on_one_task_is_not_tried_again_on_another() -> None:
+    # The cost model thinks the draft is a little faster than plain; on these cores it runs at
+    # a third of plain's speed. Once code has found that out, prose should not pay for it again.
+    truth = {"plain": 10.0, "d:K=4": 3.0}
+    tries = {"peers": 0, "alone": 0}
+    for seed in range(20):
+        code, prose = peers("code", "prose", seed=seed)
+        run(code, truth, 30, seed=seed)
+        assert code["d:K=4"].status == STATUS_RETIRED
+        prose.choose()  # reads the peers
+        arm = prose["d:K=4"]
+        assert arm.requests == 0 and arm.peer_shift < -0.6 and arm.prior_sigma < 0.4
+        assert arm.band()[2] < 12.0  # its band hardly reaches plain's 10 t/s
+        tries["peers"] += run(prose, truth, 30, seed=seed + 100).count("d:K=4")
+        alone = TaskPolicy("t/prose", [PLAIN, draft(4, 12.0)], seed=seed)
+        tries["alone"] += run(alone, truth, 30, seed=seed + 100).count("d:K=4")
+    assert tries["alone"] >= 20  # alone, every seed tries it at least once
+    assert tries["peers"] <= tries["alone"] / 2, tries
+    # evidence enough on the other task retires it here without a request of its own
+    code, prose = peers("code", "prose")
+    for _ in range(3):
+        code.observe("plain", 10.0)
+        code.observe("d:K=4", 3.0)
+    prose.observe("plain", 10.0)
+    arm = prose["d:K=4"]
+    assert arm.status == STATUS_RETIRED and arm.requests == 0
+    assert "on other tasks" in arm.why, arm.why
+
+
+def test_a_draft_that_won_on_one_task_goes_first_on_another() -> None:
+    # The other way round: predicted slower than plain, the draft measured three times its
+    # prediction on code; on prose its prior moves up with it, so the first requests go there.
+    truth = {"plain": 10.0, "d:K=4": 24.0}
+    code, prose = peers("code", "prose", predicted=8.0)
+    run(code, truth, 12)
+    arm = prose["d:K=4"]
+    prose.choose()
+    assert arm.peer_shift > 0.5
+    alone = TaskPolicy("t/prose", [PLAIN, draft(4, 8.0)], seed=0)
+    alone.choose()
+    first = run(prose, truth, 8, seed=2).count("d:K=4")
+    assert first >= 6 and first > run(alone, truth, 8, seed=2).count("d:K=4")
+
+
+def test_without_peer_evidence_the_prior_is_the_recommenders() -> None:
+    code, prose = peers("code", "prose")
+    lone = TaskPolicy("t/prose", [PLAIN, draft(4, 12.0)], seed=0)
+    truth = {"plain": 10.0, "d:K=4": 3.5}
+    # evidence on plain only: a shared shift, not the draft's own error
+    for _ in range(5):
+        code.observe("plain", 16.0)
+    prose.choose(), lone.choose()
+    assert prose["d:K=4"].peer_shift == 0.0 and prose["d:K=4"].peer_sigma is None
+    assert run(prose, truth, 20, seed=4) == run(lone, truth, 20, seed=4)
