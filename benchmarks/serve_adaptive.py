@@ -2,7 +2,7 @@
 
     flock /tmp/specreg-llama.lock python3 benchmarks/serve_adaptive.py MODEL [--prompts 200]
         [--candidates none,ngram-mod:16] [--n-predict 128] [--threads 1] [--png regret.png]
-        [--traffic-cache 24] [--share-state] [--json results.json]
+        [--traffic-cache 24] [--share-state] [--no-calibrate] [--json results.json]
     # the real pair (issue 26): --qwen serves Qwen2.5-Coder-1.5B with the 0.5B as draft
     python3 benchmarks/serve_adaptive.py --qwen [--candidates none,draft-simple:4,ngram-mod:16]
 
@@ -19,6 +19,9 @@ the host falls on all alike:
       (plain, draft-simple) answers a prompt on a long-lived server exactly as on a fresh one,
       so its figures of (b) are taken; a stateful one (ngram-mod) gets a fresh llama-server,
       with the flags `serve` gives it, for every prompt.
+Every serve starts from one registry in which `specreg calibrate` has timed the target (and the
+draft) on this host, as the README's set-up does before serving: the policy's prior is then the
+recommender's calibrated prediction (--no-calibrate: the uncalibrated one).
 Adaptive serve also grows lookup caches from the stream (--traffic-cache N, 0: none), judged on
 later prompts only; the oracle does not get them (they are built from the stream itself).
 Stream throughput = generated tokens / generation seconds over the whole stream. Printed: the
@@ -34,6 +37,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -130,10 +134,12 @@ def row(timings: dict[str, Any], backend: str) -> Row:
 
 
 class Serve:
-    """One `specreg serve` with its own home, up until `stop`."""
+    """One `specreg serve` with its own home (a copy of `seed`'s registry), up until `stop`."""
 
-    def __init__(self, model: str, args: argparse.Namespace, *extra: str):
+    def __init__(self, model: str, args: argparse.Namespace, *extra: str, seed: Path | None = None):
         self._home = tempfile.TemporaryDirectory()
+        if seed is not None:
+            shutil.copy(seed, Path(self._home.name) / "registry.duckdb")
         self.proc, self.url = start(model, args, Path(self._home.name), *extra)
         self.rows: list[Row] = []
 
@@ -148,6 +154,28 @@ class Serve:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=120)
             self._home.cleanup()
+
+
+def calibrated(home: Path, args: argparse.Namespace, model: str, draft: str | None) -> Path:
+    """A registry in which `specreg calibrate` timed the target (and the draft) here."""
+    db = home / "registry.duckdb"
+    models = [model, *([draft] if draft else [])]
+    common = ["--db", str(db)]
+    subprocess.run([sys.executable, "-m", "specreg", "scan", *models, *common],
+                   check=True, capture_output=True)  # fmt: skip
+    t0, load0 = time.monotonic(), loadavg()
+    got = subprocess.run(
+        [sys.executable, "-m", "specreg", "calibrate", model,
+         *(["--draft", draft] if draft else ["--no-drafts"]), "--threads", str(args.threads),
+         "--repetitions", "3", "--gen-tokens", "64", *common, "--json"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if got.returncode not in (0, 1):  # 1: still disturbed after every retry, recorded as such
+        raise SystemExit(f"calibrate failed ({got.returncode}): {got.stderr[-800:]}")
+    doc = json.loads(got.stdout)
+    print(f"calibrate: {time.monotonic() - t0:.0f} s, load {load0} -> {loadavg()}; contended "
+          f"{doc.get('contended')}")  # fmt: skip
+    return db
 
 
 def backend_argv(model: str, args: argparse.Namespace, pin: str) -> list[str]:
@@ -185,28 +213,34 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--traffic-cache", type=int, default=24)
     ap.add_argument("--share-state", action="store_true", help="adaptive serve --share-state")
+    ap.add_argument("--no-calibrate", action="store_true", help="serve on uncalibrated priors")
     ap.add_argument("--png", default="serve_adaptive_regret.png")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
+    draft: str | None = None
     if args.qwen:
         pair = ensure_qwen_pair()
-        model = str(pair.target.path)
-        default = f"none,draft-simple:4@{pair.draft.path},ngram-mod:16"
+        model, draft = str(pair.target.path), str(pair.draft.path)
+        default = f"none,draft-simple:4@{draft},ngram-mod:16"
     elif args.model:
         model, default = args.model, "none,ngram-mod:16"
     else:
         ap.error("give MODEL or --qwen")
+    seed_home = tempfile.TemporaryDirectory()
+    seed = None if args.no_calibrate else calibrated(Path(seed_home.name), args, model, draft)
     prompts = stream(args.prompts, args.seed)
     cands = (args.candidates or default).split(",")
     pins = [x for c in cands for x in ("--pin", f"default={c}")]
     t0, load0 = time.monotonic(), loadavg()
     # Every configuration is up at once and each prompt goes to all of them in turn, in an order
     # that rotates: a slow drift of the host falls on every configuration alike.
-    serves = {"adaptive": Serve(model, args, *pins, "--policy", "adaptive", "--seed",
-                                str(args.seed), "--traffic-cache", str(args.traffic_cache),
-                                *(["--share-state"] if args.share_state else []))}  # fmt: skip
-    serves |= {c: Serve(model, args, "--policy", "fixed", "--pin", f"default={c}") for c in cands}
-    serves["static"] = Serve(model, args, "--policy", "fixed")
+    share = ["--share-state"] if args.share_state else []
+    adaptive_argv = [*pins, "--policy", "adaptive", "--seed", str(args.seed), "--traffic-cache",
+                     str(args.traffic_cache), *share]  # fmt: skip
+    serves = {"adaptive": Serve(model, args, *adaptive_argv, seed=seed)}
+    serves |= {c: Serve(model, args, "--policy", "fixed", "--pin", f"default={c}", seed=seed)
+               for c in cands}  # fmt: skip
+    serves["static"] = Serve(model, args, "--policy", "fixed", seed=seed)
     # a stateful candidate's first encounter: a turn of its own, a fresh llama-server per prompt
     stateful = {c: backend_argv(model, args, c) for c in cands if keeps_state(c.split(":")[0])}
     first_rows: dict[str, list[Row]] = {c: [] for c in stateful}

@@ -16,6 +16,7 @@ from typing import Any
 
 from specreg.registry.run_store import RunRecord
 from specreg.serve.policy import (
+    DOMINATED,
     KIND_PLAIN,
     ORIGIN_TRAFFIC_CACHE,
     Candidate,
@@ -158,6 +159,15 @@ class Router:
                        for p in self.policies.values()):  # fmt: skip
                 gone.append(arm.candidate.key)
         return gone
+
+    def cache_lost(self, target: str, task: str) -> bool:
+        """Whether (target, task)'s newest cache grown from traffic lost to another candidate
+        on evidence (retired as dominated, not superseded by a newer one)."""
+        policy = self.policy(target, task)
+        if policy is None:
+            return False
+        caches = [a for a in policy.arms.values() if a.candidate.origin == ORIGIN_TRAFFIC_CACHE]
+        return bool(caches) and not caches[-1].active and caches[-1].why.startswith(DOMINATED)
 
     def retire(self, backend: str, why: str) -> bool:
         """Retire `backend` in every policy offering it; True when none keeps it (it was

@@ -86,6 +86,8 @@ EXPLORE = "explore"
 EXPLOIT = "exploit"
 ONLY = "only"  # one candidate left: nothing to choose
 
+DOMINATED = "dominated by"  # how the reason of a candidate retired on evidence begins
+
 STATUS_ACTIVE = "active"
 STATUS_RETIRED = "retired"
 
@@ -495,7 +497,7 @@ class TaskPolicy:
                 lo, mid, hi = best.band()
                 arm.status = STATUS_RETIRED
                 arm.why = (
-                    f"dominated by {best.candidate.label} ({mid:.1f} t/s [{lo:.1f}-{hi:.1f}]): "
+                    f"{DOMINATED} {best.candidate.label} ({mid:.1f} t/s [{lo:.1f}-{hi:.1f}]): "
                     f"P(faster) = {p:.3f} after {arm.requests} request(s)"
                     + (f" and {arm.peer_weight:g} on other tasks" if arm.peer_weight else "")
                 )

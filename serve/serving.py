@@ -381,7 +381,7 @@ async def _main(
             db_path, install, host, every=options.traffic_every, states=traffic_states,
             schedule=recorder.schedule,
             on_built=lambda *built: _call_soon(loop, offer, *built),
-            on_busy=lambda busy: _call_soon(loop, neighbour, busy),
+            on_busy=lambda busy: _call_soon(loop, neighbour, busy), lost=router.cache_lost,
         )  # fmt: skip
     service = Service(
         table,

@@ -8,7 +8,10 @@ ngram-cache reading that cache. A newer cache (built from more requests) superse
 one, whose backend then retires.
 
 A cache is judged only on requests that arrive after the ones that built it, so its evidence
-is never a replay of what it was built from. Texts are kept in the registry (the runs' prompt
+is never a replay of what it was built from. A cache that lost to another candidate on evidence
+is not followed by one built from `every` more requests, which would hold little more and cost
+another losing try: the next waits until the task's served texts have doubled (a cache's hits
+grow with the text it holds, slowly). Texts are kept in the registry (the runs' prompt
 and output) only while traffic caches are on: `serve --traffic-cache 0` keeps none.
 """
 
@@ -180,6 +183,7 @@ class TrafficCaches:
         schedule: Callable[[Callable[[], None]], None],
         on_built: OnBuilt,
         on_busy: Callable[[bool], None] = lambda busy: None,
+        lost: Callable[[str, str], bool] = lambda target, task: False,
     ):
         self.db_path = db_path
         self.install = install
@@ -191,6 +195,7 @@ class TrafficCaches:
         self.schedule = schedule  # runs a job on the recorder's thread
         self.on_built = on_built
         self.on_busy = on_busy  # a build takes the cores (True) and gives them back (False)
+        self.lost = lost  # (target, task): its newest cache lost on evidence
         self.building: set[tuple[str, str]] = set()
         self.failures: list[str] = []
         self._lock = threading.Lock()
@@ -198,14 +203,22 @@ class TrafficCaches:
     def note(self, target: str, model_id: str, model_path: str, task: str) -> None:
         """One more served request of (target, task) with its texts kept."""
         key = (target, task)
+        due = self.due(target, task)
         with self._lock:
             self.waiting[key] = self.waiting.get(key, 0) + 1
-            if self.waiting[key] < self.every or key in self.building:
+            if self.waiting[key] < due or key in self.building:
                 return
             self.building.add(key)
             generation = self.generation.get(key, 0) + 1
         job = _Job(target, model_id, model_path, task, generation)
         self.schedule(lambda: self._build(job))
+
+    def due(self, target: str, task: str) -> int:
+        """Requests of (target, task) that make the next cache: `every`, or as many as the
+        newest was built from when it lost (see the module docstring)."""
+        if self.lost(target, task):
+            return max(self.every, self.built_from.get((target, task), 0))
+        return self.every
 
     def _build(self, job: _Job) -> None:
         self.on_busy(True)  # the requests it overlaps ran under load: they count less

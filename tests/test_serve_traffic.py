@@ -139,3 +139,64 @@ def test_a_build_is_load_on_every_request_it_overlaps(tmp_path: Path) -> None:
     assert caches.failures and caches.failures[0].startswith("traffic cache for tiny/code")
     # both ran beside each other and the build; the one after it, alone
     assert (before.concurrency, during.concurrency, after.concurrency) == (3, 3, 1)
+
+
+def test_after_a_cache_lost_the_next_waits_until_the_texts_have_doubled(tmp_path: Path) -> None:
+    """A lost cache is followed by one built from twice its texts, not from `every` more."""
+    from specreg.serve.policy import (
+        KIND_CACHE,
+        KIND_PLAIN,
+        ORIGIN_TRAFFIC_CACHE,
+        Candidate,
+        TaskPolicy,
+    )
+
+    jobs: list[object] = []
+    lost = {"now": False}
+    install = LlamaInstall(tmp_path / "no-build", "test", "0 (test)", "spec-type", (), ())
+    caches = TrafficCaches(
+        tmp_path / "registry.duckdb", install, detect_host(), every=4, states={},
+        schedule=jobs.append, on_built=lambda *built: None,
+        lost=lambda target, task: lost["now"],
+    )  # fmt: skip
+    key = ("tiny", "code")
+    caches.built_from[key] = 12  # the newest cache read 12 requests
+    assert caches.due(*key) == 4
+    lost["now"] = True
+    assert caches.due(*key) == 12
+    for i in range(11):
+        caches.note("tiny", "f" * 32, "tiny.gguf", "code")
+        assert not jobs, f"built after {i + 1} request(s)"
+    caches.note("tiny", "f" * 32, "tiny.gguf", "code")
+    assert len(jobs) == 1
+    # when a cache never lost (or none was built yet), every `every`
+    fresh = TrafficCaches(
+        tmp_path / "registry.duckdb", install, detect_host(), every=4, states={},
+        schedule=jobs.append, on_built=lambda *built: None,
+    )  # fmt: skip
+    for _ in range(4):
+        fresh.note("tiny", "f" * 32, "tiny.gguf", "code")
+    assert len(jobs) == 2
+
+    # what the router calls a loss: the newest traffic cache retired on evidence
+    from specreg.serve.adaptive import Router
+
+    plain = Candidate("plain", "plain", 20.0, 15.0, 27.0, kind=KIND_PLAIN)
+    policy = TaskPolicy("tiny/code", [plain], seed=0)
+    router = Router.__new__(Router)
+    router.policies = {key: policy}
+    assert not router.cache_lost(*key)  # no cache yet
+    g1 = Candidate("g1", "ngram-cache traffic-g1", 20.0, 15.0, 27.0, kind=KIND_CACHE,
+                   origin=ORIGIN_TRAFFIC_CACHE)  # fmt: skip
+    policy.add_near("plain", g1, "built from 4 served request(s)")
+    for _ in range(4):
+        policy.observe("plain", 20.0)
+    assert not router.cache_lost(*key)  # untried
+    policy.observe("g1", 8.0)
+    assert not policy["g1"].active and router.cache_lost(*key)
+    g2 = Candidate("g2", "ngram-cache traffic-g2", 20.0, 15.0, 27.0, kind=KIND_CACHE,
+                   origin=ORIGIN_TRAFFIC_CACHE)  # fmt: skip
+    policy.add_near("plain", g2, "built from 8 served request(s)")
+    assert not router.cache_lost(*key)  # the newest has not lost (yet)
+    policy.retire("g2", "its backend crashed")
+    assert not router.cache_lost(*key)  # a crash is not a loss on evidence
