@@ -2,7 +2,7 @@
 
     SPECREG_CACHE=$PWD/.cache flock /tmp/specreg-llama.lock python benchmarks/real_pair.py \\
         [--tasks code,prose,json,summarize,math] [--n-predict 32] [--threads 2] [--repeat 1]
-        [--keep DIR]
+        [--prompts 1|N|all] [--keep DIR]
 
 Target Qwen2.5-Coder-1.5B-Instruct, draft Qwen2.5-Coder-0.5B-Instruct (Q4_K_M both, from
 `specreg llama models`). Everything goes through the CLI, as a user runs it, into a throwaway
@@ -12,8 +12,9 @@ registry (or --keep DIR, whose calibration and agreement are reused):
    task) only, then `recommend --json` per task for plain; draft-simple at K = 2, 4, 8, 16;
    ngram-mod (recommend's K); the stack ngram-mod,draft-simple (recommend's K).
 2. Measurement: `run` of each candidate on a fresh llama-server (first encounter: nothing
-   drafted or cached before), one prompt of the task, into a second registry so no run informs
-   the prediction.
+   drafted or cached before), on the task's first prompt (--prompts all: every prompt of the
+   task, the ones `agree` scores, so both sides see the same text), into a second registry so
+   no run informs the prediction.
 3. Per task: predicted beside measured t/s, Spearman of the two (goal >= 0.8), every t/s within
    25 % (goal), the predicted best's measured speed within 5 % of the measured best (goal).
    Where a goal is missed: which part of the model misses. Acceptance: predicted per-token
@@ -191,13 +192,23 @@ def predict(cli: Cli, target: Path, task: str) -> list[Candidate]:
 
 
 def measure(
-    cli: Cli, target: Path, draft: Path, task: str, c: Candidate, n_predict: int, repeat: int = 1
+    cli: Cli,
+    target: Path,
+    draft: Path,
+    task: str,
+    c: Candidate,
+    n_predict: int,
+    repeat: int = 1,
+    prompts: int | None = 1,
 ) -> None:
-    """A first-encounter run of `c`, or the one a kept registry (--keep) already holds."""
+    """A first-encounter run of `c` over the task's first `prompts` prompts (None: all of
+    them, the ones `agree` scores), or the one a kept registry (--keep) already holds."""
     kept = [
         r for r in cli("runs")["runs"]
         if r["status"] == "ok" and r["task"] == task and r["spec_type"] == c.spec_type
         and (r["k"] == c.k or c.spec_type == "none") and r["kind"] == "run"
+        and (prompts is None or len({p.get("prompt_id") for p in r.get("prompts") or []})
+             == prompts)
     ]  # fmt: skip
     if kept:
         doc = kept[0]
@@ -212,8 +223,7 @@ def measure(
         *c.run_args(draft),
         "--task",
         task,
-        "--max-prompts",
-        "1",
+        *(["--max-prompts", str(prompts)] if prompts else []),
         "--n-predict",
         str(n_predict),
         "--repeat",
@@ -433,9 +443,10 @@ REFERENCE_VERIFY_CHECK = {2: 1.64, 4: 1.58, 8: 2.07, 16: 2.09, 32: 3.70, 64: 4.9
 def miss_attribution(cv: Any, model: Any, held: Any) -> list[str]:
     """Which part of the cost model misses where the model's K loses to the best K on a
     held-out sweep: its per-token acceptance, draft cost and verify cost at both K, beside
-    the acceptance (costs as modelled) and the draft-cost scale (acceptance as modelled) that
-    would reproduce the measured speed ratio of the two K (nan: no value of that part alone
-    can, so more than one part misses)."""
+    the acceptance (costs as modelled), the burstiness of acceptance (`costmodel.
+    expected_tokens_per_step`, at the modelled acceptance and costs) and the draft-cost scale
+    (acceptance as modelled) that would reproduce the measured speed ratio of the two K (nan:
+    no value of that part alone can, so more than one part misses)."""
     import numpy as np
 
     from specreg.recommender import costmodel as cm
@@ -445,9 +456,9 @@ def miss_attribution(cv: Any, model: Any, held: Any) -> list[str]:
     lines = [
         "### where the model's K loses on held-out sweeps (cost model, in target steps)",
         "| sweep | K picked / best | measured ratio | model ratio | acceptance a | "
-        "a needed | draft cost / step at picked, best | draft scale needed | verify at "
-        "picked, best |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "a needed | burst needed | draft cost / step at picked, best | draft scale needed | "
+        "verify at picked, best |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     picks = {s.series: s for s in held.scores}
     for base, k_tps, name in cv.holdout_sweeps():
@@ -466,8 +477,15 @@ def miss_attribution(cv: Any, model: Any, held: Any) -> list[str]:
         verify = cm.verify_ratio(X, p)
         measured = k_tps[s.best_k] / k_tps[s.picked_k]
 
-        def ratio(acc: float, scale: float, k: Any = k, v: Any = verify, d: Any = draft) -> float:
-            e2 = cm.expected_tokens_per_step(acc, k)
+        def ratio(
+            acc: float,
+            scale: float,
+            burst: float = 0.0,
+            k: Any = k,
+            v: Any = verify,
+            d: Any = draft,
+        ) -> float:
+            e2 = cm.expected_tokens_per_step(acc, k, burst)
             tps = e2 / (v + scale * d)
             return float(tps[1] / tps[0])
 
@@ -482,10 +500,11 @@ def miss_attribution(cv: Any, model: Any, held: Any) -> list[str]:
             return (lo + hi) / 2
 
         a_needed = solve(lambda x: ratio(x, 1.0), 0.0, 1.0 - 1e-9)
+        burst = solve(lambda x, a=a: ratio(a, 1.0, x), 0.0, 1.0)
         scale = solve(lambda x, a=a: ratio(a, 1.0 / x), 1e-3, 1e3)
         lines.append(
             f"| {name} | {ks[0]} / {ks[1]} | {measured:.2f} | {ratio(a, 1.0):.2f} | {a:.3f} | "
-            f"{a_needed:.3f} | {draft[0]:.2f}, {draft[1]:.2f} | "
+            f"{a_needed:.3f} | {burst:.2f} | {draft[0]:.2f}, {draft[1]:.2f} | "
             f"{1.0 / scale if scale == scale else math.nan:.2f} | "
             f"{verify[0]:.2f}, {verify[1]:.2f} |"
         )
@@ -513,6 +532,9 @@ def main() -> None:
         "--repeat", type=int, default=1, help="timed samples per run (each on a fresh server)"
     )
     ap.add_argument("--keep", type=Path, default=None, help="registries here (reused)")
+    ap.add_argument(
+        "--prompts", default="1", help="prompts measured per task: N, or all (agree's own)"
+    )
     ap.add_argument("--reference", action="store_true", help="also the reference-host check")
     ap.add_argument("--predict-only", action="store_true")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -526,7 +548,7 @@ def main() -> None:
     target, draft = pair.target.path, pair.draft.path
     print(
         f"target {target.name}, draft {draft.name}; {args.threads} threads, "
-        f"{args.n_predict} tokens, one prompt a task; registries in {root}"
+        f"{args.n_predict} tokens, {args.prompts} prompt(s) a task; registries in {root}"
     )
     predict_cli("scan", str(target), str(draft))
     # the measurements go to a registry of their own: no run informs a prediction
@@ -585,7 +607,8 @@ def main() -> None:
     for task, cands in predictions.items():
         load0 = loadavg()
         for c in cands:
-            measure(measure_cli, target, draft, task, c, args.n_predict, args.repeat)
+            measure(measure_cli, target, draft, task, c, args.n_predict, args.repeat,
+                    None if args.prompts == "all" else int(args.prompts))  # fmt: skip
         print(f"measured {task}: load {load0} -> {loadavg()}")
         reports.append(task_report(task, cands, verify_ratio, step_s))
     print("\n## tune (default budget 6, replayed over the sweep above) against the sweep's best")

@@ -68,29 +68,51 @@ REFERENCE_COMPUTE_SHARE = 0.035
 VERIFY_SHARPNESS = 5.0
 
 
-def expected_tokens_per_step(a: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
-    """Leviathan et al.: E[tokens per verification] = (1 - a^(K+1)) / (1 - a); K+1 when a = 1."""
-    a = np.clip(np.asarray(a, dtype=float), 0.0, 1.0 - 1e-9)
+def expected_tokens_per_step(
+    a: np.ndarray | float, k: np.ndarray | float, burst: np.ndarray | float = 0.0
+) -> np.ndarray:
+    """E[tokens per verification] of K drafted tokens, per-token acceptance `a`.
+
+    `burst` is the correlation of neighbouring acceptances within a step (where the target
+    copies or follows a pattern, the draft gets long runs right): the first drafted token is
+    accepted with probability `a`, each next one after an accepted one with
+    `p = a + burst (1 - a)`, so `E = 1 + a (1 - p^K) / (1 - p)`. At burst 0 this is Leviathan
+    et al.'s `(1 - a^(K+1)) / (1 - a)` (independent tokens, saturating at `1 / (1 - a)`); at
+    a = 1 it is K + 1; it never falls with K or with burst.
+
+    The first token is taken at the marginal rate, not at the rate after a rejection: in a
+    stationary two-state chain entered after a rejection (`q = a (1 - burst)`) the mean run is
+    `q / (1 - p) = a / (1 - a)` whatever the burst, so such a chain cannot make a long draft
+    pay more than independent tokens do (issue 26).
+    """
+    a = np.clip(np.asarray(a, dtype=float), 0.0, 1.0)
+    b = np.clip(np.asarray(burst, dtype=float), 0.0, 1.0)
     k = np.asarray(k, dtype=float)
-    return (1.0 - a ** (k + 1.0)) / (1.0 - a)
+    miss = np.clip((1.0 - a) * (1.0 - b), 1e-12, 1.0 - 1e-12)  # 1 - p
+    run = -np.expm1(k * np.log1p(-miss)) / miss  # 1 + p + ... + p^(K-1)
+    return 1.0 + a * run
 
 
-def drafted_acceptance(a: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
+def drafted_acceptance(
+    a: np.ndarray | float, k: np.ndarray | float, burst: np.ndarray | float = 0.0
+) -> np.ndarray:
     """What llama.cpp reports as acceptance (accepted / drafted) for per-token acceptance a."""
     k = np.maximum(np.asarray(k, dtype=float), 1.0)
-    return (expected_tokens_per_step(a, k) - 1.0) / k
+    return (expected_tokens_per_step(a, k, burst) - 1.0) / k
 
 
-def per_token_acceptance(drafted: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
+def per_token_acceptance(
+    drafted: np.ndarray | float, k: np.ndarray | float, burst: np.ndarray | float = 0.0
+) -> np.ndarray:
     """The per-token acceptance whose drafted acceptance (llama.cpp's accepted / drafted) at
     draft length `k` is `drafted`: the inverse of `drafted_acceptance`, which rises with it
     (bisection, all elements at once)."""
     drafted = np.asarray(drafted, dtype=float)
-    lo = np.zeros(np.broadcast(drafted, np.asarray(k)).shape)
+    lo = np.zeros(np.broadcast(drafted, np.asarray(k), np.asarray(burst)).shape)
     hi = np.full_like(lo, 1.0 - 1e-9)
     for _ in range(50):
         mid = (lo + hi) / 2
-        below = drafted_acceptance(mid, k) < drafted
+        below = drafted_acceptance(mid, k, burst) < drafted
         lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
     return (lo + hi) / 2
 

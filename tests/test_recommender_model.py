@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sklearn.base import clone
 
 from specreg.recommender.costmodel import (
     CostParams,
     drafted_acceptance,
     expected_tokens_per_step,
+    per_token_acceptance,
     predict_tps,
 )
 from specreg.recommender.evaluate import training_set
@@ -34,6 +37,46 @@ def test_leviathan_expected_tokens(a: float, k: int) -> None:
 
 def test_expected_tokens_at_full_acceptance_is_k_plus_one() -> None:
     assert expected_tokens_per_step(1.0, 7) == pytest.approx(8.0, rel=1e-6)
+
+
+rates = st.floats(0.0, 1.0)
+draft_lengths = st.integers(0, 64)
+
+
+@given(rates, draft_lengths)
+def test_bursty_acceptance_without_burst_is_leviathans(a: float, k: int) -> None:
+    assert expected_tokens_per_step(a, k, 0.0) == pytest.approx(
+        sum(a**i for i in range(k + 1)), rel=1e-6
+    )
+
+
+@given(rates, rates, draft_lengths)
+def test_bursty_acceptance_rises_with_k_and_burst_up_to_k_plus_one(
+    a: float, burst: float, k: int
+) -> None:
+    e = float(expected_tokens_per_step(a, k, burst))
+    assert 1.0 <= e <= k + 1.0 + 1e-9
+    assert float(expected_tokens_per_step(a, k + 1, burst)) >= e - 1e-9
+    assert e >= float(expected_tokens_per_step(a, k, 0.0)) - 1e-9  # runs never yield less
+    assert float(expected_tokens_per_step(a, k, min(burst + 0.1, 1.0))) >= e - 1e-9
+
+
+@pytest.mark.parametrize(("a", "burst", "k"), [(0.7, 0.5, 3), (0.9, 0.8, 6), (0.5, 1.0, 4)])
+def test_bursty_acceptance_by_direct_sum(a: float, burst: float, k: int) -> None:
+    # P(the first i drafted tokens accepted) = a p^(i-1), p = a + burst (1 - a)
+    p = a + burst * (1 - a)
+    direct = 1 + sum(a * p ** (i - 1) for i in range(1, k + 1))
+    assert expected_tokens_per_step(a, k, burst) == pytest.approx(direct)
+    assert per_token_acceptance(drafted_acceptance(a, k, burst), k, burst) == pytest.approx(
+        a, abs=1e-6
+    )
+
+
+def test_bursty_acceptance_makes_long_drafts_pay() -> None:
+    # independent tokens at a = 0.9 saturate at 10 a step; runs keep paying at K = 24
+    e = expected_tokens_per_step(0.9, np.array([8, 24]), 0.8)
+    iid = expected_tokens_per_step(0.9, np.array([8, 24]))
+    assert iid[1] / iid[0] < 1.55 < e[1] / e[0]
 
 
 @pytest.mark.parametrize(
