@@ -433,10 +433,17 @@ class TaskPolicy:
         return self.add(made, why)
 
     def _shift(self) -> None:
-        """The scatter of one request, learnt; then each candidate's prior moves by the
-        evidence-weighted mean residual of the *other* candidates (their measurements over
+        """The scatter of one request, learnt; then each candidate's prior moves by what the
+        host's error looks like from the task's other candidates (their measurements over
         their predictions), shrunk towards no shift by SHIFT_SHRINK requests' worth: one
-        request moves it half-way at most."""
+        request moves it half-way at most.
+
+        Plain decoding, once measured, is that error alone: its prediction holds the host's
+        speed and nothing else, where a speculative candidate's also holds its acceptance,
+        which is its own (ngram-mod finding repeats in code does not make a draft faster
+        there). Before plain has evidence, the evidence-weighted mean of the other candidates
+        whose priors are predictions stands in for it; a candidate that joined from a measured
+        neighbour's posterior says nothing of the predictions and is left out."""
         arms = list(self.arms.values())
         # the scatter: pooled within-candidate variance, NOISE_SIGMA as a prior
         ss = sum(max(a.sum_log2 - a.sum_log**2 / a.weight, 0.0) for a in arms if a.weight > 0)
@@ -445,14 +452,15 @@ class TaskPolicy:
         noise = max(math.sqrt(var), MIN_NOISE_SIGMA)
         for a in arms:
             a.noise = noise
-        total_w = sum(a.weight for a in arms)
-        total_r = sum(a.weight * r for a in arms if (r := a.residual) is not None)
+        predicted = [a for a in arms if a.candidate.shared_shift and a.weight > 0]
+        anchors = [a for a in predicted if a.candidate.kind == KIND_PLAIN]
         for a in arms:
-            own_r = a.residual
-            w = total_w - a.weight
-            r = total_r - (a.weight * own_r if own_r is not None else 0.0)
-            shared = a.candidate.shared_shift
-            a.shift = r / (w + SHIFT_SHRINK) if w > 0 and shared else 0.0
+            pool = [b for b in (anchors or predicted) if b is not a]
+            if a in anchors:
+                pool = [b for b in anchors if b is not a]  # plain is not moved by drafts
+            w = sum(b.weight for b in pool)
+            r = sum(b.weight * (b.residual or 0.0) for b in pool)
+            a.shift = r / (w + SHIFT_SHRINK) if w > 0 and a.candidate.shared_shift else 0.0
 
     def _from_peers(self) -> None:
         """Each candidate's prior, moved and narrowed by its own error on the other tasks.

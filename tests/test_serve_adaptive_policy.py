@@ -289,3 +289,40 @@ def test_without_peer_evidence_the_prior_is_the_recommenders() -> None:
     prose.choose(), lone.choose()
     assert prose["d:K=4"].peer_shift == 0.0 and prose["d:K=4"].peer_sigma is None
     assert run(prose, truth, 20, seed=4) == run(lone, truth, 20, seed=4)
+
+
+def test_plain_decoding_says_what_the_hosts_error_is_once_measured() -> None:
+    # ngram-mod finds repeats in code and runs at twice its prediction; plain runs as predicted.
+    # That is ngram-mod's own gain, not a slow host: the draft's prior must not move with it.
+    d4 = draft(4, 6.0)
+    policy = TaskPolicy("t/code", [PLAIN, NGRAM, d4], seed=0)
+    for _ in range(6):
+        policy.observe("ngram-mod", 22.0)
+    before = policy["d:K=4"].to_json()["prior_shift"]
+    assert before > 1.5  # nothing else measured yet: the others stand in for the host
+    for _ in range(4):
+        policy.observe("plain", 10.0)
+    assert abs(policy["d:K=4"].to_json()["prior_shift"] - 1.0) < 0.01
+    assert abs(policy["ngram-mod"].to_json()["prior_shift"] - 1.0) < 0.01
+    assert policy["plain"].to_json()["prior_shift"] == 1.0  # drafts do not move plain
+    # plain at 1.6x its prediction: that is the host, and every prior moves with it
+    policy = TaskPolicy("t/code", [PLAIN, NGRAM, d4], seed=0)
+    for _ in range(6):
+        policy.observe("ngram-mod", 22.0)
+        policy.observe("plain", 16.0)
+    assert 1.4 < policy["d:K=4"].to_json()["prior_shift"] < 1.6
+
+
+def test_a_candidate_that_joined_from_a_neighbour_does_not_move_the_others() -> None:
+    from specreg.serve.policy import KIND_CACHE, ORIGIN_TRAFFIC_CACHE
+
+    policy = TaskPolicy("t/code", [NGRAM, draft(4, 6.0)], seed=0)
+    for _ in range(3):
+        policy.observe("ngram-mod", 11.0)
+    cache = Candidate("cache-g1", "ngram-cache traffic-g1", 1.0, 0.0, 0.0,
+                      kind=KIND_CACHE, origin=ORIGIN_TRAFFIC_CACHE)  # fmt: skip
+    policy.add_near("ngram-mod", cache, "built from 3 served requests")
+    shift = policy["d:K=4"].to_json()["prior_shift"]
+    for _ in range(3):
+        policy.observe("cache-g1", 4.0)  # far below the neighbour it started from
+    assert policy["d:K=4"].to_json()["prior_shift"] == shift
