@@ -455,9 +455,8 @@ class TaskPolicy:
         predicted = [a for a in arms if a.candidate.shared_shift and a.weight > 0]
         anchors = [a for a in predicted if a.candidate.kind == KIND_PLAIN]
         for a in arms:
+            # plain, when measured, is moved by nothing but plain (never by drafts)
             pool = [b for b in (anchors or predicted) if b is not a]
-            if a in anchors:
-                pool = [b for b in anchors if b is not a]  # plain is not moved by drafts
             w = sum(b.weight for b in pool)
             r = sum(b.weight * (b.residual or 0.0) for b in pool)
             a.shift = r / (w + SHIFT_SHRINK) if w > 0 and a.candidate.shared_shift else 0.0
