@@ -8,13 +8,16 @@ the random-weight synthetic MoE, Gemma-3-270M Q4_K_M with its Q8_0/Q4_0 self-dra
 synthetic MoE with its Q8_0 self-draft, and the real pair of two sizes: Qwen2.5-Coder-1.5B with
 its 0.5B draft, from `specreg llama models`) and every task prompt set:
 
-* agreement: `measure_agreement` (same top token on the target's own greedy text), over the
-  answers' tokens (the default: what speculation drafts) and over the whole text with its
-  prompts (what `agree` scored before), both from one measurement;
+* agreement: `measure_agreement` (same top token on the target's own greedy text) over the
+  answers' tokens, as `agree` takes it by default: the draft's guesses on llama-server after
+  each prompt alone (`--via server`); beside it the saved-logits measurement (`--via logits`:
+  the answers inside llama-perplexity's filler-led chunks, and the whole text with its
+  prompts);
 * first-encounter acceptance: one draft-simple run at K on a fresh llama-server (accepted /
   drafted over the task's prompts, no warm-up, nothing replayed);
-* the predicted accepted-per-drafted at K from agreement (draft-simple's rules at the build's
-  defaults), and the prior's guess (the recommender's acceptance for the pair) beside it.
+* the predicted accepted-per-drafted at K: drafting replayed on the server's guesses (what the
+  recommender uses), from the saved-logits share with per-token independence, and the
+  prior's guess (the recommender's acceptance for the pair).
 
 Prints the table, the Spearman rank correlation of agreement with measured acceptance (goal
 >= 0.8) and the mean absolute error of the predicted accepted-per-drafted (goal <= 0.10)
@@ -39,7 +42,7 @@ from specreg.llama.install import find_llama
 from specreg.llama.perplexity import LogitsCache
 from specreg.quality.agreement import measure_agreement, plan_agreement
 from specreg.quality.kld import Measuring
-from specreg.recommender.acceptance import drafted_acceptance_at
+from specreg.recommender.acceptance import drafted_acceptance_at, load_agreement, replay
 from specreg.recommender.costmodel import drafted_acceptance
 from specreg.recommender.features import ConfigFacts, feature_matrix
 from specreg.recommender.local import draft_fields, target_fields
@@ -107,10 +110,10 @@ def main() -> None:
         f"draft-simple K={args.k}, {args.n_predict} tokens a prompt, fresh server per run; "
         f"agreement on the target's greedy text of {agree_n} tokens a prompt\n"
     )
-    print("| target | draft | task | agreement (answers) | whole text | KLD | agree s "
-          "| predicted acc/drafted | from whole text | prior's guess "
-          "| measured acc/drafted (accepted/drafted) | run s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| target | draft | task | agreement (server) | saved logits (answers) | whole text "
+          "| KLD | agree s | predicted acc/drafted (replayed) | from saved logits "
+          "| prior's guess | measured acc/drafted (accepted/drafted) | run s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     with opened(home / "registry.duckdb") as con:
         for target, draft in pairs:
@@ -125,6 +128,9 @@ def main() -> None:
                 plan = plan_agreement(con, target, (draft,), (task,))
                 (point,) = measure_agreement(con, m, plan, n_predict=agree_n).points
                 agree_s = time.monotonic() - t0
+                found = load_agreement(con, t_rec.model_id, task).get(d_rec.model_id)
+                traces = found.traces if found is not None else ()
+                (logits,) = measure_agreement(con, m, plan, n_predict=agree_n, via="logits").points
                 guess = float(prior.predict_acceptance(feature_matrix([base.with_(task=task)]))[0])
                 t0 = time.monotonic()
                 run = measure(
@@ -133,38 +139,40 @@ def main() -> None:
                     n_predict=args.n_predict, repeats=1, warmup=False, contention_retries=0,
                 )  # fmt: skip
                 run_s = time.monotonic() - t0
-                if run.failure is not None or not point.ok or point.same_top is None:
+                if run.failure is not None or not point.ok or point.same_top is None or not traces:
                     print(f"| {target.name} | {draft.name} | {task} | failed: "
                           f"{run.failure or point.error} |||||||")  # fmt: skip
                     continue
                 measured = run.acceptance if run.acceptance is not None else 0.0
-                predicted = drafted_acceptance_at(point.same_top, args.k)
-                whole = point.text_same_top if point.text_same_top is not None else math.nan
-                from_whole = drafted_acceptance_at(whole, args.k)
+                accepted, drafted = replay(traces, args.k)
+                predicted = accepted / drafted if drafted else math.nan
+                saved = logits.same_top if logits.same_top is not None else math.nan
+                whole = logits.text_same_top if logits.text_same_top is not None else math.nan
+                from_saved = drafted_acceptance_at(saved, args.k)
+                kld = logits.mean_kld if logits.mean_kld is not None else math.nan
                 prior_pred = float(drafted_acceptance(guess, args.k))
-                rows.append((point.same_top, measured, predicted, prior_pred, guess, whole,
-                             from_whole))  # fmt: skip
-                scored = "" if point.scored == "answers" else f" ({point.scored})"
+                rows.append((point.same_top, measured, predicted, prior_pred, guess, saved,
+                             from_saved))  # fmt: skip
                 print(
-                    f"| {target.name} | {draft.name} | {task} | {point.same_top:.1%}{scored} "
-                    f"| {whole:.1%} | {point.mean_kld:.3f} | {agree_s:.1f} | {predicted:.1%} "
-                    f"| {from_whole:.1%} | {prior_pred:.1%} "
+                    f"| {target.name} | {draft.name} | {task} | {point.same_top:.1%} "
+                    f"| {saved:.1%} | {whole:.1%} | {kld:.3f} | {agree_s:.1f} | {predicted:.1%} "
+                    f"| {from_saved:.1%} | {prior_pred:.1%} "
                     f"| {measured:.1%} ({run.draft_n_accepted}/{run.draft_n}) | {run_s:.1f} |"
                 )
     agreement = [r[0] for r in rows]
     measured = [r[1] for r in rows]
     rho = spearmanr(agreement, measured).statistic
     rho_prior = spearmanr([r[4] for r in rows], measured).statistic
-    rho_whole = spearmanr([r[5] for r in rows], measured).statistic
+    rho_saved = spearmanr([r[5] for r in rows], measured).statistic
     mae = statistics.fmean(abs(r[2] - r[1]) for r in rows)
     mae_prior = statistics.fmean(abs(r[3] - r[1]) for r in rows)
-    mae_whole = statistics.fmean(abs(r[6] - r[1]) for r in rows)
+    mae_saved = statistics.fmean(abs(r[6] - r[1]) for r in rows)
     print(f"\n{len(rows)} pairs x tasks")
     print(f"Spearman(agreement, measured acceptance) = {rho:.3f} (goal >= 0.8); "
-          f"over the whole text: {rho_whole:.3f}; "
+          f"from saved logits: {rho_saved:.3f}; "
           f"the prior's acceptance: {rho_prior:.3f}")  # fmt: skip
-    print(f"MAE of accepted/drafted at K={args.k}: from agreement {mae:.3f} (goal <= 0.10); "
-          f"from whole-text agreement {mae_whole:.3f}; "
+    print(f"MAE of accepted/drafted at K={args.k}: replayed on the guesses {mae:.3f} "
+          f"(goal <= 0.10); from the saved-logits share {mae_saved:.3f}; "
           f"the prior's guess {mae_prior:.3f}")  # fmt: skip
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from specreg.drafttrace import DraftTrace
 from specreg.errors import UsageError
 
 MAGIC = b"_logits_"
@@ -126,18 +127,31 @@ def answer_positions(
     piece: int = ANSWER_PIECE,
     slack: int = ANSWER_SLACK,
 ) -> np.ndarray:
-    """True at each of `tokens` that belongs to an answer, found by the answer's own ids.
+    """True at each of `tokens` that belongs to an answer, found by the answer's own ids
+    (`answer_index` says which)."""
+    return answer_index(tokens, answers, piece=piece, slack=slack) >= 0
+
+
+def answer_index(
+    tokens: np.ndarray,
+    answers: Sequence[Answer],
+    *,
+    piece: int = ANSWER_PIECE,
+    slack: int = ANSWER_SLACK,
+) -> np.ndarray:
+    """At each of `tokens`, the number of the answer it belongs to, found by the answer's own
+    ids; -1 where none.
 
     Each answer is cut into pieces of `piece` ids (the first id left out: it may merge with
     the prompt's last characters), and each piece is looked for within `slack` tokens of where
     it should be, that place moving with every piece found (a seam that re-tokenized
-    differently shifts the rest). A piece not found is left out, so the mask never claims a
-    prompt token."""
-    mask = np.zeros(len(tokens), dtype=bool)
+    differently shifts the rest). A piece not found is left out, so no prompt token is ever
+    claimed."""
+    index = np.full(len(tokens), -1, dtype=np.int64)
     if len(tokens) < piece:
-        return mask
+        return index
     windows = sliding_window_view(tokens, piece)
-    for a in answers:
+    for n, a in enumerate(answers):
         ids = np.asarray(a.ids, dtype=tokens.dtype)
         offsets = list(range(1, len(ids) - piece + 1, piece))
         if len(ids) > piece and (not offsets or offsets[-1] + piece < len(ids)):
@@ -151,9 +165,9 @@ def answer_positions(
             hits = lo + np.nonzero((windows[lo:hi] == ids[off : off + piece]).all(axis=1))[0]
             if len(hits):
                 at = int(hits[np.argmin(np.abs(hits - expect))])
-                mask[at : at + piece] = True
+                index[at : at + piece] = n
                 shift = at - a.start - off
-    return mask
+    return index
 
 
 def read_header(path: Path) -> LogitsHeader:
@@ -242,6 +256,7 @@ class Comparison:
     # p_min -> (share of positions where the draft's top probability >= p_min,
     #           same-top share among those positions)
     confidence: dict[float, tuple[float, float]]
+    traces: tuple[DraftTrace, ...] = ()  # with answers: one per answer, in order
 
     @property
     def n_shared(self) -> int:
@@ -279,8 +294,10 @@ def compare(
     n_chunk = _check_same_tokens(base, other)
     n_rows = n_chunk * scored_per_chunk(base.n_ctx)
     keep = None
+    owner = None  # with answers: the answer each row predicts a token of, -1 for none
     if answers is not None:
-        keep = answer_positions(base.tokens, answers)[base.next_positions()[:n_rows]]
+        owner = answer_index(base.tokens, answers)[base.next_positions()[:n_rows]]
+        keep = owner >= 0
     if spans is not None:
         inside = np.zeros(len(base.tokens), dtype=bool)
         for start, end in spans:
@@ -319,6 +336,14 @@ def compare(
         rows = np.arange(stop - start)
         nll_b[start:stop] = -lb[rows, np.minimum(tok, base.n_vocab - 1)]
         nll_o[start:stop] = -lo[rows, np.minimum(tok, other.n_vocab - 1)]
+    traces: tuple[DraftTrace, ...] = ()
+    if owner is not None and answers is not None:
+        traces = tuple(
+            DraftTrace(
+                tuple(bool(x) for x in same[rows]), tuple(float(x) for x in conf[rows]), start=1
+            )
+            for rows in (np.nonzero(owner == n)[0] for n in range(len(answers)))
+        )
     if keep is not None:
         same, kld, accept, conf, nll_b, nll_o = (
             x[keep] for x in (same, kld, accept, conf, nll_b, nll_o)
@@ -341,6 +366,7 @@ def compare(
         temperature=temperature,
         accept=float(accept.mean()) if n_rows else math.nan,
         confidence=confidence_curve(conf, same),
+        traces=traces,
     )
 
 

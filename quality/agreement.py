@@ -1,11 +1,14 @@
 """Draft agreement, measured in seconds before any speculative run.
 
 Teacher-forced agreement: the target generates greedy continuations of the shipped task
-prompts (once per model, prompts and build; cached), its logits over that text are saved
-(cached), and each draft is run over the same tokens. Where the draft's top token equals the
-target's is where greedy speculation accepts a drafted token, so "same top" is the per-token
-acceptance of draft-simple at temperature 0.
+prompts (once per model, prompts and build; cached), and each draft reads the same tokens.
+Where the draft's top token equals the target's is where greedy speculation accepts a drafted
+token, so "same top" is the per-token acceptance of draft-simple at temperature 0.
 
+* Temperature 0, scored on the answers (the default): the draft's guess at every answer token
+  on llama-server, after the prompt alone, as in a run (`quality.drafting`). The guesses are
+  kept, and the recommender replays drafting on them at any K.
+* Otherwise the target's logits over the text are saved (cached) and the draft's compared:
 * Same vocabulary, temperature 0: `llama-perplexity --kl-divergence` against the target's
   saved logits prints same-top and the KL divergence itself.
 * Vocabulary sizes that differ (llama.cpp speculates with such pairs), or a temperature above
@@ -50,8 +53,11 @@ from specreg.llama.perplexity import (
     logits_key,
     planned_size,
 )
+from specreg.llama.process import ServerFailed
+from specreg.quality.drafting import DRAFT_CTX, draft_traces, summary
 from specreg.quality.kld import Measuring, TextSource, failure_fields, stats_fields
 from specreg.registry.quality_store import (
+    METHOD_DRAFTED,
     METHOD_KLD,
     METHOD_SAVED,
     PURPOSE_AGREEMENT,
@@ -83,6 +89,12 @@ MIN_ANSWER_ROWS = 24
 # the second half of every chunk with nothing before the chunk in context, so the answer is
 # scored with its whole prompt in view (a summary with the text it summarises) and none of
 # the answer falls in an unscored first half. Filler words lead each chunk up to its prompt.
+# How the draft's guesses are taken: auto is on llama-server where it can be (temperature 0,
+# scored on the answers), else from saved logits.
+VIA_AUTO = "auto"
+VIA_SERVER = "server"
+VIA_LOGITS = "logits"
+VIAS = (VIA_AUTO, VIA_SERVER, VIA_LOGITS)
 LAYOUT_JOINED = "joined"
 LAYOUT_CHUNKED = "chunked"
 FILLER = " the"  # one token in every tokenizer we ship for; never scored
@@ -98,6 +110,7 @@ class GeneratedText:
     layout: str = LAYOUT_JOINED
     ctx: int | None = None  # the chunk length a chunked layout was made for
     spans: tuple[tuple[int, int], ...] = ()  # a chunked layout's prompt-and-answer tokens
+    prompts: tuple[str, ...] = ()  # the prompt of each answer
 
 
 @dataclass(frozen=True)
@@ -175,14 +188,15 @@ def target_text(
     meta = path.with_suffix(".json")
     name = f"agree-{task}"
     known = json.loads(meta.read_text()) if path.exists() and meta.exists() else {}
-    if "answers" in known:  # (texts cached before answers were kept are generated again)
+    if "prompts" in known:  # (texts cached before prompts were kept are generated again)
         sha = hashlib.sha256(path.read_bytes()).hexdigest()
         answers = tuple(Answer(int(a["start"]), tuple(a["ids"])) for a in known["answers"])
         source = TextSource(name, task, path, sha, TEXT_GENERATED)
         kept_spans = tuple((int(a), int(b)) for a, b in known.get("spans", ()))
         return GeneratedText(
-            source, int(known["n_tokens"]), True, answers, layout, known.get("ctx"), kept_spans
-        )
+            source, int(known["n_tokens"]), True, answers, layout, known.get("ctx"), kept_spans,
+            tuple(str(x) for x in known["prompts"]),
+        )  # fmt: skip
     m.say(f"generating {target_path.name}'s greedy text for {task} ({n_predict} tokens a prompt)")
     workload = Workload(f"task:{task}", task_prompts(task))
     # Untimed: it takes its turn on the host (measure's lock) but a busy host changes no token
@@ -225,11 +239,13 @@ def target_text(
         json.dumps({
             "n_tokens": n_tokens, "target": os.fspath(target_path), "answers": kept,
             "layout": layout, "ctx": ctx, "spans": [list(s) for s in spans],
+            "prompts": [part.prompt for part in parts],
         }) + "\n"
     )  # fmt: skip
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     source = TextSource(name, task, path, sha, TEXT_GENERATED)
-    return GeneratedText(source, n_tokens, False, answers, layout, ctx, spans)
+    prompts = tuple(part.prompt for part in parts)
+    return GeneratedText(source, n_tokens, False, answers, layout, ctx, spans, prompts)
 
 
 def fit_ctx(n_tokens: int, ctx: int) -> int:
@@ -442,19 +458,34 @@ def measure_agreement(
     *,
     n_predict: int = AGREE_N_PREDICT,
     scored: str = SCORED_ANSWERS,
+    via: str = VIA_AUTO,
 ) -> AgreementResult:
     """Agreement of each planned draft with the target on each task's target-generated text,
     recorded. llama.cpp failures per draft are recorded and returned; a target that cannot
     generate its text raises. `scored`: answers (the generated tokens only, what speculation
-    drafts; the whole text where too few answer tokens fall in the scored chunks) or text."""
+    drafts; the whole text where too few answer tokens fall in the scored chunks) or text.
+    `via`: where the draft's guesses come from (VIAS); server needs temperature 0 and answers."""
+    on_server = via == VIA_SERVER or (
+        via == VIA_AUTO and plan.temperature == 0 and scored == SCORED_ANSWERS
+    )
+    if on_server and (plan.temperature > 0 or scored != SCORED_ANSWERS):
+        raise UsageError(
+            f"{param('via')} server takes the draft's greedy guesses at the answers' tokens: "
+            f"use it at {param('temp')} 0 with {param('scored')} answers, or {param('via')} logits"
+        )
     t, target_path = plan.target, plan.target_path
     tool = m.tool()
     cache = m.logits_cache()
-    texts, points = [], []
+    texts: list[GeneratedText] = []
+    points: list[AgreementPoint] = []
     for task in plan.tasks:
         layout = LAYOUT_CHUNKED if scored == SCORED_ANSWERS else LAYOUT_JOINED
         gen = target_text(m, t, target_path, task, n_predict, layout)
         texts.append(gen)
+        if on_server:  # the target's answers are all the draft needs
+            points.extend(_one_draft_on_server(con, m, tool, t, target_path, d, gen)
+                          for d in plan.drafts)  # fmt: skip
+            continue
         ctx = gen.ctx or fit_ctx(gen.n_tokens, m.ctx)
         key = logits_key(
             target_path, t.model_id, gen.text.name, gen.text.sha256, tool.build, ctx, m.chunks
@@ -571,7 +602,8 @@ def _one_draft(
         replace(
             rec, status="ok", seconds=time.monotonic() - t0, n_tokens=c.n_tokens, argv=argv,
             config={**rec.config, "scored": scored, "text_same_top": whole.same_top,
-                    "text_n_tokens": whole.n_tokens},
+                    "text_n_tokens": whole.n_tokens,
+                    "traces": [t.to_json() for t in c.traces]},
             n_vocab_base=c.n_vocab_base, n_vocab_model=c.n_vocab_other,
             mean_kld=c.mean_kld, mean_kld_unc=c.mean_kld_unc, kld_median=pct.get("median"),
             kld_p90=pct.get("p90"), kld_p95=pct.get("p95"), kld_p99=pct.get("p99"),
@@ -585,6 +617,68 @@ def _one_draft(
         mean_kld=c.mean_kld, mean_kld_unc=c.mean_kld_unc, accept=c.accept,
         n_vocab_target=c.n_vocab_base, n_vocab_draft=c.n_vocab_other, confidence=c.confidence,
         scored=scored, text_same_top=whole.same_top,
+    )  # fmt: skip
+
+
+def _one_draft_on_server(
+    con: duckdb.DuckDBPyConnection,
+    m: Measuring,
+    tool: Perplexity,
+    t: ModelRecord,
+    target_path: Path,
+    d: ModelRecord,
+    gen: GeneratedText,
+) -> AgreementPoint:
+    """One draft's greedy guesses at every answer token of one text, on llama-server
+    (`quality.drafting`), recorded with the guesses themselves."""
+    text, name = gen.text, Path(d.path).name
+    t0 = time.monotonic()
+    log_path = tool.log_path.with_name(f"agree-{os.getpid()}-{time.monotonic_ns()}.log")
+    rec = m.base_record(
+        tool, PURPOSE_AGREEMENT,
+        config={"threads": m.threads, "temperature": 0.0, "ctx": DRAFT_CTX},
+        base_model_id=t.model_id, base_path=os.fspath(target_path), model_id=d.model_id,
+        model_path=d.path, task=text.task, text_name=text.name, text_sha256=text.sha256,
+        text_source=text.source, ctx=DRAFT_CTX, method=METHOD_DRAFTED,
+        n_vocab_base=t.n_tokens, n_vocab_model=d.n_tokens, temperature=0.0,
+        log_path=os.fspath(log_path),
+    )  # fmt: skip
+    m.say(f"agreement of {name} with {target_path.name} on {text.name} ({METHOD_DRAFTED})")
+    common: dict[str, Any] = dict(
+        draft_id=d.model_id, draft_name=name, draft_path=d.path, task=text.task or "",
+        method=METHOD_DRAFTED, mean_kld=None, mean_kld_unc=None, n_vocab_target=t.n_tokens,
+        n_vocab_draft=d.n_tokens, scored=SCORED_ANSWERS,
+    )  # fmt: skip
+    try:
+        if len(gen.prompts) != len(gen.answers):
+            raise UsageError(f"{text.name} has no prompts kept: delete it from the cache")
+        with measurement_lock(f"agreement of {name} on {text.name}"):
+            traces, prompt_ids = draft_traces(m, Path(d.path), gen.prompts, gen.answers, log_path)
+    except (ServerFailed, UsageError) as err:
+        seconds = time.monotonic() - t0
+        mid = record_quality(con, replace(rec, seconds=seconds, **failure_fields(err)))
+        return AgreementPoint(
+            **common, measurement_id=mid, n_tokens=None, same_top=None, same_top_unc=None,
+            accept=None, seconds=seconds, error=str(err),
+        )  # fmt: skip
+    share, unc, conf = summary(traces)
+    n = sum(len(x.same) for x in traces)
+    seconds = time.monotonic() - t0
+    mid = record_quality(
+        con,
+        replace(
+            rec, status="ok", seconds=seconds, n_tokens=n, same_top=share, same_top_unc=unc,
+            accept=share, confidence=conf,
+            config={**rec.config, "scored": SCORED_ANSWERS,
+                    "traces": [x.to_json() for x in traces],
+                    # the target's text as token ids: ngram-mod is replayed on it
+                    "prompt_ids": [list(x) for x in prompt_ids],
+                    "answer_ids": [list(a.ids) for a in gen.answers]},
+        ),
+    )  # fmt: skip
+    return AgreementPoint(
+        **common, measurement_id=mid, n_tokens=n, same_top=share, same_top_unc=unc,
+        accept=share, seconds=seconds, confidence=conf,
     )  # fmt: skip
 
 

@@ -41,6 +41,7 @@ from specreg.llama.perplexity import (
     PerplexityFailed,
     logits_key,
 )
+from specreg.llama.process import ServerFailed
 from specreg.registry.quality_store import (
     METHOD_KLD,
     PURPOSE_QUALITY,
@@ -344,8 +345,8 @@ def stats_fields(stats: KldStats) -> dict[str, Any]:
     }
 
 
-def failure_fields(err: PerplexityFailed | UsageError) -> dict[str, Any]:
-    if isinstance(err, PerplexityFailed):
+def failure_fields(err: ServerFailed | UsageError) -> dict[str, Any]:
+    if isinstance(err, ServerFailed):  # llama-perplexity's failures are llama-server's kind
         return {"error_kind": err.kind, "error": str(err), "llama_message": err.llama_message}
     return {"error_kind": "usage", "error": str(err)}
 

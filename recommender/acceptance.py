@@ -12,18 +12,26 @@ token up to K times, stopping early at a token it is less sure of than `p_min` (
 a draft shorter than `n_min` (default 0) is dropped; the target accepts the longest prefix it
 agrees with. With per-position independence, drafting past position i needs i confident
 tokens (share s each) and accepting it needs i confident agreeing ones (s * a_c each).
+
+Agreement is not independent from one token to the next: a draft that has the target's
+boilerplate right gets the next token right too, and one that has lost the thread stays lost.
+Where `agree` kept the draft's guess at every answer token (its traces), drafting is replayed
+on them instead: at temperature 0 the tokens each verification accepts are a function of
+those guesses alone, at any K, `p_min` and `n_min`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import duckdb
 import numpy as np
 
+from specreg.drafttrace import DraftTrace
 from specreg.recommender.costmodel import CostParams, acceptance, logit, predict_tps
+from specreg.recommender.lookup_replay import NO_STEPS, LookupSteps, ngram_mod_replay
 from specreg.registry.quality_store import PURPOSE_AGREEMENT, QualityRecord, latest_measurements
 
 # The pinned build's draft-simple defaults (common/common.h, common_params_speculative_draft).
@@ -33,8 +41,9 @@ N_MIN_DEFAULT = 0
 # Where a candidate's per-token acceptance comes from, best first.
 ACC_RUN = "run measured"  # this host's speculative runs of the pair
 ACC_AGREEMENT = "agreement measured"  # `specreg agree`, no speculative run
+ACC_REPLAYED = "replayed on the target's text"  # ngram-mod on `agree`'s text (lookup_replay)
 ACC_PREDICTED = "predicted"  # the prior, from sizes, families and task
-ACCEPTANCE_SOURCES = (ACC_RUN, ACC_AGREEMENT, ACC_PREDICTED)
+ACCEPTANCE_SOURCES = (ACC_RUN, ACC_AGREEMENT, ACC_REPLAYED, ACC_PREDICTED)
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class MeasuredAgreement:
     n_tokens: int
     confidence: dict[float, tuple[float, float]] | None
     measurement_ids: tuple[int, ...]
+    traces: tuple[DraftTrace, ...] = ()  # greedy only: the draft's guess at every answer token
 
     @property
     def summary(self) -> str:
@@ -84,6 +94,9 @@ def _merge(
 
     use_accept = temperature > 0 and not greedy
     conf = rows[0].confidence if len(rows) == 1 else None
+    # Traces replay greedy drafting; a temperature above 0 accepts by the target's
+    # probabilities, which they do not hold.
+    traces = () if use_accept else tuple(t for r in rows for t in record_traces(r))
     return MeasuredAgreement(
         draft_id=str(rows[0].model_id),
         task=task,
@@ -95,7 +108,31 @@ def _merge(
         n_tokens=int(sum(r.n_tokens or 0 for r in rows)),
         confidence=conf,
         measurement_ids=tuple(int(r.measurement_id or 0) for r in rows),
+        traces=traces,
     )
+
+
+def load_texts(
+    con: duckdb.DuckDBPyConnection, target_id: str, task: str
+) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """The target's own text for `task` as token ids, (prompt, answer) per prompt: what the
+    latest agreement measurement on llama-server kept (none before it kept them)."""
+    for r in latest_measurements(con, PURPOSE_AGREEMENT, target_id):
+        config = r.config or {}
+        if r.task == task and config.get("prompt_ids") and config.get("answer_ids"):
+            return tuple(
+                (tuple(int(t) for t in p), tuple(int(t) for t in a))
+                for p, a in zip(config["prompt_ids"], config["answer_ids"], strict=True)
+            )
+    return ()
+
+
+def record_traces(r: QualityRecord) -> tuple[DraftTrace, ...]:
+    """The draft traces an agreement measurement kept (none before they were kept)."""
+    try:
+        return tuple(DraftTrace.from_json(t) for t in (r.config or {}).get("traces") or ())
+    except (KeyError, TypeError, ValueError):
+        return ()
 
 
 def load_agreement(
@@ -133,6 +170,40 @@ def _confident(
     return share, agree if math.isfinite(agree) else 0.0
 
 
+def replay(
+    traces: Sequence[DraftTrace],
+    k: int,
+    *,
+    p_min: float = P_MIN_DEFAULT,
+    n_min: int = N_MIN_DEFAULT,
+) -> tuple[float, float]:
+    """(accepted, drafted) tokens per verification of greedy draft-simple at draft length `k`,
+    replayed over the draft's guesses at each token of an answer, by the build's rules
+    (tools/server/server-context.cpp and common/speculative.cpp): the first token comes from
+    the prompt's pass and is never drafted; a verification at token i drafts up to `k` tokens,
+    no further than the answer's last token but one (`n_remaining - 1`), stopping before a
+    guess the draft is less sure of than `p_min`; a draft shorter than `n_min` is dropped; the
+    leading guesses that agree are accepted, and the next verification starts after the
+    target's own token. (nan, nan) for no verification."""
+    accepted = drafted = steps = 0
+    for t in traces:
+        n, i = len(t.same), t.drafted.start
+        while i < n:
+            length = 0
+            while length < min(k, n - 1 - i) and t.top_p[i + length] >= p_min:
+                length += 1
+            if length < n_min:
+                length = 0
+            ok = 0
+            while ok < length and t.same[i + ok]:
+                ok += 1
+            accepted, drafted, steps = accepted + ok, drafted + length, steps + 1
+            i += ok + 1
+    if not steps:
+        return math.nan, math.nan
+    return accepted / steps, drafted / steps
+
+
 def accepted_per_step(
     a: float,
     k: int,
@@ -140,9 +211,15 @@ def accepted_per_step(
     p_min: float = P_MIN_DEFAULT,
     n_min: int = N_MIN_DEFAULT,
     confidence: dict[float, tuple[float, float]] | None = None,
+    traces: Sequence[DraftTrace] = (),
 ) -> tuple[float, float]:
     """(expected accepted, expected drafted) tokens per verification at draft length `k` for
-    per-token acceptance `a`, under draft-simple's `p_min` and `n_min`."""
+    per-token acceptance `a`, under draft-simple's `p_min` and `n_min`: replayed on `traces`
+    where there are any, else with per-position independence."""
+    if traces:
+        got = replay(traces, k, p_min=p_min, n_min=n_min)
+        if math.isfinite(got[0]):
+            return got
     s, a_c = _confident(p_min, a, confidence)
     accepted = drafted = 0.0
     for i in range(1, k + 1):
@@ -160,12 +237,18 @@ def effective_acceptance(
     p_min: float = P_MIN_DEFAULT,
     n_min: int = N_MIN_DEFAULT,
     confidence: dict[float, tuple[float, float]] | None = None,
+    traces: Sequence[DraftTrace] = (),
 ) -> float:
     """The per-token acceptance whose K-token geometric prefix (the cost model's formula)
-    accepts as many tokens per verification as the build's rules do; `a` itself by default."""
-    target, _ = accepted_per_step(a, k, p_min=p_min, n_min=n_min, confidence=confidence)
-    if p_min <= 0 and n_min <= 0:
+    accepts as many tokens per verification as the build's rules do (replayed on `traces`
+    where there are any); `a` itself with neither traces nor rules."""
+    target, _ = accepted_per_step(
+        a, k, p_min=p_min, n_min=n_min, confidence=confidence, traces=traces
+    )
+    if p_min <= 0 and n_min <= 0 and not traces:
         return a
+    if target <= 0 or target >= k:
+        return 0.0 if target <= 0 else 1.0
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
@@ -199,6 +282,7 @@ class Adjusted:
     acceptance: np.ndarray  # per token, as shown
     sources: tuple[str, ...]  # ACC_* per candidate
     used: tuple[MeasuredAgreement | None, ...]
+    lookups: tuple[LookupSteps | None, ...] = ()  # ngram-mod replayed on the target's text
 
 
 def apply_agreement(
@@ -234,16 +318,78 @@ def apply_agreement(
             sources.append(ACC_AGREEMENT)
             used.append(m)
             rows.append(i)
-            a_eff.append(effective_acceptance(m.acceptance, k, confidence=m.confidence))
-            acc[i] = m.acceptance
+            a_eff.append(
+                effective_acceptance(m.acceptance, k, confidence=m.confidence, traces=m.traces)
+            )
+            # replayed: the per-token acceptance whose geometric prefix accepts what the
+            # replay does at this K (how the runs' accepted/drafted read per token)
+            acc[i] = a_eff[-1] if m.traces else m.acceptance
     if rows:
         idx = np.array(rows)
         mid[idx] *= speed_ratio(X[idx], params, np.array(a_eff))
     return Adjusted(mid, acc, tuple(sources), tuple(used))
 
 
+def apply_lookup(
+    ngram_mod: Sequence[tuple[int, int] | None],
+    X: np.ndarray,
+    params: CostParams,
+    adjusted: Adjusted,
+    texts: Sequence[tuple[Sequence[int], Sequence[int]]],
+) -> Adjusted:
+    """ngram-mod candidates ((n_max, n_min) where a candidate is one, else None; candidate 0
+    is plain decoding) replayed on the target's own text (`load_texts`): how often they draft
+    and how much of it is accepted on first encounter replace the prior's guesses, and each
+    speed is plain decoding's times the speed-up the cost model gives that. Candidates with
+    runs on this host keep theirs."""
+    if not texts:
+        return adjusted
+    mid, acc = adjusted.mid.copy(), adjusted.acceptance.copy()
+    sources = list(adjusted.sources)
+    lookups: list[LookupSteps | None] = list(adjusted.lookups or [None] * len(ngram_mod))
+    q = np.full(len(X), np.nan)
+    e = np.full(len(X), np.nan)
+    for i, knobs in enumerate(ngram_mod):
+        if knobs is None or sources[i] == ACC_RUN:
+            continue
+        n_max, n_min = knobs
+        steps = sum((ngram_mod_replay(p, a, n_max=n_max, n_min=n_min) for p, a in texts), NO_STEPS)
+        if not steps.steps:
+            continue
+        lookups[i], q[i], e[i] = steps, steps.draft_rate, steps.tokens_per_drafting_step
+        sources[i] = ACC_REPLAYED
+        if steps.drafted:
+            acc[i] = steps.accepted / steps.drafted
+    rows = np.nonzero(np.isfinite(q))[0]
+    if len(rows):
+        # plain decoding's prediction (row 0: this host's calibration or runs) times the
+        # speed-up the cost model gives the replayed drafting
+        plain = predict_tps(X[:1], params)[0]
+        after = predict_tps(X[rows], params, lookup=(q[rows], e[rows]))[0]
+        mid[rows] = mid[0] * after / np.maximum(plain, 1e-12)
+    return replace(
+        adjusted, mid=mid, acceptance=acc, sources=tuple(sources), lookups=tuple(lookups)
+    )
+
+
+def lookup_why(why: Sequence[str], steps: LookupSteps, tasks: str) -> tuple[str, ...]:
+    """The prior's n-gram line replaced by the replay's."""
+    line = (
+        f"n-gram lookup replayed on the target's own {tasks} text (`specreg agree`): it drafts "
+        f"in {steps.drafting} of {steps.steps} steps"
+        + (
+            f", {steps.accepted} of {steps.drafted} drafted tokens accepted -> "
+            f"{steps.tokens_per_drafting_step:.1f} tokens per drafting verification"
+            if steps.drafting
+            else " (nothing in that text repeats 24 tokens of its context): as plain decoding"
+        )
+    )
+    return tuple(line if w.startswith("n-gram lookup") else w for w in why)
+
+
 def agreement_why(why: Sequence[str], m: MeasuredAgreement, k: int) -> tuple[str, ...]:
     """The prior's acceptance line replaced by the measured one."""
-    accepted, _ = accepted_per_step(m.acceptance, k, confidence=m.confidence)
-    line = f"acceptance {m.summary} -> {1 + accepted:.1f} tokens per verification at K={k}"
+    accepted, _ = accepted_per_step(m.acceptance, k, confidence=m.confidence, traces=m.traces)
+    how = " (replayed on the draft's guesses)" if m.traces else ""
+    line = f"acceptance {m.summary} -> {1 + accepted:.1f} tokens per verification at K={k}{how}"
     return tuple(line if w.startswith("acceptance ~") else w for w in why)

@@ -283,14 +283,18 @@ def draft_step_seconds(X: np.ndarray, p: CostParams, t_target: np.ndarray) -> np
 
 
 def predict_tps(
-    X: np.ndarray, p: CostParams, acc_shift: np.ndarray | float = 0.0
+    X: np.ndarray,
+    p: CostParams,
+    acc_shift: np.ndarray | float = 0.0,
+    lookup: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(tokens/s, per-token acceptance) from the cost model alone.
 
     A draft step: the target verifies K + 1 tokens in one pass and the draft drafts K (see
     the comment below for the two builds' ways of feeding the draft). An n-gram step drafts
     with probability q and costs a plain step when it does not; an MTP head costs a small
-    share of a target step per token."""
+    share of a target step per token. `lookup`: (q, tokens per drafting step) measured for
+    n-gram rows (`lookup_replay`), in place of the fitted ones where finite."""
     ratio = column(X, "experts_ratio")
     t_target = baseline_seconds(X, p) * (p.expert_share + (1.0 - p.expert_share) * ratio)
     k = column(X, "k")
@@ -321,6 +325,10 @@ def predict_tps(
         draft, t_d * per_step, np.where(mtp, MTP_STEP_FRACTION * t_target * k, 0.0)
     )
     q = np.where(ngram, ngram_draft_rate(X, p), 1.0)
+    if lookup is not None:
+        measured = ngram & np.isfinite(lookup[0]) & np.isfinite(lookup[1])
+        q = np.where(measured, lookup[0], q)
+        e = np.where(measured, lookup[1], e)
     tokens = np.where(speculating, (1.0 - q) + q * e, 1.0)
     seconds = np.where(speculating, t_target * ((1.0 - q) + q * verify) + draft_seconds, t_target)
     return tokens / seconds, a

@@ -22,11 +22,15 @@ from specreg.host.facts import HostFacts
 from specreg.recommender.acceptance import (
     ACC_AGREEMENT,
     ACC_PREDICTED,
+    ACC_REPLAYED,
     Adjusted,
     MeasuredAgreement,
     agreement_why,
     apply_agreement,
+    apply_lookup,
     load_agreement,
+    load_texts,
+    lookup_why,
 )
 from specreg.recommender.calibrated import Calibration, load_calibration
 from specreg.recommender.costmodel import (
@@ -756,12 +760,21 @@ def _score(
         ],
         X, model.params, mid, acc, load_agreement(con, target.model_id, task, temperature),
     )  # fmt: skip
+    if temperature == 0:  # the replay is greedy: the target's text is its greedy answers
+        adjusted = apply_lookup(
+            [(c.k, max(1, c.k // 4)) if _is_ngram_mod(c) else None for c, _ in cands],
+            X, model.params, adjusted, load_texts(con, target.model_id, task),
+        )  # fmt: skip
     mid, sigma = _local_correction(cands, local, X, model, adjusted.mid, sigma)
     mine = {id(o) for o in local}
     ran_here = {_k_curve(o.config) for o in local if o.config.method is not Method.NONE}
     shift, near = _evidence_correction(
         [c for c, _ in cands], [o for o in observations if id(o) not in mine], model,
-        skip=[i == 0 or _k_curve(c) in ran_here for i, (c, _) in enumerate(cands)],
+        # a replayed candidate's error elsewhere is the workload's, which the replay measured
+        skip=[
+            i == 0 or _k_curve(c) in ran_here or adjusted.sources[i] == ACC_REPLAYED
+            for i, (c, _) in enumerate(cands)
+        ],
     )  # fmt: skip
     mid = mid * shift
     # half of the move is doubt: the model and the runs disagree
@@ -790,6 +803,11 @@ class _Near:
     obs: Observation
     predicted_speedup: float
     n_kind: int
+
+
+def _is_ngram_mod(c: ConfigFacts) -> bool:
+    """An ngram-mod candidate of its own: not a stack, no workload cache."""
+    return c.method is Method.NGRAM and not c.stack and not c.lookup_cache and c.k > 0
 
 
 def _evidence_correction(
@@ -990,6 +1008,8 @@ def _option(
     why = _why(c, model, a or 0.0, plain_tps)
     if (used := scores.adjusted.used[i]) is not None:
         why = agreement_why(why, used, c.k)
+    if scores.adjusted.lookups and (steps := scores.adjusted.lookups[i]) is not None:
+        why = lookup_why(why, steps, c.task)
     if cost is not None:
         why = (*why, f"quality cost: {cost.label}")
     if c.stack:

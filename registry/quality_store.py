@@ -29,6 +29,7 @@ PURPOSE_AGREEMENT = "agreement"
 PURPOSES = (PURPOSE_QUALITY, PURPOSE_AGREEMENT)
 METHOD_KLD = "kl-divergence"  # llama-perplexity --kl-divergence against the saved base
 METHOD_SAVED = "saved-logits"  # both models' saved logits compared in numpy (shared ids)
+METHOD_DRAFTED = "drafted"  # the draft's greedy guesses on llama-server (quality/drafting.py)
 TEXT_SHIPPED = "shipped"
 TEXT_USER = "user"
 TEXT_GENERATED = "generated"  # the target's own greedy continuation of the task prompts

@@ -1,6 +1,7 @@
 # ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """`specreg agree` with the pinned llama.cpp on real small models: SmolLM2-135M's own greedy
-text, its Q8_0 and Q4_0 self-drafts, the random-weight synthetic MoE; a draft whose
+text, its Q8_0 and Q4_0 self-drafts, the random-weight synthetic MoE; the draft's guesses on
+llama-server replaying a real speculative run's acceptance; a draft whose
 vocabulary is 64 ids larger than its target's (compared over the shared ids, never handed
 to `llama-perplexity --kl-divergence`); acceptance at a temperature from saved logits."""
 
@@ -19,24 +20,34 @@ from quality_fixtures import CHUNKS, con, measuring  # noqa: F401
 from test_quality_json import validate
 
 from specreg.cli.main import cli
+from specreg.errors import UsageError
 from specreg.host.machine import detect_host
+from specreg.llama.config import Config
+from specreg.llama.install import LlamaInstall
 from specreg.llama.logits import scored_per_chunk
 from specreg.quality.agreement import (
     LAYOUT_CHUNKED,
     MIN_ANSWER_ROWS,
     SCORED_ANSWERS,
     SCORED_TEXT,
+    VIA_LOGITS,
+    VIA_SERVER,
     measure_agreement,
     plan_agreement,
 )
 from specreg.quality.kld import Measuring
+from specreg.recommender.acceptance import load_agreement, replay
 from specreg.registry.quality_store import (
+    METHOD_DRAFTED,
     METHOD_KLD,
     METHOD_SAVED,
     PURPOSE_AGREEMENT,
     TEXT_GENERATED,
     list_quality,
 )
+from specreg.registry.scan import model_record
+from specreg.runner.measure import measure
+from specreg.runner.workload import Workload, task_prompts
 from specreg.samples.small_models import SmallModels
 from specreg.samples.synthetic import SyntheticModels
 
@@ -85,10 +96,10 @@ def test_agreement_orders_the_self_drafts_and_the_random_draft(
     q4 = small_models.draft("smollm2", "Q4_0").path
     rand = synthetic_models.moe.path
     plan = plan_agreement(con, target, (q8, q4, rand), ("code",))
-    result = measure_agreement(con, measuring, plan)
+    result = measure_agreement(con, measuring, plan, via=VIA_LOGITS)
     by = {Path(p.draft_path).name: p for p in result.points}
-    # by default over the answers' tokens only (what speculation drafts): the draft's logits
-    # are saved and compared per position, the whole text's share kept beside
+    # from saved logits, over the answers' tokens only (what speculation drafts): the draft's
+    # logits are saved and compared per position, the whole text's share kept beside
     assert all(p.ok and p.method == METHOD_SAVED for p in result.points), result.points
     assert all(p.scored == SCORED_ANSWERS for p in result.points), result.points
     s8, s4, sr = (by[p.name].same_top for p in (q8, q4, rand))
@@ -112,9 +123,54 @@ def test_agreement_orders_the_self_drafts_and_the_random_draft(
     assert all(r.base_path == str(target) and r.task == "code" and r.ok for r in rows)
     assert all(r.accept == r.same_top and r.temperature == 0 for r in rows)
 
-    again = measure_agreement(con, measuring, plan_agreement(con, target, (q8,), ("code",)))
+    again = measure_agreement(
+        con, measuring, plan_agreement(con, target, (q8,), ("code",)), via=VIA_LOGITS
+    )
     assert again.texts[0].cached and again.texts[0].text.sha256 == text.text.sha256
     assert again.points[0].same_top == pytest.approx(s8)
+
+
+def test_the_drafts_guesses_on_the_server_replay_a_real_speculative_run(
+    con,
+    measuring: Measuring,
+    llama_install: LlamaInstall,
+    small_models: SmallModels,
+    synthetic_models: SyntheticModels,
+) -> None:
+    """`agree`'s default: the draft's greedy guess at each of the target's answer tokens on
+    llama-server, after the prompt alone. Drafting replayed on those guesses predicts what a
+    real draft-simple run on the same prompts accepts per drafted token."""
+    target = small_models.smollm2.path
+    q8 = small_models.draft("smollm2", "Q8_0").path
+    q4 = small_models.draft("smollm2", "Q4_0").path
+    rand = synthetic_models.moe.path
+    n_predict = 48
+    plan = plan_agreement(con, target, (q8, q4, rand), ("code",))
+    result = measure_agreement(con, measuring, plan, n_predict=n_predict)
+    by = {Path(p.draft_path).name: p for p in result.points}
+    assert all(p.ok and p.method == METHOD_DRAFTED for p in result.points), result.points
+    assert all(p.scored == SCORED_ANSWERS and p.mean_kld is None for p in result.points)
+    s8, s4, sr = (by[p.name].same_top for p in (q8, q4, rand))
+    assert s8 is not None and s4 is not None and sr is not None
+    assert s8 > s4 > 0.4 and s8 > 0.85 and sr < 0.05
+    # every guess is kept: one trace per answer, as long as the answer
+    (text,) = result.texts
+    found = load_agreement(con, model_record(con, target).model_id, "code")
+    traces = found[model_record(con, q4).model_id].traces
+    assert [len(t.same) for t in traces] == [len(a.ids) for a in text.answers]
+    assert len(text.prompts) == len(text.answers) == len(traces) > 0
+    # a real draft-simple run on a fresh server, K=4, the same prompts and length
+    run = measure(
+        llama_install, detect_host(), Config(spec_type="draft-simple", k=4, threads=1),
+        target, q4, Workload("task:code", task_prompts("code")), n_predict=n_predict,
+        repeats=1, warmup=False, contention_retries=0,
+    )  # fmt: skip
+    assert run.failure is None and run.draft_n > 0, run.failure
+    accepted, drafted = replay(traces, 4)
+    assert run.acceptance == pytest.approx(accepted / drafted, abs=0.08)
+    # and the explicit way there, which refuses what it cannot measure
+    with pytest.raises(UsageError, match="via. logits"):
+        measure_agreement(con, measuring, plan, scored=SCORED_TEXT, via=VIA_SERVER)
 
 
 def test_a_draft_with_more_ids_is_compared_over_the_shared_ones(
@@ -123,7 +179,7 @@ def test_a_draft_with_more_ids_is_compared_over_the_shared_ones(
     target = synthetic_models.moe.path  # 49,152 ids
     padded = padded_copy(target, tmp_path / "synth-padded.gguf")  # 49,216 ids
     plan = plan_agreement(con, target, (padded,), ("prose",))
-    (point,) = measure_agreement(con, measuring, plan).points
+    (point,) = measure_agreement(con, measuring, plan, via=VIA_LOGITS).points
     assert point.ok, point.error
     assert point.method == METHOD_SAVED
     assert (point.n_vocab_target, point.n_vocab_draft) == (49152, 49152 + N_PAD)
@@ -133,6 +189,9 @@ def test_a_draft_with_more_ids_is_compared_over_the_shared_ones(
     (row,) = list_quality(con, purpose=PURPOSE_AGREEMENT)
     assert row.method == METHOD_SAVED and row.n_vocab_model == 49152 + N_PAD
     assert "--kl-divergence" not in row.argv and "--kl-divergence-base" in row.argv
+    # on llama-server the draft picks among all its ids, and still never a padded one
+    (guessed,) = measure_agreement(con, measuring, plan).points
+    assert guessed.method == METHOD_DRAFTED and guessed.same_top == 1.0
 
 
 def test_temperature_acceptance_from_saved_logits_matches_the_tools_same_top(
@@ -167,8 +226,11 @@ def test_the_command_reports_json(small_models: SmallModels, specreg_home: Path)
     assert (doc["version"], doc["kind"], doc["temperature"]) == ("1", "agreement", 0.0)
     validate(doc)  # tests/schemas pins every field
     (point,) = doc["points"]
-    assert point["task"] == "json" and point["method"] == METHOD_SAVED and point["same_top"] > 0.8
-    assert point["scored"] == SCORED_ANSWERS and point["text_same_top"] > 0.5
+    assert point["task"] == "json" and point["method"] == METHOD_DRAFTED
+    assert point["same_top"] > 0.8 and point["n_tokens"] > 0
+    # the draft's guesses on llama-server: no logits saved, so no KL divergence or whole text
+    assert point["scored"] == SCORED_ANSWERS and point["text_same_top"] is None
+    assert point["mean_kld"] is None
     assert doc["acceptance"] == "greedy (same top token)"
 
 

@@ -13,14 +13,17 @@ from datetime import datetime, timezone
 import pytest
 from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
+from specreg.drafttrace import DraftTrace
 from specreg.host.facts import REFERENCE_HOST
 from specreg.recommender.acceptance import (
     ACC_AGREEMENT,
     ACC_PREDICTED,
+    ACC_REPLAYED,
     ACC_RUN,
     accepted_per_step,
     drafted_acceptance_at,
     effective_acceptance,
+    replay,
 )
 from specreg.recommender.costmodel import drafted_acceptance
 from specreg.recommender.local import local_observations
@@ -201,6 +204,100 @@ def test_drafting_rules_turn_agreement_into_accepted_tokens() -> None:
     assert acc == pytest.approx(0.45 * 0.5 + 0.45**2 + 0.45**3)
     assert accepted_per_step(0.8, 3, n_min=4) == (0.0, 0.0)
     assert math.isnan(drafted_acceptance_at(0.8, 3, n_min=4))
+
+
+def trace(bits: str, top_p: float | list[float] = 1.0) -> DraftTrace:
+    ps = [top_p] * len(bits) if isinstance(top_p, float) else top_p
+    return DraftTrace(tuple(b == "1" for b in bits), tuple(ps))
+
+
+def test_replay_drafts_as_the_build_does_on_the_drafts_own_guesses() -> None:
+    # K=4 on 10 agreeing tokens: the first comes from the prompt's pass; 4 accepted and the
+    # target's own token, then a draft of 3 (no further than the last token but one) and
+    # the target's last token.
+    assert replay([trace("1" * 10)], 4) == (7 / 2, 7 / 2)
+    # A miss at the third guess: 2 accepted, the target's token replaces the third, and the
+    # next verification starts after it.
+    assert replay([trace("1" + "110" + "1111" + "1")], 4) == ((2 + 4) / 2, (4 + 4) / 2)
+    # p_min: the draft stops before a guess it is less sure of; n_min drops a short draft.
+    unsure = trace("111111", [1.0, 0.9, 0.9, 0.2, 0.9, 0.9])
+    assert replay([unsure], 4, p_min=0.5) == ((2 + 1) / 2, (2 + 1) / 2)
+    assert replay([unsure], 4, p_min=0.5, n_min=2) == ((2 + 0 + 0) / 3, (2 + 0 + 0) / 3)
+    assert all(math.isnan(x) for x in replay([], 4))
+
+
+def test_where_the_misses_fall_changes_what_a_verification_accepts() -> None:
+    # The same share of agreement (14 guesses of 18) at K=4: the misses together after a run
+    # longer than K, against one miss in every four. Together, each miss costs a verification
+    # of its own and the run is cut at K; spread, every verification accepts three. The
+    # geometric formula on the share alone lies between.
+    runs = [trace("1" + "1" * 12 + "0" * 4 + "11")]
+    spread = [trace("1" + "1110" * 4 + "11")]
+    in_runs, _ = replay(runs, 4)
+    evenly, _ = replay(spread, 4)
+    iid, _ = accepted_per_step(14 / 18, 4)
+    assert (in_runs, evenly) == (11 / 7, 13 / 5)
+    assert in_runs < iid < evenly
+    # accepted_per_step replays traces where it has them, and the effective acceptance
+    # lands the cost model's geometric prefix on the replayed tokens.
+    assert accepted_per_step(14 / 18, 4, traces=runs)[0] == pytest.approx(in_runs)
+    for traces, side in ((runs, -1), (spread, 1)):
+        a_eff = effective_acceptance(14 / 18, 4, traces=traces)
+        got, _ = replay(traces, 4)
+        assert sum(a_eff**i for i in range(1, 5)) == pytest.approx(got, rel=1e-6)
+        assert (a_eff - 14 / 18) * side > 0
+
+
+def texts(con, target, draft, task, pairs):  # type: ignore[no-untyped-def]
+    """An agreement measurement on llama-server that kept the target's text as token ids."""
+    return record_quality(
+        con,
+        QualityRecord(
+            purpose=PURPOSE_AGREEMENT, status="ok", started_at=datetime.now(timezone.utc),
+            config={"prompt_ids": [list(p) for p, _ in pairs],
+                    "answer_ids": [list(a) for _, a in pairs]},
+            base_model_id=target.model_id, model_id=draft.model_id, task=task, n_tokens=64,
+            same_top=0.9, temperature=0.0, accept=0.9,
+        ),
+    )  # fmt: skip
+
+
+def plain(r: Recommendation):  # type: ignore[no-untyped-def]
+    return next(o for o in r.options if o.method is Method.NONE and o.experts is None)
+
+
+def test_ngram_mod_is_replayed_on_the_targets_own_text(demo_con, prior_model, pair) -> None:  # type: ignore[no-untyped-def]
+    target, draft = pair
+
+    def ngram(r: Recommendation) -> dict:  # type: ignore[type-arg]
+        return {
+            o.k: o
+            for o in r.options
+            if o.method is Method.NGRAM and not o.lookup_cache and not o.stack
+        }
+
+    before = ngram(rec(demo_con, prior_model, target, task="summarize"))
+    assert before and all(o.acceptance_source == ACC_PREDICTED for o in before.values())
+    # answers that repeat nothing of their prompts: ngram-mod never drafts, so it runs as
+    # plain decoding does
+    prompt = list(range(1000, 1080))
+    fresh = [(prompt, list(range(2000 + 100 * i, 2064 + 100 * i))) for i in range(3)]
+    texts(demo_con, target, draft, "summarize", fresh)
+    r = rec(demo_con, prior_model, target, task="summarize")
+    none = ngram(r)
+    assert none and all(o.acceptance_source == ACC_REPLAYED for o in none.values())
+    assert all(o.tps == pytest.approx(plain(r).tps, rel=1e-6) for o in none.values())
+    assert "drafts in 0 of 189 steps" in " ".join(none[min(none)].why)
+    # answers that copy their prompts: it drafts and accepts, and outruns plain decoding
+    copied = [(prompt, prompt[10 * i : 10 * i + 64]) for i in range(3)]
+    texts(demo_con, target, draft, "summarize", copied)
+    r = rec(demo_con, prior_model, target, task="summarize")
+    some = ngram(r)
+    assert all(o.tps > 1.5 * plain(r).tps and o.acceptance == 1.0 for o in some.values())
+    assert "tokens per drafting verification" in " ".join(some[min(some)].why)
+    # another task's text says nothing about this one
+    other = ngram(rec(demo_con, prior_model, target, task="code"))
+    assert all(o.acceptance_source == ACC_PREDICTED for o in other.values())
 
 
 def test_the_command_takes_the_budget_from_a_role(demo_con, scanned_db, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specreg.drafttrace import DraftTrace
 from specreg.errors import UsageError
 from specreg.llama.logits import (
     P_MIN_GRID,
@@ -312,3 +313,33 @@ def test_compare_over_answers_scores_only_their_rows(tmp_path: Path) -> None:
     assert spanned.n_tokens == 3 and spanned.same_top == 1.0
     both = compare(a, b, answers=answers, spans=[(0, 24)])
     assert both.n_tokens == 3
+
+
+def test_compare_keeps_the_drafts_guess_at_each_answer_token_in_order(tmp_path: Path) -> None:
+    # Two answers, at positions 16..23 and 24..31: their scored rows predict 21, 22, 23 and
+    # 29, 30, 31. The draft misses position 22, and is sure of itself only at even positions.
+    n_vocab = 20
+    tokens = np.arange(4 * N_CTX) % n_vocab
+    rows = 4 * scored_per_chunk(N_CTX)
+    positions = (np.arange(4)[:, None] * N_CTX + np.arange(5, 8)[None, :]).reshape(-1)
+    target = np.zeros((rows, n_vocab))
+    target[:, 1] = 5.0
+    draft = np.zeros((rows, n_vocab))
+    for r, pos in enumerate(positions):
+        draft[r, 2 if pos == 22 else 1] = 9.0 if pos % 2 == 0 else 1.0
+    a = write_logits(tmp_path / "t.kld", target, tokens)
+    b = write_logits(tmp_path / "d.kld", draft, tokens)
+    answers = [
+        Answer(16, tuple(int(t) for t in tokens[15:24])),
+        Answer(24, tuple(int(t) for t in tokens[23:32])),
+    ]
+    c = compare(a, b, answers=answers)
+    assert [t.same for t in c.traces] == [(True, False, True), (True, True, True)]
+    sure = [[p > 0.5 for p in t.top_p] for t in c.traces]
+    assert sure == [[False, True, False], [False, True, False]]
+    assert c.same_top == pytest.approx(5 / 6)
+    # the traces survive the registry's JSON
+    assert [DraftTrace.from_json(t.to_json()) for t in c.traces] == [
+        DraftTrace(t.same, tuple(round(p, 3) for p in t.top_p), start=1) for t in c.traces
+    ]
+    assert compare(a, b).traces == ()  # no answers, no traces

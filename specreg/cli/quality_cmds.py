@@ -139,6 +139,16 @@ def quality_cmd(**kw: Any) -> None:
     "speculation drafts; the draft's logits are saved and compared per position), or the "
     "whole text with its prompts (llama-perplexity's own statistics).",
 )
+@click.option(
+    "--via",
+    type=click.Choice(["auto", "server", "logits"]),
+    default="auto",
+    show_default=True,
+    help="Where the draft's guesses come from: llama-server, after each prompt alone as in a "
+    "run, one guess per answer token (kept, so drafting is replayed on them at any K); or "
+    "saved logits, both models over one text (KL divergence too). auto: the server at "
+    "temperature 0 on answers, else logits.",
+)
 @_measure_options
 def agree_cmd(**kw: Any) -> None:
     """How often each DRAFT (default: every compatible draft in the registry) picks TARGET's
@@ -155,7 +165,12 @@ def agree_cmd(**kw: Any) -> None:
         plan = plan_agreement(con, target, drafts, kw["tasks"], temperature=kw["temperature"])
         with measuring(as_json=kw["as_json"]):  # takes its turn on the host, says so
             result = measure_agreement(
-                con, _measuring(kw), plan, n_predict=kw["n_predict"], scored=kw["scored"]
+                con,
+                _measuring(kw),
+                plan,
+                n_predict=kw["n_predict"],
+                scored=kw["scored"],
+                via=kw["via"],
             )
     _emit(result, kw["as_json"], _print_agreement)
     if not result.ok:
