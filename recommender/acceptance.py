@@ -31,7 +31,14 @@ import numpy as np
 
 from specreg.drafttrace import DraftTrace
 from specreg.recommender.costmodel import CostParams, acceptance, logit, predict_tps
-from specreg.recommender.lookup_replay import NO_STEPS, LookupSteps, ngram_mod_replay
+from specreg.recommender.lookup_replay import (
+    NO_STACK,
+    NO_STEPS,
+    LookupSteps,
+    StackSteps,
+    ngram_mod_replay,
+    stack_replay,
+)
 from specreg.registry.quality_store import PURPOSE_AGREEMENT, QualityRecord, latest_measurements
 
 # The pinned build's draft-simple defaults (common/common.h, common_params_speculative_draft).
@@ -369,6 +376,63 @@ def apply_lookup(
         mid[rows] = mid[0] * after / np.maximum(plain, 1e-12)
     return replace(
         adjusted, mid=mid, acceptance=acc, sources=tuple(sources), lookups=tuple(lookups)
+    )
+
+
+def apply_stack(
+    stacks: Sequence[tuple[str, int, int, int] | None],
+    X: np.ndarray,
+    params: CostParams,
+    adjusted: Adjusted,
+    texts: Sequence[tuple[Sequence[int], Sequence[int]]],
+    agreements: dict[str, MeasuredAgreement],
+) -> tuple[Adjusted, tuple[StackSteps | None, ...]]:
+    """ngram-mod stacked in front of a draft model ((draft id, K, n-gram n_max, n_min) where a
+    candidate is such a stack, else None), replayed on the target's text and that draft's
+    guesses (`lookup_replay.stack_replay`): where the lookup drafts, the draft model drafts
+    nothing. Each speed moves by what the cost model says the replayed steps are worth
+    against the draft alone at the same acceptance. Candidates with runs keep theirs."""
+    out: list[StackSteps | None] = [None] * len(stacks)
+    if not texts:
+        return adjusted, tuple(out)
+    mid = adjusted.mid.copy()
+    f = np.full(len(X), np.nan)
+    e = np.full(len(X), np.nan)
+    for i, knobs in enumerate(stacks):
+        m = agreements.get(knobs[0]) if knobs is not None else None
+        if knobs is None or m is None or adjusted.sources[i] == ACC_RUN:
+            continue
+        lengths = [len(t.same) + t.start for t in m.traces]
+        if lengths != [len(a) for _, a in texts]:
+            continue  # traces of another text
+        _, k, n_max, n_min = knobs
+        steps = sum(
+            (
+                stack_replay(p, a, t, n_max=n_max, n_min=n_min, k=k)
+                for (p, a), t in zip(texts, m.traces, strict=True)
+            ),
+            NO_STACK,
+        )
+        if steps.lookup.steps:
+            out[i], f[i], e[i] = steps, steps.lookup_share, steps.tokens_per_step
+    rows = np.nonzero(np.isfinite(f))[0]
+    if len(rows):
+        a = adjusted.acceptance[rows]
+        shift = logit(a, eps=1e-4) - logit(acceptance(X[rows], params), eps=1e-4)
+        before = predict_tps(X[rows], params, shift)[0]
+        after = predict_tps(X[rows], params, shift, stack=(f[rows], e[rows]))[0]
+        mid[rows] *= after / np.maximum(before, 1e-12)
+    return replace(adjusted, mid=mid), tuple(out)
+
+
+def stack_line(steps: StackSteps, tasks: str) -> str:
+    """What the replay of a stack found, for its why."""
+    lookup, model = steps.lookup, steps.model
+    return (
+        f"stack replayed on the target's own {tasks} text and the draft's guesses: the lookup "
+        f"drafts in {lookup.drafting} of {lookup.steps} steps ({lookup.accepted} of "
+        f"{lookup.drafted} accepted), the draft model in {model.drafting} ({model.accepted} of "
+        f"{model.drafted}) -> {steps.tokens_per_step:.1f} tokens a step"
     )
 
 

@@ -287,6 +287,7 @@ def predict_tps(
     p: CostParams,
     acc_shift: np.ndarray | float = 0.0,
     lookup: tuple[np.ndarray, np.ndarray] | None = None,
+    stack: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(tokens/s, per-token acceptance) from the cost model alone.
 
@@ -294,7 +295,10 @@ def predict_tps(
     the comment below for the two builds' ways of feeding the draft). An n-gram step drafts
     with probability q and costs a plain step when it does not; an MTP head costs a small
     share of a target step per token. `lookup`: (q, tokens per drafting step) measured for
-    n-gram rows (`lookup_replay`), in place of the fitted ones where finite."""
+    n-gram rows (`lookup_replay`), in place of the fitted ones where finite. `stack`: (share
+    of steps the lookup drafts, tokens per step) measured for draft rows with n-gram lookup
+    stacked in front (`lookup_replay.stack_replay`): on the lookup's steps the draft model
+    drafts nothing and only takes in the verified batch."""
     ratio = column(X, "experts_ratio")
     t_target = baseline_seconds(X, p) * (p.expert_share + (1.0 - p.expert_share) * ratio)
     k = column(X, "k")
@@ -324,6 +328,12 @@ def predict_tps(
     draft_seconds = np.where(
         draft, t_d * per_step, np.where(mtp, MTP_STEP_FRACTION * t_target * k, 0.0)
     )
+    if stack is not None:
+        known = draft & np.isfinite(stack[0]) & np.isfinite(stack[1])
+        f = np.where(known, stack[0], 0.0)
+        take_in = np.where(calibrated, t_d * np.nan_to_num(mirrored), 0.0)
+        draft_seconds = np.where(known, (1.0 - f) * draft_seconds + f * take_in, draft_seconds)
+        e = np.where(known, stack[1], e)
     q = np.where(ngram, ngram_draft_rate(X, p), 1.0)
     if lookup is not None:
         measured = ngram & np.isfinite(lookup[0]) & np.isfinite(lookup[1])

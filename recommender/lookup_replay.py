@@ -17,7 +17,9 @@ ngram_mod; tools/server/server-context.cpp):
 * the target accepts the leading tokens it agrees with; five drafts in a row with under a
   quarter accepted clear the table (it is refilled from the whole context at the next draft).
 
-Hash collisions of the build's 4M-entry table are left out.
+Hash collisions of the build's 4M-entry table are left out. Stacked in front of a draft
+model (`ngram-mod,draft-simple`), the lookup drafts first and the draft model only where it has
+nothing: replayed on the draft's guesses that `agree` kept (`stack_replay`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specreg.drafttrace import DraftTrace
+
 # The pinned build's ngram-mod (common/common.h, common_params_speculative_ngram_mod).
 N_MATCH_DEFAULT = 24
+N_MAX_DEFAULT = 64  # what a stack's ngram-mod drafts with: its K flags go to its primary type
+N_MIN_DEFAULT = 48
 ADD_EVERY = 32  # new tokens before the n-grams since the last addition are added
 LOW_ACCEPTANCE = 0.25
 LOW_STREAK = 5
@@ -63,6 +69,52 @@ class LookupSteps:
 NO_STEPS = LookupSteps(0, 0, 0, 0)
 
 
+class _NgramMod:
+    """The build's ngram-mod state for one request (the table is a dict: no collisions)."""
+
+    def __init__(self, prompt: Sequence[int], n_max: int, n_min: int, n_match: int) -> None:
+        self.n_max, self.n_min, self.n = n_max, n_min, n_match
+        self.table: dict[tuple[int, ...], int] = {}
+        self.i_last = self.low = 0
+        if len(prompt) >= n_match:
+            self._add(prompt, len(prompt) - n_match, 0)
+            self.i_last = len(prompt) - n_match
+
+    def _add(self, text: Sequence[int], upto: int, start: int) -> None:
+        for i in range(start, upto):  # the n-grams starting in [start, upto)
+            self.table[tuple(text[i : i + self.n])] = text[i + self.n]
+
+    def draft(self, text: Sequence[int], room: int) -> list[int]:
+        """The draft after `text` (the context and the token just sampled), cut to `room`."""
+        context = len(text) - 1  # what the server hands the drafter: all but the last sampled
+        if context < self.n:
+            return []
+        if self.i_last + ADD_EVERY < context:
+            self._add(text, context - self.n, self.i_last)
+            self.i_last = context - self.n
+        window, out = list(text[-self.n :]), []
+        for _ in range(self.n_max):
+            token = self.table.get(tuple(window[-self.n :]))
+            if token is None:
+                break
+            out.append(token)
+            window.append(token)
+        return out[:room] if len(out) >= self.n_min else []
+
+    def accept(self, ok: int, drafted: int) -> None:
+        self.low = self.low + 1 if ok / drafted < LOW_ACCEPTANCE else 0
+        if self.low >= LOW_STREAK:  # the table is cleared, refilled at the next draft
+            self.table.clear()
+            self.i_last, self.low = 0, 0
+
+
+def _leading(draft: Sequence[int], answer: Sequence[int], j: int) -> int:
+    ok = 0
+    while ok < len(draft) and draft[ok] == answer[j + ok]:
+        ok += 1
+    return ok
+
+
 def ngram_mod_replay(
     prompt: Sequence[int],
     answer: Sequence[int],
@@ -73,47 +125,77 @@ def ngram_mod_replay(
 ) -> LookupSteps:
     """What a fresh llama-server's ngram-mod drafts and accepts while the target generates
     `answer` after `prompt` (token ids, the prompt as the server tokenized it)."""
-    table: dict[tuple[int, ...], int] = {}
-    text = list(prompt)
+    got = stack_replay(prompt, answer, None, n_max=n_max, n_min=n_min, k=0, n_match=n_match)
+    return got.lookup
 
-    def add(upto: int, start: int) -> None:  # the n-grams starting in [start, upto)
-        for i in range(start, upto):
-            table[tuple(text[i : i + n_match])] = text[i + n_match]
 
-    i_last = 0
-    if len(text) >= n_match:
-        add(len(text) - n_match, 0)
-        i_last = len(text) - n_match
-    text.extend(answer[:1])  # the first answer token comes from the prompt's pass
-    steps = drafting = drafted = accepted = low = 0
+@dataclass(frozen=True)
+class StackSteps:
+    """ngram-mod stacked in front of a draft model: the lookup's steps, and the draft model's
+    (on every step the lookup had nothing for)."""
+
+    lookup: LookupSteps
+    model: LookupSteps
+
+    def __add__(self, other: StackSteps) -> StackSteps:
+        return StackSteps(self.lookup + other.lookup, self.model + other.model)
+
+    @property
+    def tokens_per_step(self) -> float:
+        steps = self.lookup.steps
+        return 1.0 + (self.lookup.accepted + self.model.accepted) / steps if steps else 1.0
+
+    @property
+    def lookup_share(self) -> float:
+        """The share of steps the lookup drafted (the draft model drafted none there)."""
+        return self.lookup.draft_rate
+
+
+NO_STACK = StackSteps(NO_STEPS, NO_STEPS)
+
+
+def stack_replay(
+    prompt: Sequence[int],
+    answer: Sequence[int],
+    guesses: DraftTrace | None,
+    *,
+    n_max: int,
+    n_min: int,
+    k: int,
+    n_match: int = N_MATCH_DEFAULT,
+) -> StackSteps:
+    """ngram-mod first at every step and, where it has nothing, greedy draft-simple at K on
+    the draft's `guesses` at the answer's tokens (`specreg agree`'s trace; None: no draft
+    model), replayed while the target generates `answer` after `prompt`."""
+    lookup = _NgramMod(prompt, n_max, n_min, n_match)
+    text = [*prompt, *answer[:1]]  # the first answer token comes from the prompt's pass
+    steps = [0, 0, 0, 0]  # all steps; lookup drafting, drafted, accepted
+    model = [0, 0, 0]  # draft-model drafting, drafted, accepted
     j = 1
     while j < len(answer):
-        context = len(text) - 1  # what the server hands the drafter: all but the last sampled
-        draft: list[int] = []
-        if context >= n_match:
-            if i_last + ADD_EVERY < context:
-                add(context - n_match, i_last)
-                i_last = context - n_match
-            window = text[-n_match:]
-            for _ in range(n_max):
-                token = table.get(tuple(window[-n_match:]))
-                if token is None:
-                    break
-                draft.append(token)
-                window.append(token)
-            if len(draft) < n_min:
-                draft = []
-            draft = draft[: max(len(answer) - j - 1, 0)]  # n_remaining - 1
-        ok = 0
-        while ok < len(draft) and draft[ok] == answer[j + ok]:
-            ok += 1
-        steps += 1
+        room = max(len(answer) - j - 1, 0)  # n_remaining - 1
+        draft = lookup.draft(text, room)
+        steps[0] += 1
         if draft:
-            drafting, drafted, accepted = drafting + 1, drafted + len(draft), accepted + ok
-            low = low + 1 if ok / len(draft) < LOW_ACCEPTANCE else 0
-            if low >= LOW_STREAK:
-                table.clear()
-                i_last, low = 0, 0
+            ok = _leading(draft, answer, j)
+            steps[1], steps[2], steps[3] = steps[1] + 1, steps[2] + len(draft), steps[3] + ok
+            lookup.accept(ok, len(draft))
+        elif guesses is not None and min(k, room) > 0:
+            length, ok = min(k, room), 0
+            while ok < length and _guessed(guesses, j + ok):
+                ok += 1
+            model[0], model[1], model[2] = model[0] + 1, model[1] + length, model[2] + ok
+        else:
+            ok = 0
         text.extend(answer[j : j + ok + 1])
         j += ok + 1
-    return LookupSteps(steps, drafting, drafted, accepted)
+    return StackSteps(
+        LookupSteps(steps[0], steps[1], steps[2], steps[3]),
+        LookupSteps(steps[0], model[0], model[1], model[2]),
+    )
+
+
+def _guessed(trace: DraftTrace, i: int) -> bool:
+    """Whether the draft's guess at answer token i is the target's (unknown: not)."""
+    at = i - trace.start
+    return 0 <= at < len(trace.same) and trace.same[at]

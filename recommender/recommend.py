@@ -28,9 +28,11 @@ from specreg.recommender.acceptance import (
     agreement_why,
     apply_agreement,
     apply_lookup,
+    apply_stack,
     load_agreement,
     load_texts,
     lookup_why,
+    stack_line,
 )
 from specreg.recommender.calibrated import Calibration, load_calibration
 from specreg.recommender.costmodel import (
@@ -48,10 +50,11 @@ from specreg.recommender.costmodel import (
 )
 from specreg.recommender.features import TASK_SLOTS, ConfigFacts, column, feature_matrix
 from specreg.recommender.local import NGRAM_MATCH_DEFAULT, draft_fields, target_fields
+from specreg.recommender.lookup_replay import N_MAX_DEFAULT, N_MIN_DEFAULT, StackSteps
 from specreg.recommender.predictor import SpeedPredictor
 from specreg.recommender.prior import Observation
 from specreg.recommender.quality_cost import QualityCost, expert_cost, load_quality
-from specreg.recommender.stacks import shown, stack_candidates
+from specreg.recommender.stacks import DRAFT_STACK, shown, stack_candidates
 from specreg.registry.lookup_caches import LookupCache, list_caches
 from specreg.registry.quality_store import QualityRecord
 from specreg.registry.queries import ModelRecord, get_model, human_bytes, resolve_model
@@ -724,6 +727,7 @@ class _Scores:
     accepted_by_curve: dict[tuple[object, ...], list[float]]  # per-token acceptance per K curve
     shift: np.ndarray  # the factor evidence moved each prediction by (`_evidence_correction`)
     near: list[_Near | None]  # each candidate's nearest measured run, as the model sees it
+    stacks: tuple[StackSteps | None, ...] = ()  # draft stacks replayed on the target's text
 
 
 def _score(
@@ -752,18 +756,28 @@ def _score(
     if measured_plain:
         plain_tps = _posterior(plain_tps, float(sigma[0]), measured_plain)[0]
     run_curves = {_k_curve(o.config) for o in local if o.acceptance is not None}
+    agreements = load_agreement(con, target.model_id, task, temperature)
     adjusted = apply_agreement(
         [
             (d.model_id if d is not None and c.method is Method.DRAFT else None, c.k,
              _k_curve(c) in run_curves)
             for c, d in cands
         ],
-        X, model.params, mid, acc, load_agreement(con, target.model_id, task, temperature),
+        X, model.params, mid, acc, agreements,
     )  # fmt: skip
+    stacks: tuple[StackSteps | None, ...] = ()
+    texts = load_texts(con, target.model_id, task)
     if temperature == 0:  # the replay is greedy: the target's text is its greedy answers
         adjusted = apply_lookup(
             [(c.k, max(1, c.k // 4)) if _is_ngram_mod(c) else None for c, _ in cands],
-            X, model.params, adjusted, load_texts(con, target.model_id, task),
+            X, model.params, adjusted, texts,
+        )  # fmt: skip
+        # a stack's K is its draft model's; its ngram-mod drafts with the build's defaults
+        adjusted, stacks = apply_stack(
+            [(d.model_id, c.k, N_MAX_DEFAULT, N_MIN_DEFAULT)
+             if c.stack == DRAFT_STACK and c.method is Method.DRAFT and d is not None else None
+             for c, d in cands],
+            X, model.params, adjusted, texts, agreements,
         )  # fmt: skip
     mid, sigma = _local_correction(cands, local, X, model, adjusted.mid, sigma)
     mine = {id(o) for o in local}
@@ -790,6 +804,7 @@ def _score(
         adjusted=adjusted,
         runs_by_config=by_key,
         accepted_by_curve=_accepted_by_curve(local),
+        stacks=stacks,
         shift=shift,
         near=near,
     )
@@ -1010,6 +1025,8 @@ def _option(
         why = agreement_why(why, used, c.k)
     if scores.adjusted.lookups and (steps := scores.adjusted.lookups[i]) is not None:
         why = lookup_why(why, steps, c.task)
+    if scores.stacks and (stacked := scores.stacks[i]) is not None:
+        why = (*why, stack_line(stacked, c.task))
     if cost is not None:
         why = (*why, f"quality cost: {cost.label}")
     if c.stack:

@@ -300,6 +300,47 @@ def test_ngram_mod_is_replayed_on_the_targets_own_text(demo_con, prior_model, pa
     assert all(o.acceptance_source == ACC_PREDICTED for o in other.values())
 
 
+def test_a_stack_is_replayed_on_the_text_and_the_drafts_guesses(
+    demo_con, prior_model, pair
+) -> None:  # type: ignore[no-untyped-def]
+    # Answers that copy 60 tokens of their prompt, then 40 new ones the draft guesses right
+    # but every fifth: the stack's lookup drafts the copy (its build default needs a 48-token
+    # chain), the draft model the rest.
+    target, draft = pair
+    prompt = list(range(1000, 1100))
+    pairs = [(prompt, prompt[5:65] + list(range(3000 + 50 * i, 3040 + 50 * i))) for i in range(3)]
+    guesses = [
+        DraftTrace(tuple(i < 60 or (i - 60) % 5 != 4 for i in range(100)), (1.0,) * 100)
+        for _ in pairs
+    ]
+    record_quality(
+        demo_con,
+        QualityRecord(
+            purpose=PURPOSE_AGREEMENT, status="ok", started_at=datetime.now(timezone.utc),
+            config={"prompt_ids": [list(p) for p, _ in pairs],
+                    "answer_ids": [list(a) for _, a in pairs],
+                    "traces": [g.to_json() for g in guesses]},
+            base_model_id=target.model_id, model_id=draft.model_id, task="summarize",
+            n_tokens=297, same_top=0.86, temperature=0.0, accept=0.86,
+        ),
+    )  # fmt: skip
+    stacked = rec(
+        demo_con, prior_model, target, task="summarize", spec_type="ngram-mod,draft-simple"
+    )
+    alone = rec(demo_con, prior_model, target, task="summarize", spec_type="draft-simple")
+    mine = {o.k: o for o in stacked.options if o.stack and o.draft_name == DRAFT_05B}
+    theirs = {o.k: o for o in drafts_of(alone)}
+    assert mine and set(mine) <= set(theirs)
+    for k, o in mine.items():
+        line = next(w for w in o.why if w.startswith("stack replayed"))
+        assert "the lookup drafts in 3 of" in line  # once per answer: the 60-token copy
+    # At a small K the lookup takes the copy's rest in one step where the draft model needs
+    # one step per K tokens; at a large K the draft model's own steps go nearly as far, and
+    # past the copy it guesses the new tokens the lookup drafts wrong.
+    gain = {k: o.tps / theirs[k].tps for k, o in mine.items()}
+    assert gain[min(gain)] > 1.1 and gain[max(gain)] < gain[min(gain)], gain
+
+
 def test_the_command_takes_the_budget_from_a_role(demo_con, scanned_db, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
 

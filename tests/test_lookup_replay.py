@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specreg.recommender.lookup_replay import LookupSteps, ngram_mod_replay
+from specreg.drafttrace import DraftTrace
+from specreg.recommender.lookup_replay import LookupSteps, ngram_mod_replay, stack_replay
 
 
 def test_an_answer_that_repeats_nothing_never_drafts() -> None:
@@ -38,6 +39,25 @@ def test_a_draft_shorter_than_n_min_is_dropped_and_a_wrong_one_costs_its_step() 
     assert (one.drafting, one.drafted, one.accepted) == (1, 2, 0)  # "X 8", refused at X
     none = ngram_mod_replay(prompt, answer, n_max=4, n_min=3, n_match=3)
     assert (none.drafting, none.drafted) == (0, 0)  # "X 8" is shorter than n_min
+
+
+def test_a_stack_drafts_with_the_model_only_where_the_lookup_has_nothing() -> None:
+    # The answer copies 20 tokens of its prompt, then goes on with 20 new ones the draft model
+    # guesses right except every fifth.
+    prompt = list(range(100, 140))
+    answer = prompt[5:25] + list(range(500, 520))
+    guesses = DraftTrace(tuple(i < 20 or (i - 20) % 5 != 4 for i in range(40)), (1.0,) * 40)
+    got = stack_replay(prompt, answer, guesses, n_max=4, n_min=1, k=4, n_match=4)
+    alone = stack_replay(prompt, answer, None, n_max=4, n_min=1, k=4, n_match=4)
+    assert got.lookup.drafting > 0 and alone.lookup.drafting > 0  # the lookup goes first
+    assert got.model.drafting > 0 and alone.model.drafting == 0
+    # the copied part: the lookup drafts it all, and the model is asked for none of it
+    assert got.lookup.accepted == got.lookup.drafted == 12
+    assert got.model.drafted == 4 * got.model.drafting
+    assert got.tokens_per_step > alone.tokens_per_step > 1.0
+    total = got.lookup.accepted + got.model.accepted + got.lookup.steps
+    assert total == len(answer) - 1
+    assert got.lookup_share == got.lookup.drafting / got.lookup.steps
 
 
 tokens = st.lists(st.integers(0, 5), min_size=0, max_size=80)
