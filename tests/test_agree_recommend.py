@@ -331,7 +331,7 @@ def test_a_stack_is_replayed_on_the_text_and_the_drafts_guesses(
     mine = {o.k: o for o in stacked.options if o.stack and o.draft_name == DRAFT_05B}
     theirs = {o.k: o for o in drafts_of(alone)}
     assert mine and set(mine) <= set(theirs)
-    for k, o in mine.items():
+    for o in mine.values():
         line = next(w for w in o.why if w.startswith("stack replayed"))
         assert "the lookup drafts in 3 of" in line  # once per answer: the 60-token copy
     # At a small K the lookup takes the copy's rest in one step where the draft model needs
