@@ -661,8 +661,7 @@ def _one_draft_on_server(
             **common, measurement_id=mid, n_tokens=None, same_top=None, same_top_unc=None,
             accept=None, seconds=seconds, error=str(err),
         )  # fmt: skip
-    share, unc, conf = summary(traces)
-    n = sum(len(x.same) for x in traces)
+    n, share, unc, conf = summary(traces)
     seconds = time.monotonic() - t0
     mid = record_quality(
         con,

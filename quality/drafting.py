@@ -70,14 +70,16 @@ def draft_traces(
         return traces, tuple(tokens(server, prompt) for prompt, _ in pairs)
 
 
-def summary(traces: Sequence[DraftTrace]) -> tuple[float, float, dict[float, tuple[float, float]]]:
-    """(same-top share, its standard error, the confidence curve) over the guesses at the
-    tokens the build drafts (an answer's first token is the prompt pass's)."""
+def summary(
+    traces: Sequence[DraftTrace],
+) -> tuple[int, float, float, dict[float, tuple[float, float]]]:
+    """(guesses, same-top share, its standard error, the confidence curve) over the guesses
+    at the tokens the build drafts (an answer's first token is the prompt pass's)."""
     same = np.array([x for t in traces for x in t.same[t.drafted]], dtype=bool)
     conf = np.array([p for t in traces for p in t.top_p[t.drafted]], dtype=float)
     n = len(same)
     if not n:
-        return math.nan, math.nan, {}
+        return 0, math.nan, math.nan, {}
     share = float(same.mean())
     unc = math.sqrt(share * (1 - share) / (n - 1)) if n > 1 else math.nan
-    return share, unc, confidence_curve(conf, same)
+    return n, share, unc, confidence_curve(conf, same)

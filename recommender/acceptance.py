@@ -68,6 +68,8 @@ class MeasuredAgreement:
     confidence: dict[float, tuple[float, float]] | None
     measurement_ids: tuple[int, ...]
     traces: tuple[DraftTrace, ...] = ()  # greedy only: the draft's guess at every answer token
+    # the task's own target text as token ids, (prompt, answer) per prompt, where kept
+    texts: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
 
     @property
     def summary(self) -> str:
@@ -104,6 +106,8 @@ def _merge(
     # Traces replay greedy drafting; a temperature above 0 accepts by the target's
     # probabilities, which they do not hold.
     traces = () if use_accept else tuple(t for r in rows for t in record_traces(r))
+    own = all(r.task == task for r in rows)  # another task's text says nothing of this one
+    texts = tuple(x for r in rows for x in record_texts(r)) if own else ()
     return MeasuredAgreement(
         draft_id=str(rows[0].model_id),
         task=task,
@@ -116,22 +120,29 @@ def _merge(
         confidence=conf,
         measurement_ids=tuple(int(r.measurement_id or 0) for r in rows),
         traces=traces,
+        texts=texts,
     )
 
 
-def load_texts(
-    con: duckdb.DuckDBPyConnection, target_id: str, task: str
+def record_texts(r: QualityRecord) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """The target's text as token ids, (prompt, answer) per prompt, that an agreement
+    measurement on llama-server kept (none before it kept them)."""
+    config = r.config or {}
+    try:
+        return tuple(
+            (tuple(int(t) for t in p), tuple(int(t) for t in a))
+            for p, a in zip(config.get("prompt_ids") or (), config.get("answer_ids") or (),
+                            strict=True)
+        )  # fmt: skip
+    except (TypeError, ValueError):
+        return ()
+
+
+def measured_texts(
+    agreements: dict[str, MeasuredAgreement],
 ) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
-    """The target's own text for `task` as token ids, (prompt, answer) per prompt: what the
-    latest agreement measurement on llama-server kept (none before it kept them)."""
-    for r in latest_measurements(con, PURPOSE_AGREEMENT, target_id):
-        config = r.config or {}
-        if r.task == task and config.get("prompt_ids") and config.get("answer_ids"):
-            return tuple(
-                (tuple(int(t) for t in p), tuple(int(t) for t in a))
-                for p, a in zip(config["prompt_ids"], config["answer_ids"], strict=True)
-            )
-    return ()
+    """The target's own text for the task, from any draft's agreement that kept it."""
+    return next((m.texts for m in agreements.values() if m.texts), ())
 
 
 def record_traces(r: QualityRecord) -> tuple[DraftTrace, ...]:
@@ -194,18 +205,11 @@ def replay(
     target's own token. (nan, nan) for no verification."""
     accepted = drafted = steps = 0
     for t in traces:
-        n, i = len(t.same), t.drafted.start
-        while i < n:
-            length = 0
-            while length < min(k, n - 1 - i) and t.top_p[i + length] >= p_min:
-                length += 1
-            if length < n_min:
-                length = 0
-            ok = 0
-            while ok < length and t.same[i + ok]:
-                ok += 1
+        n, j = t.answer_len, 1
+        while j < n:
+            length, ok = t.draft_at(j, k, n - 1 - j, p_min, n_min)
             accepted, drafted, steps = accepted + ok, drafted + length, steps + 1
-            i += ok + 1
+            j += ok + 1
     if not steps:
         return math.nan, math.nan
     return accepted / steps, drafted / steps
@@ -384,17 +388,15 @@ def apply_stack(
     X: np.ndarray,
     params: CostParams,
     adjusted: Adjusted,
-    texts: Sequence[tuple[Sequence[int], Sequence[int]]],
     agreements: dict[str, MeasuredAgreement],
 ) -> tuple[Adjusted, tuple[StackSteps | None, ...]]:
     """ngram-mod stacked in front of a draft model ((draft id, K, n-gram n_max, n_min) where a
     candidate is such a stack, else None), replayed on the target's text and that draft's
-    guesses (`lookup_replay.stack_replay`): where the lookup drafts, the draft model drafts
-    nothing. Each speed moves by what the cost model says the replayed steps are worth
-    against the draft alone at the same acceptance. Candidates with runs keep theirs."""
+    guesses, both kept by its agreement (`lookup_replay.stack_replay`): where the lookup
+    drafts, the draft model drafts nothing. Each speed moves by what the cost model says the
+    replayed steps are worth against the draft alone at the same acceptance. Candidates with
+    runs keep theirs."""
     out: list[StackSteps | None] = [None] * len(stacks)
-    if not texts:
-        return adjusted, tuple(out)
     mid = adjusted.mid.copy()
     f = np.full(len(X), np.nan)
     e = np.full(len(X), np.nan)
@@ -402,9 +404,9 @@ def apply_stack(
         m = agreements.get(knobs[0]) if knobs is not None else None
         if knobs is None or m is None or adjusted.sources[i] == ACC_RUN:
             continue
-        lengths = [len(t.same) + t.start for t in m.traces]
-        if lengths != [len(a) for _, a in texts]:
-            continue  # traces of another text
+        texts = m.texts
+        if not texts or [t.answer_len for t in m.traces] != [len(a) for _, a in texts]:
+            continue  # no text kept, or traces of another one
         _, k, n_max, n_min = knobs
         steps = sum(
             (

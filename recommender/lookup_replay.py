@@ -180,22 +180,13 @@ def stack_replay(
             ok = _leading(draft, answer, j)
             steps[1], steps[2], steps[3] = steps[1] + 1, steps[2] + len(draft), steps[3] + ok
             lookup.accept(ok, len(draft))
-        elif guesses is not None and min(k, room) > 0:
-            length, ok = min(k, room), 0
-            while ok < length and _guessed(guesses, j + ok):
-                ok += 1
-            model[0], model[1], model[2] = model[0] + 1, model[1] + length, model[2] + ok
         else:
-            ok = 0
+            length, ok = guesses.draft_at(j, k, room) if guesses is not None else (0, 0)
+            if length:
+                model[0], model[1], model[2] = model[0] + 1, model[1] + length, model[2] + ok
         text.extend(answer[j : j + ok + 1])
         j += ok + 1
     return StackSteps(
         LookupSteps(steps[0], steps[1], steps[2], steps[3]),
         LookupSteps(steps[0], model[0], model[1], model[2]),
     )
-
-
-def _guessed(trace: DraftTrace, i: int) -> bool:
-    """Whether the draft's guess at answer token i is the target's (unknown: not)."""
-    at = i - trace.start
-    return 0 <= at < len(trace.same) and trace.same[at]

@@ -30,8 +30,8 @@ from specreg.recommender.acceptance import (
     apply_lookup,
     apply_stack,
     load_agreement,
-    load_texts,
     lookup_why,
+    measured_texts,
     stack_line,
 )
 from specreg.recommender.calibrated import Calibration, load_calibration
@@ -766,18 +766,17 @@ def _score(
         X, model.params, mid, acc, agreements,
     )  # fmt: skip
     stacks: tuple[StackSteps | None, ...] = ()
-    texts = load_texts(con, target.model_id, task)
     if temperature == 0:  # the replay is greedy: the target's text is its greedy answers
         adjusted = apply_lookup(
             [(c.k, max(1, c.k // 4)) if _is_ngram_mod(c) else None for c, _ in cands],
-            X, model.params, adjusted, texts,
+            X, model.params, adjusted, measured_texts(agreements),
         )  # fmt: skip
         # a stack's K is its draft model's; its ngram-mod drafts with the build's defaults
         adjusted, stacks = apply_stack(
             [(d.model_id, c.k, N_MAX_DEFAULT, N_MIN_DEFAULT)
              if c.stack == DRAFT_STACK and c.method is Method.DRAFT and d is not None else None
              for c, d in cands],
-            X, model.params, adjusted, texts, agreements,
+            X, model.params, adjusted, agreements,
         )  # fmt: skip
     mid, sigma = _local_correction(cands, local, X, model, adjusted.mid, sigma)
     mine = {id(o) for o in local}

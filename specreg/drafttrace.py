@@ -27,6 +27,31 @@ class DraftTrace:
         the prompt's pass produces."""
         return slice(max(1 - self.start, 0), None)
 
+    @property
+    def answer_len(self) -> int:
+        return self.start + len(self.same)
+
+    def draft_at(
+        self, j: int, k: int, room: int, p_min: float = 0.0, n_min: int = 0
+    ) -> tuple[int, int]:
+        """(drafted, accepted) of greedy draft-simple verifying at answer token j, by the
+        build's rules (common/speculative.cpp): up to `k` guesses and no more than `room`,
+        stopping before one the draft is less sure of than `p_min` (or one not known); a
+        draft shorter than `n_min` is dropped; the leading guesses that agree are accepted."""
+        length, at = 0, j - self.start
+        while (
+            length < min(k, room)
+            and 0 <= at + length < len(self.same)
+            and self.top_p[at + length] >= p_min
+        ):
+            length += 1
+        if length < n_min:
+            return 0, 0
+        ok = 0
+        while ok < length and self.same[at + ok]:
+            ok += 1
+        return length, ok
+
     def to_json(self) -> dict[str, Any]:
         return {
             "same": "".join("1" if x else "0" for x in self.same),
