@@ -471,7 +471,8 @@ def measure_agreement(
     if on_server and (plan.temperature > 0 or scored != SCORED_ANSWERS):
         raise UsageError(
             f"{param('via')} server takes the draft's greedy guesses at the answers' tokens: "
-            f"use it at {param('temp')} 0 with {param('scored')} answers, or {param('via')} logits"
+            f"use it at {param('temperature')} 0 with {param('scored')} answers, or "
+            f"{param('via')} logits"
         )
     t, target_path = plan.target, plan.target_path
     tool = m.tool()

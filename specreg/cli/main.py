@@ -98,12 +98,14 @@ FLAGS = {
     "repetitions": "--repetitions",
     "retries": "--retries",
     "retry_elsewhere": "--retry-elsewhere",
+    "scored": "--scored",
     "spec": "--spec",
     "spec_type": "--spec-type",
     "task": "--task",
     "temperature": "--temp",
     "threads": "--threads",
     "type_k": "--type-k",
+    "via": "--via",
     "warm_first": "--warm",
 }
 
