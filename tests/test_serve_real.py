@@ -265,8 +265,15 @@ def test_sigterm_stops_every_backend(
     assert "stopped (SIGTERM); every backend has exited" in s.log.read_text()
 
 
+def is_backend(argv: list[bytes]) -> bool:
+    return Path(argv[0].decode(errors="replace")).name == "llama-server" and b"--port" in argv
+
+
 def llama_children(parent: int) -> list[int]:
-    """Backends (llama-server with a --port, not the --help probe) whose parent is `parent`."""
+    """Backends (llama-server with a --port, not the --help probe) whose parent is `parent`.
+
+    The program's own name is checked too: between fork and exec a child's command line is
+    still its parent's (`specreg serve ... --port N`), so any probe serve runs would match."""
     out = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
@@ -274,7 +281,7 @@ def llama_children(parent: int) -> list[int]:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(rest.split()[1]) == parent and b"--port" in argv:
+        if int(rest.split()[1]) == parent and is_backend(argv):
             out.append(int(proc.name))
     return out
 
