@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 from hypothesis import given, settings
@@ -207,6 +208,36 @@ def test_a_candidate_whose_drafts_are_never_kept_retires_in_favour_of_plain() ->
     for _ in range(5):
         alone.observe("ngram-mod", 10.0, drafted=4, accepted=0, generated=128)
     assert alone["ngram-mod"].active
+
+
+def test_a_lookup_the_prediction_puts_far_below_plain_is_tried_early_and_wins_where_it_copies() -> (
+    None
+):
+    # SmolLM2 on summarize, as served: the prediction (no target text to replay) put ngram-mod
+    # at 27 t/s [17-43] against plain's 69; it decoded about 100, copying the supplied text.
+    plain = Candidate("plain", "plain", 69.0, 45.0, 105.0)
+    slow = Candidate("ngram-mod", "ngram-mod", 27.0, 17.0, 43.0, kind=KIND_NGRAM,
+                     family="ngram-mod")  # fmt: skip
+    policy = TaskPolicy("t/summarize", [plain, slow], seed=0)
+    keys = run(policy, {"plain": 80.0, "ngram-mod": 100.0}, 40)
+    assert "ngram-mod" in keys[:2]  # its one try comes first, whatever the prior says
+    assert keys[10:].count("plain") <= 3, keys
+    assert policy.best().candidate.key == "ngram-mod"
+    # where the text does not repeat, the try finds nothing to draft: the idle rule retires it
+    # and plain serves the rest
+    policy = TaskPolicy("t/prose", [plain, slow], seed=0)
+    for _ in range(12):
+        d = policy.choose()
+        policy.observe(d.key, 78.0 if d.key == "ngram-mod" else 80.0, drafted=0, accepted=0,
+                       generated=64)  # fmt: skip
+    assert policy["ngram-mod"].requests <= 3
+    assert policy.choose().key == "plain"
+    # without plain on offer the rule does not apply: the prior decides
+    alone = TaskPolicy("t/summarize", [draft(4, 69.0), slow], seed=0)
+    assert alone.choose().key == "d:K=4"
+    # nor for a lookup that drafts from a cache on every step: it can cost far more than plain
+    cache = replace(slow, key="lookup", family="lookup")
+    assert TaskPolicy("t/summarize", [plain, cache], seed=0).choose().key == "plain"
 
 
 def test_a_candidate_that_joins_while_serving_starts_from_its_neighbour_and_goes_next() -> None:
