@@ -83,6 +83,10 @@ SHIFT_SHRINK = 1.0  # requests' worth of "the predictions are right" in the shar
 # target (log units), beyond the per-request scatter: acceptance differs per task, costs do not.
 # Evidence from the other tasks never pins a candidate's prior closer than this.
 TASK_SIGMA = 0.25
+# ... for a match-only n-gram lookup, whose gain is the task's repetition alone: on SmolLM2 its
+# error against the prediction was +0.43 to +1.27 (log) across code, prose, json and summarize,
+# a scatter of 0.39 (benchmarks/serve_adaptive.py, 2026-11-25).
+TASK_SIGMA_LOOKUP = 0.5
 
 EXPLORE = "explore"
 EXPLOIT = "exploit"
@@ -298,6 +302,11 @@ class Decision:
         }
 
 
+def _match_only(c: Candidate) -> bool:
+    """An n-gram lookup that drafts only where the last tokens matched earlier text."""
+    return c.kind == KIND_NGRAM and (c.family or "").split("|")[0] in MATCH_ONLY_TYPES
+
+
 def _rng(seed: int, name: str) -> np.random.Generator:
     # crc32, not hash(): Python salts str hashes per process, and a seed must mean one stream.
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
@@ -391,8 +400,7 @@ class TaskPolicy:
         c = arm.candidate
         arms = self.arms.values()
         return (
-            c.kind == KIND_NGRAM
-            and (c.family or "").split("|")[0] in MATCH_ONLY_TYPES
+            _match_only(c)
             and c.origin not in JOINED
             and any(a.active and a.candidate.kind == KIND_PLAIN for a in arms)
             # one try per type: its K values differ in how far it drafts, not in whether the
@@ -508,7 +516,8 @@ class TaskPolicy:
             arm.peer_shift, arm.peer_sigma, arm.peer_weight = 0.0, None, 0.0
             if not arm.candidate.shared_shift:
                 continue  # a prior made from a measured neighbour holds what is known already
-            seen = [(e, a.noise**2 / a.weight + TASK_SIGMA**2, a.weight)
+            ts = TASK_SIGMA_LOOKUP if _match_only(arm.candidate) else TASK_SIGMA
+            seen = [(e, a.noise**2 / a.weight + ts**2, a.weight)
                     for p in self.peers if p is not self
                     and (a := p.arms.get(arm.candidate.key)) is not None
                     and a.candidate.shared_shift and a.weight > 0
@@ -516,10 +525,10 @@ class TaskPolicy:
             if not seen:
                 continue
             s0 = arm.candidate.prior_sigma
-            var_b = max(s0**2 - TASK_SIGMA**2, MIN_PRIOR_SIGMA**2)
+            var_b = max(s0**2 - ts**2, MIN_PRIOR_SIGMA**2)
             prec = 1.0 / var_b + sum(1.0 / v for _, v, _ in seen)
             arm.peer_shift = sum(e / v for e, v, _ in seen) / prec
-            arm.peer_sigma = min(math.sqrt(1.0 / prec + TASK_SIGMA**2), s0)
+            arm.peer_sigma = min(math.sqrt(1.0 / prec + ts**2), s0)
             arm.peer_weight = sum(w for _, _, w in seen)
 
     def _retire(self) -> None:
@@ -527,6 +536,8 @@ class TaskPolicy:
         for arm in self.active:
             if arm is best or arm.weight + arm.peer_weight <= 0:
                 continue  # only evidence, its own or the other tasks', retires a candidate
+            if self._lookup_unjudged(arm):
+                continue  # the other tasks' repetition says nothing of this one's
             z = (arm.mean - best.mean) / math.hypot(arm.sigma, best.sigma)
             p = NormalDist().cdf(z)
             # with little evidence, only an overwhelming verdict retires it
@@ -564,8 +575,9 @@ class TaskPolicy:
             return
         families: dict[str, list[Arm]] = {}
         for arm in self.arms.values():
-            if arm.candidate.family is not None and arm.candidate.k is not None:
-                families.setdefault(arm.candidate.family, []).append(arm)
+            c = arm.candidate
+            if c.family is not None and c.k is not None and c.origin != ORIGIN_PIN:
+                families.setdefault(c.family, []).append(arm)  # pins stay pins
         for family, arms in families.items():
             live = [a for a in arms if a.active]
             if not live:

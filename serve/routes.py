@@ -42,7 +42,7 @@ from specreg.serve.policy import (
     Candidate,
     pick_candidates,
 )
-from specreg.terms import TASKS, Method, canonical_task
+from specreg.terms import MODEL_DRAFTER_TYPES, TASKS, Method, canonical_task
 from specreg.tune.tuner import option_config
 
 SOURCE_PINNED = "pinned"
@@ -406,6 +406,19 @@ def _kind_of(option: Option) -> tuple[str, str | None] | None:
     return KIND_NGRAM, option.spec_type + experts
 
 
+def _pinned_kind(config: Config, draft: ModelRecord | None) -> tuple[str, str | None]:
+    """The policy's kind and family of a pinned configuration, as `_kind_of` names an
+    option's (a pinned set's K does not move: see `TaskPolicy._move_k`)."""
+    spec = config.spec_type
+    if spec == SPEC_NONE:
+        return KIND_PLAIN, None
+    if "," in spec:
+        return KIND_STACK, spec
+    if spec in MODEL_DRAFTER_TYPES:
+        return KIND_DRAFT, f"{spec}@{draft.model_id if draft is not None else 'self'}"
+    return KIND_NGRAM, spec
+
+
 def _prior_of(
     recommendation: Recommendation | None, config: Config, draft: ModelRecord | None
 ) -> tuple[float, float, float]:
@@ -568,8 +581,8 @@ def _task_candidates(
         for pin in own:
             config, draft = _pin_config(con, pin)
             b = backend_of(config, draft)
-            kind = KIND_PLAIN if config.spec_type == SPEC_NONE else KIND_NGRAM
-            out.append(made(b, _prior_of(recommendation, config, draft), kind, None, ORIGIN_PIN))
+            kind, family = _pinned_kind(config, draft)
+            out.append(made(b, _prior_of(recommendation, config, draft), kind, family, ORIGIN_PIN))
         return _unique(out)
     assert recommendation is not None
     offers: list[Candidate] = []

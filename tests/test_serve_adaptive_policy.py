@@ -295,6 +295,30 @@ def test_a_draft_that_lost_on_one_task_is_not_tried_again_on_another() -> None:
     assert "on other tasks" in arm.why, arm.why
 
 
+def test_the_other_tasks_never_retire_a_lookup_before_its_own_try() -> None:
+    # SmolLM2 served (2026-11-25): ngram-mod decoded about plain's speed on prose, json and
+    # code, far above its prediction there; that evidence moved and narrowed its summarize
+    # prior (27 t/s predicted) and retired it there untried, where it decodes 1.2x plain.
+    plain = Candidate("plain", "plain", 69.0, 45.0, 105.0)
+    slow = Candidate("ngram-mod", "ngram-mod", 27.0, 17.0, 43.0, kind=KIND_NGRAM,
+                     family="ngram-mod")  # fmt: skip
+    elsewhere = replace(slow, prior_tps=48.0, prior_lo=31.0, prior_hi=77.0)
+    code = TaskPolicy("t/code", [plain, elsewhere], seed=0)
+    summarize = TaskPolicy("t/summarize", [plain, slow], seed=0)
+    code.peers = summarize.peers = [code, summarize]
+    for _ in range(8):
+        code.observe("plain", 78.0)
+        code.observe("ngram-mod", 74.0, drafted=10, accepted=5, generated=64)
+    summarize.observe("plain", 78.0)
+    arm = summarize["ngram-mod"]
+    assert arm.active and arm.requests == 0 and arm.peer_weight > 0
+    assert summarize.choose().key == "ngram-mod"
+    # its task-to-task scatter is the lookup's (repetition is the task's), not a draft's
+    assert arm.prior_sigma > 0.3
+    keys = run(summarize, {"plain": 80.0, "ngram-mod": 100.0}, 30)
+    assert keys[10:].count("ngram-mod") >= 17, keys
+
+
 def test_a_draft_that_won_on_one_task_goes_first_on_another() -> None:
     # The other way round: predicted slower than plain, the draft measured three times its
     # prediction on code; on prose its prior moves up with it, so the first requests go there.
