@@ -162,12 +162,19 @@ class Router:
 
     def cache_lost(self, target: str, task: str) -> bool:
         """Whether (target, task)'s newest cache grown from traffic lost to another candidate
-        on evidence (retired as dominated, not superseded by a newer one)."""
+        on evidence: retired as dominated (not superseded by a newer one), or measured and not
+        the task's best (one bad try seldom retires it, and a newer cache built from `every`
+        more requests would cost another try: SmolLM2's summarize paid three such)."""
         policy = self.policy(target, task)
         if policy is None:
             return False
         caches = [a for a in policy.arms.values() if a.candidate.origin == ORIGIN_TRAFFIC_CACHE]
-        return bool(caches) and not caches[-1].active and caches[-1].why.startswith(DOMINATED)
+        if not caches:
+            return False
+        newest = caches[-1]
+        if not newest.active:
+            return newest.why.startswith(DOMINATED)
+        return newest.weight > 0 and policy.best() is not newest
 
     def retire(self, backend: str, why: str) -> bool:
         """Retire `backend` in every policy offering it; True when none keeps it (it was

@@ -9,7 +9,8 @@ one, whose backend then retires.
 
 A cache is judged only on requests that arrive after the ones that built it, so its evidence
 is never a replay of what it was built from. A cache that lost to another candidate on evidence
-is not followed by one built from `every` more requests, which would hold little more and cost
+(retired as dominated, or measured and not the task's best) is not followed by one built from
+`every` more requests, which would hold little more and cost
 another losing try: the next waits until the task's served texts have doubled (a cache's hits
 grow with the text it holds, slowly). Texts are kept in the registry (the runs' prompt
 and output) only while traffic caches are on: `serve --traffic-cache 0` keeps none.
