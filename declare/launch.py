@@ -54,10 +54,12 @@ class Launch:
     prefix: tuple[Flag, ...]  # e.g. numactl, before the binary
     flags: tuple[Flag, ...]
     dialect: str
+    member: int | None = None  # its place in the task's candidate set (`configs.<task>[i]`)
 
     @property
     def name(self) -> str:
-        return self.role if self.task == "default" else f"{self.role}-{self.task}"
+        name = self.role if self.task == "default" else f"{self.role}-{self.task}"
+        return name if self.member is None else f"{name}-{self.member}"
 
     @property
     def argv(self) -> list[str]:
@@ -95,7 +97,13 @@ class LaunchPlan:
         from specreg.jsonout import document
 
         launches = [
-            {"role": x.role, "task": x.task, "argv": x.argv, "flags": (*x.prefix, *x.flags)}
+            {
+                "role": x.role,
+                "task": x.task,
+                "member": x.member,
+                "argv": x.argv,
+                "flags": (*x.prefix, *x.flags),
+            }
             for x in self.launches
         ]
         payload = {
@@ -159,7 +167,7 @@ def build(
             try:
                 launches.append(_launch(con, spec, role, cfg, dia, dia_origin, port))
             except _Skip as s:
-                skipped.append(Skipped(role.name, cfg.task, str(s)))
+                skipped.append(Skipped(role.name, cfg.name, str(s)))
     return LaunchPlan(dia, dia_origin, tuple(launches), tuple(skipped))
 
 
@@ -319,4 +327,4 @@ def _launch(
     elif host.launch_prefix():
         why_numa = f"this host has {host.numa_nodes} NUMA nodes (specreg.runner)"
         prefix = tuple(Flag(a, None, why_numa, "") for a in host.launch_prefix())
-    return Launch(role.name, cfg.task, binary, prefix, flags, dialect)
+    return Launch(role.name, cfg.task, binary, prefix, flags, dialect, cfg.member)

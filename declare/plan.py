@@ -222,8 +222,8 @@ def _role_findings(
             out.append(
                 Finding(
                     "draft-incompatible",
-                    f"roles.{role.name}.configs.{cfg.task}.draft",
-                    f"{role.name}/{cfg.task}: pinned draft {draft.label} no longer passes with "
+                    f"{cfg.where.key}.draft",
+                    f"{role.name}/{cfg.name}: pinned draft {draft.label} no longer passes with "
                     f"{target.label}: {verdict.verdict}"
                     + (f" ({'; '.join(verdict.reasons[:3])})" if verdict.reasons else ""),
                     cfg.field_where("draft"),
@@ -322,6 +322,8 @@ def beaten_configs(con: duckdb.DuckDBPyConnection, spec: Spec) -> list[Beaten]:
         if not runs:
             continue
         for cfg in role.configs:
+            if cfg.member is not None:
+                continue  # a candidate set: `serve --policy adaptive` chooses among it
             mine = [r for r in runs if _matches(cfg, spec, r) and _task_ok(cfg, r)]
             speeds = [r.tokens_per_s for r in mine if r.tokens_per_s is not None]
             if speeds:

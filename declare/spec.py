@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,14 @@ class PinnedConfig:
     # line of each declared field, so every launch flag can say where it came from
     lines: Mapping[str, int | None] = field(default_factory=dict)
     lookup_cache: str | None = None  # a `specreg lookup-cache` name, read by ngram-cache
+    # its place in a candidate set (`configs.<task>` a list: `serve --policy adaptive` chooses
+    # among them per request); None for a configuration pinned alone
+    member: int | None = None
+
+    @property
+    def name(self) -> str:
+        """The task, with the place in its candidate set (`code[1]`) for a member."""
+        return self.task if self.member is None else f"{self.task}[{self.member}]"
 
     def field_where(self, name: str) -> Where:
         return Where(
@@ -640,8 +648,11 @@ def _role(c: _Checker, rn: CommentedMap, name: str, dotted: str, ref: ModelRef) 
     configs: list[PinnedConfig] = []
     if "configs" in r:
         cn = c.mapping(r, "configs", f"{dotted}.configs", None)
-        for task, _cnode, cdot in c.items(cn, f"{dotted}.configs"):
-            configs.append(_config(c, cn, task, cdot, policy, forbid, ref))
+        for task, cnode, cdot in c.items(cn, f"{dotted}.configs"):
+            if isinstance(cnode, list):
+                configs += _candidate_set(c, cn, task, cdot, policy, forbid, ref)
+            else:
+                configs.append(_config(c, cn, task, cdot, policy, forbid, ref))
     return RoleDecl(
         name=name,
         target=target,
@@ -654,7 +665,7 @@ def _role(c: _Checker, rn: CommentedMap, name: str, dotted: str, ref: ModelRef) 
     )
 
 
-def _config(
+def _candidate_set(
     c: _Checker,
     cn: CommentedMap,
     task: str,
@@ -662,11 +673,54 @@ def _config(
     policy: str,
     forbid: tuple[str, ...],
     ref: ModelRef,
+) -> list[PinnedConfig]:
+    """A task pinned to a candidate set (`roles.NAME.configs.TASK` a list of configurations):
+    `serve --policy adaptive` chooses among them per request, and only among them."""
+    seq = cn[task]
+    if len(seq) < 2:
+        raise c.fail(
+            cn, task, dotted,
+            "expected a candidate set of two or more configurations (one is written as a "
+            "mapping, without the list)",
+        )  # fmt: skip
+    out = [
+        replace(_config(c, seq, i, f"{dotted}[{i}]", policy, forbid, ref, task=task), member=i)
+        for i in range(len(seq))
+    ]
+    seen: dict[tuple[object, ...], int] = {}
+    for cfg in out:
+        same = seen.setdefault(_launch_key(cfg), cfg.member or 0)
+        if same != cfg.member:
+            raise c.fail(
+                seq, cfg.member, f"{dotted}[{cfg.member}]",
+                f"expected each configuration once ({dotted}[{same}] is the same)",
+            )  # fmt: skip
+    return out
+
+
+def _launch_key(cfg: PinnedConfig) -> tuple[object, ...]:
+    """What decides how a pinned configuration runs (not its evidence, note or place)."""
+    return (cfg.spec_types, cfg.draft, cfg.draft_max, cfg.draft_p_min, cfg.experts,
+            cfg.lookup_cache)  # fmt: skip
+
+
+def _config(
+    c: _Checker,
+    cn: Any,
+    key: str | int,
+    dotted: str,
+    policy: str,
+    forbid: tuple[str, ...],
+    ref: ModelRef,
+    *,
+    task: str | None = None,
 ) -> PinnedConfig:
-    """One pinned configuration of a role (`roles.NAME.configs.TASK`)."""
-    n = c.mapping(cn, task, dotted, CONFIG_KEYS, CONFIG_HINTS)
+    """One pinned configuration of a role (`roles.NAME.configs.TASK`, or one member of its
+    candidate set: `key` its index in the list, `task` the list's task)."""
+    task = task if task is not None else str(key)
+    n = c.mapping(cn, key, dotted, CONFIG_KEYS, CONFIG_HINTS)
     types = _stack_types(c, n, dotted)
-    _check_draft(c, cn, n, task, dotted, types)
+    _check_draft(c, cn, n, key, dotted, types)
     draft = ref(n, "draft", f"{dotted}.draft") if "draft" in n else None
     lookup_cache = _lookup_cache(c, n, dotted, types)
     draft_max = (
@@ -699,7 +753,7 @@ def _config(
         experts=experts,
         evidence=_evidence(c, n, dotted) if "evidence" in n else None,
         lookup_cache=lookup_cache,
-        where=c.where(cn, task, dotted),
+        where=c.where(cn, key, dotted),
         lines={k: key_line(n, k) for k in n},
     )
 
@@ -721,14 +775,12 @@ def _stack_types(c: _Checker, n: CommentedMap, dotted: str) -> tuple[str, ...]:
 
 
 def _check_draft(
-    c: _Checker, cn: CommentedMap, n: CommentedMap, task: str, dotted: str, types: tuple[str, ...]
+    c: _Checker, cn: Any, n: CommentedMap, key: str | int, dotted: str, types: tuple[str, ...]
 ) -> None:
     """A draft model is given exactly when a type of the stack reads one."""
     needs_draft = [t for t in types if t in DRAFT_MODEL_TYPES]
     if needs_draft and "draft" not in n:
-        raise c.fail(
-            cn, task, dotted, f"spec_type {needs_draft[0]} needs draft: (a declared model)"
-        )
+        raise c.fail(cn, key, dotted, f"spec_type {needs_draft[0]} needs draft: (a declared model)")
     if "draft" in n and not needs_draft:
         raise c.fail(
             n, "draft", f"{dotted}.draft",

@@ -40,6 +40,9 @@ roles: {}
 #      default:
 #        draft: qwen3-coder-draft
 #        draft_max: 16
+#      code:                           # a list is a candidate set for `serve --policy adaptive`
+#        - spec_type: none
+#        - spec_type: ngram-mod
 """
 
 

@@ -229,11 +229,15 @@ def _role_for(spec: Spec | None, target: ModelRecord) -> RoleDecl | None:
     return None
 
 
-def _pinned(role: RoleDecl | None, task: str) -> PinnedConfig | None:
+def _pinned(role: RoleDecl | None, task: str) -> tuple[PinnedConfig, ...]:
+    """The configurations specreg.yaml pins for `task` (its own, else `default`'s): one, a
+    candidate set, or none."""
     if role is None:
-        return None
-    by_task = {canonical_task(c.task): c for c in role.configs}
-    return by_task.get(task) or by_task.get(DEFAULT_TASK)
+        return ()
+    by_task: dict[str, list[PinnedConfig]] = {}
+    for c in role.configs:
+        by_task.setdefault(canonical_task(c.task), []).append(c)
+    return tuple(by_task.get(task) or by_task.get(DEFAULT_TASK) or ())
 
 
 def pinned_config(
@@ -336,7 +340,9 @@ class _Choice:
     source: str
     reason: str
     recommendation: Recommendation | None = None
-    n_pins: int = 0  # pins naming this task: one is a pin, several a candidate set
+    # a pinned candidate set (--pin given several times for the task, or a list under
+    # configs.<task> in specreg.yaml): each member's configuration and draft; () for one pin
+    members: tuple[tuple[Config, ModelRecord | None], ...] = ()
 
 
 def _choose(
@@ -350,16 +356,20 @@ def _choose(
     """--pin, then specreg.yaml, then the recommender."""
     mine = _pins_for(pins, task)
     if mine:
-        config, draft = _pin_config(con, mine[0])
-        why = f"pinned by --pin {mine[0].text}"
-        if len(mine) > 1:
-            why = "candidate set pinned by --pin " + ", ".join(p.text for p in mine)
-        return _Choice(config, draft, SOURCE_PINNED, why, n_pins=len(mine))
+        members = tuple(_pin_config(con, p) for p in mine)
+        if len(mine) == 1:
+            return _Choice(*members[0], SOURCE_PINNED, f"pinned by --pin {mine[0].text}")
+        why = "candidate set pinned by --pin " + ", ".join(p.text for p in mine)
+        return _Choice(*members[0], SOURCE_PINNED, why, members=members)
     role = _role_for(spec, rec)
-    cfg = _pinned(role, task)
-    if cfg is not None and role is not None and spec is not None:
-        config, draft = pinned_config(con, spec, cfg, rec)
-        return _Choice(config, draft, SOURCE_PINNED, f"pinned in {cfg.where} (role {role.name})")
+    cfgs = _pinned(role, task)
+    if cfgs and role is not None and spec is not None:
+        members = tuple(pinned_config(con, spec, c, rec) for c in cfgs)
+        if len(cfgs) == 1:
+            why = f"pinned in {cfgs[0].where} (role {role.name})"
+            return _Choice(*members[0], SOURCE_PINNED, why)
+        why = f"candidate set pinned in {_set_where(cfgs)} (role {role.name})"
+        return _Choice(*members[0], SOURCE_PINNED, why, members=members)
     recommendation = advisor.recommend(con, rec.model_id, task=task)
     best = recommendation.best
     reason = f"recommend: {best.label} predicted {best.tps:.1f} t/s ({best.speedup_str} vs plain)"
@@ -374,6 +384,12 @@ def _choose(
         reason,
         recommendation,
     )
+
+
+def _set_where(cfgs: Sequence[PinnedConfig]) -> str:
+    """Where specreg.yaml pins a candidate set: its list, the place of its first member."""
+    first = cfgs[0].where
+    return str(replace(first, key=first.key.rsplit("[", 1)[0]))
 
 
 def _pins_for(pins: Sequence[Pin], task: str) -> list[Pin]:
@@ -527,6 +543,10 @@ def plan_routes(
         out_targets.append(target)
         for task in TASKS:
             choice = _choose(con, advisor, spec, pins, rec, task)
+            if policy == POLICY_FIXED and choice.members:
+                raise UsageError(
+                    f"{choice.reason}: serve it with --policy adaptive, or pin one configuration"
+                )
 
             def backend_of(
                 config: Config, draft: ModelRecord | None, target: Target = target
@@ -543,8 +563,7 @@ def plan_routes(
                     choice = replace(
                         choice, recommendation=advisor.recommend(con, rec.model_id, task=task)
                     )
-                candidates += _task_candidates(con, pins, target, task, choice, b, band,
-                                               backend_of)  # fmt: skip
+                candidates += _task_candidates(con, target, task, choice, b, band, backend_of)
     notes += [n for b in backends.values() if (n := ngram_cache_note(b))]
     return RouteTable(
         tuple(out_targets), tuple(routes), tuple(backends.values()), tuple(notes),
@@ -554,7 +573,6 @@ def plan_routes(
 
 def _task_candidates(
     con: duckdb.DuckDBPyConnection,
-    pins: Sequence[Pin],
     target: Target,
     task: str,
     choice: _Choice,
@@ -573,13 +591,11 @@ def _task_candidates(
         )  # fmt: skip
 
     if choice.source == SOURCE_PINNED:
-        own = _pins_for(pins, task) if choice.n_pins > 1 else []
-        if not own:  # one pin: the pinned configuration only
+        if not choice.members:  # one pin: the pinned configuration only
             prior = _prior_of(recommendation, route_backend.config, choice.draft)
             return [made(route_backend, prior, KIND_PLAIN, None, ORIGIN_PIN)]
         out = []
-        for pin in own:
-            config, draft = _pin_config(con, pin)
+        for config, draft in choice.members:
             b = backend_of(config, draft)
             kind, family = _pinned_kind(config, draft)
             out.append(made(b, _prior_of(recommendation, config, draft), kind, family, ORIGIN_PIN))

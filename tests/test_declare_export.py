@@ -437,3 +437,25 @@ def test_role_filter(site: Site) -> None:
     )
     assert code == 2
     assert err == (f"error: no role 'nope' in {site.spec} (declared: {', '.join(IMPORTED_ROLES)})")
+
+
+def test_a_candidate_set_exports_each_member_under_its_own_name(site: Site, tmp_path: Path) -> None:
+    use_llama(site, fake_llama(tmp_path, "current"))
+    doc = read_yaml(site.spec)
+    role = next(iter(doc["roles"]))
+    doc["roles"][role]["configs"] = {
+        "code": [{"spec_type": "none"}, {"spec_type": "ngram-mod", "draft_max": 8}]
+    }
+    write_yaml(site.spec, doc)
+    plan = launches(site, roles=(role,))
+    assert [(x.name, x.task, x.member) for x in plan.launches] == [
+        (f"{role}-code-0", "code", 0),
+        (f"{role}-code-1", "code", 1),
+    ]
+    ngram = dict(f.args for f in plan.launches[1].flags if len(f.args) == 2)
+    assert (ngram["--spec-type"], ngram["--spec-ngram-mod-n-max"]) == ("ngram-mod", "8")
+    assert plan.launches[1].flags[0].origin  # every flag still says where it came from
+    out = json.loads(export(site, "llama-server", "--role", role, "--json"))
+    assert [(x["task"], x["member"]) for x in out["launches"]] == [("code", 0), ("code", 1)]
+    script = export(site, "llama-server", "--role", role)
+    assert f"run_{role}_code_0()" in script and f"run_{role}_code_1()" in script

@@ -237,3 +237,68 @@ def test_init_writes_a_skeleton_once(tmp_path: Path) -> None:
     assert p.read_text() == INIT_TEMPLATE
     code, _, err = run_cli(["init", "--spec", str(p)])
     assert (code, err) == (2, f"error: {p} exists; edit it, or pass --spec NEW.yaml")
+
+
+SET = GOOD.replace(
+    """    configs:
+      default:
+        draft: coder-draft
+        draft_max: 16
+        experts: 6
+        evidence: {tokens_per_s: 47.11, acceptance: 0.701}
+""",
+    """    configs:
+      code:                 # a candidate set: serve --policy adaptive chooses per request
+        - spec_type: none
+        - spec_type: ngram-mod
+          draft_max: 16
+        - draft: coder-draft
+          draft_max: 8
+      default:
+        spec_type: none
+""",
+)
+
+
+def test_a_list_under_a_task_is_a_candidate_set(tmp_path: Path) -> None:
+    spec, _ = load_spec(write(tmp_path, SET))
+    configs = spec.roles[0].configs
+    code = [c for c in configs if c.task == "code"]
+    assert [(c.member, c.spec_types, c.draft_max) for c in code] == [
+        (0, ("none",), None),
+        (1, ("ngram-mod",), 16),
+        (2, ("draft-simple",), 8),
+    ]
+    assert [c.name for c in code] == ["code[0]", "code[1]", "code[2]"]
+    assert str(code[2].field_where("draft_max")) == (
+        "roles.coder.configs.code[2].draft_max (specreg.yaml:23)"
+    )
+    default = [c for c in configs if c.task == "default"]
+    assert [(c.member, c.name) for c in default] == [(None, "default")]
+
+
+def test_a_candidate_set_of_one_is_refused(tmp_path: Path) -> None:
+    err = error_of(
+        tmp_path, SET.replace("        - spec_type: none\n        - spec_type: ngram-mod\n"
+                              "          draft_max: 16\n", "")
+    )  # fmt: skip
+    assert (err.key, err.line) == ("roles.coder.configs.code", 18)
+    assert err.expected == (
+        "expected a candidate set of two or more configurations (one is written as a "
+        "mapping, without the list)"
+    )
+
+
+def test_a_candidate_set_names_each_configuration_once(tmp_path: Path) -> None:
+    same = "spec_type: [ngram-mod]\n          draft_max: 16"
+    err = error_of(tmp_path, SET.replace("draft: coder-draft\n          draft_max: 8", same))
+    assert (err.key, err.line) == ("roles.coder.configs.code[2]", 22)
+    assert (
+        err.expected == "expected each configuration once (roles.coder.configs.code[1] is the same)"
+    )
+
+
+def test_a_member_is_checked_as_a_configuration_is(tmp_path: Path) -> None:
+    err = error_of(tmp_path, SET.replace("draft_max: 8", "k: 8"))
+    assert (err.key, err.line) == ("roles.coder.configs.code[2].k", 23)
+    assert "K is spelled draft_max" in err.expected

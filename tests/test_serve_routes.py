@@ -145,6 +145,49 @@ def test_dry_run_json_lists_routes_and_commands(
     }
 
 
+CANDIDATE_SET = SPEC.replace(
+    """      code:
+        spec_type: ngram-mod
+        draft_max: 8
+""",
+    """      code:
+        - spec_type: none
+        - spec_type: ngram-mod
+          draft_max: 8
+""",
+)
+
+
+def test_a_candidate_set_in_specreg_yaml_is_the_tasks_candidates(
+    tmp_path: Path, specreg_home: Path, small_models: SmallModels, llama_install: LlamaInstall
+) -> None:
+    db = specreg_home / "registry.duckdb"
+    spec = write_spec(tmp_path, db, small_models.smollm2.path)
+    spec.write_text(
+        spec.read_text().replace(SPEC.split("roles:")[1], CANDIDATE_SET.split("roles:")[1])
+    )
+    base = ["serve", "--spec", str(spec), "--dry-run", "--llama-bin", str(llama_install.bin_dir)]
+    result = CliRunner().invoke(cli, [*base, "--json", "--policy", "adaptive"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert {(c["task"], c["label"], c["kind"], c["origin"]) for c in doc["candidates"]} == {
+        *((t, "plain", "plain", "pinned") for t in ("prose", "summarize", "json", "math", "chat")),
+        ("code", "plain", "plain", "pinned"),
+        ("code", "ngram-mod k=8", "ngram", "pinned"),
+    }
+    code = next(r for r in doc["routes"] if r["task"] == "code")
+    assert code["reason"] == (
+        f"candidate set pinned in roles.assistant.configs.code ({spec.name}:11) (role assistant)"
+    )
+    # the fixed policy serves one configuration a task: a set is refused, with where it is
+    fixed = CliRunner().invoke(cli, base)
+    assert isinstance(fixed.exception, UsageError) and fixed.exception.exit_code == 2
+    assert str(fixed.exception) == (
+        f"candidate set pinned in roles.assistant.configs.code ({spec.name}:11) (role "
+        "assistant): serve it with --policy adaptive, or pin one configuration"
+    )
+
+
 def test_nothing_to_serve_is_a_usage_error(specreg_home: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["serve", "--spec", str(tmp_path / "none.yaml"), "--dry-run"])
     assert isinstance(result.exception, UsageError) and result.exception.exit_code == 2
