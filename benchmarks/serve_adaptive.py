@@ -114,7 +114,9 @@ def start(model: str, args: argparse.Namespace, home: Path, *extra: str) -> tupl
         if proc.poll() is not None:
             break
         time.sleep(0.2)
-    raise SystemExit(f"serve did not come up: {' '.join(argv)}")
+    log.close()
+    said = (home / f"serve-{port}.log").read_text(errors="replace").strip().splitlines()[-1:]
+    raise SystemExit(f"serve did not come up: {' '.join(argv)}" + "".join(f"\n  {x}" for x in said))
 
 
 Row = tuple[str, int, float]  # (backend, generated tokens, generation seconds)
