@@ -431,16 +431,19 @@ def reference_host() -> None:
                 f"| {name} | {cls} | {len(scores)} | {r.mean_regret:.1%} | K={k} | {best:.1%} "
                 f"| {ok} |"
             )
-    print("\n" + "\n".join(miss_attribution(cv, full, held)))
+    print("\n" + "\n".join(miss_attribution(cv, full, held, size_class)))
 
 
 # The reference host's own verify-cost profile (Qwen2.5-Coder-32B Q4_K_M, llama-bench -p N,
 # measured by its owner in 2026; the shared peers notes): a check on the uncalibrated verify
 # model, never fitted on.
 REFERENCE_VERIFY_CHECK = {2: 1.64, 4: 1.58, 8: 2.07, 16: 2.09, 32: 3.70, 64: 4.96}
+# ... and its draft's cost: Qwen2.5-Coder-0.5B Q8_0 drafts at 185 t/s against the 32B's 142 ms
+# step, so a drafted token costs 5.4 / 142 of a target step.
+REFERENCE_DRAFT_CHECK = (1.0 / 185.0) / 0.142
 
 
-def miss_attribution(cv: Any, model: Any, held: Any) -> list[str]:
+def miss_attribution(cv: Any, model: Any, held: Any, size_class: Any) -> list[str]:
     """Which part of the cost model misses where the model's K loses to the best K on a
     held-out sweep: its per-token acceptance, draft cost and verify cost at both K, beside
     the acceptance (costs as modelled), the burstiness of acceptance (`costmodel.
@@ -519,6 +522,73 @@ def miss_attribution(cv: Any, model: Any, held: Any) -> list[str]:
             f"N={n} {m:.2f}x (host {h:.2f}x)"
             for (n, h), m in zip(REFERENCE_VERIFY_CHECK.items(), mod, strict=True)
         )
+    )
+    lines += host_profile_picks(cv, model, held, size_class)
+    d = q.with_(draft_params_b=0.494, draft_bpw=8.5, draft_gb=0.531)
+    Xd = feature_matrix([d.with_(k=1)])
+    t_target = cm.baseline_seconds(Xd, p)
+    t_draft = float((cm.draft_step_seconds(Xd, p, t_target) / t_target)[0])
+    lines.append(
+        "draft model vs the same host (a token of Qwen2.5-Coder-0.5B Q8_0, in 32B Q4_K_M steps): "
+        f"{t_draft:.3f} (host {REFERENCE_DRAFT_CHECK:.3f})"
+    )
+    return lines
+
+
+def host_profile_picks(cv: Any, model: Any, held: Any, size_class: Any) -> list[str]:
+    """Two checks on the held-out sweeps that no fit can move.
+
+    1. The model's picks with the reference host's own verify curve (`REFERENCE_VERIFY_CHECK`,
+       interpolated over N, the same for every size: a dense model's bytes and arithmetic both
+       scale with its parameters) in place of the modelled one, at prediction only.
+    2. The physical bound between neighbouring K: tokens per step grow at most by
+       (K2 + 1) / (K1 + 1) (every position's acceptance is at most the one before it), and a
+       step never costs less at a larger K, so a pair's speed cannot rise by more. A sweep
+       that does measured its K values under different conditions (prompts, load)."""
+    import numpy as np
+
+    from specreg.recommender import costmodel as cm
+    from specreg.recommender.features import column, feature_matrix
+
+    n = np.array([1.0, *REFERENCE_VERIFY_CHECK])
+    v = np.array([1.0, *REFERENCE_VERIFY_CHECK.values()])
+
+    def host_verify(X: Any, p: Any) -> Any:
+        k = column(X, "k")
+        return np.interp(k + 1.0, n, v) + k * np.nan_to_num(column(X, "output_share"))
+
+    lines = [
+        "### held-out sweeps: the host's own verify curve, and the physical bound on K",
+        "| sweep | class | best K | picked (model) | picked (host verify curve) | "
+        "steps beyond the bound (measured rise / largest possible) |",
+        "|---|---|---|---|---|---|",
+    ]
+    regrets: dict[str, list[float]] = {}
+    scores = {s.series: s for s in held.scores}
+    modelled = cm.verify_ratio
+    for base, k_tps, name in cv.holdout_sweeps():
+        ks = sorted(k_tps)
+        X = feature_matrix(base.with_(k=k) for k in ks)
+        cm.verify_ratio = host_verify
+        try:
+            host = ks[int(np.argmax(model.predict(X)))]
+        finally:
+            cm.verify_ratio = modelled
+        cls = size_class(scores[name])
+        regrets.setdefault(cls, []).append(1.0 - k_tps[host] / max(k_tps.values()))
+        beyond = [
+            f"K{a}->K{b} {k_tps[b] / k_tps[a]:.2f} / {(b + 1) / (a + 1):.2f}"
+            for a, b in zip(ks, ks[1:], strict=False)
+            if k_tps[b] / k_tps[a] > (b + 1) / (a + 1)
+        ]
+        best = max(k_tps, key=k_tps.__getitem__)
+        lines.append(
+            f"| {name} | {cls} | {best} | {scores[name].picked_k} | {host} | "
+            f"{', '.join(beyond) or '-'} |"
+        )
+    lines.append(
+        "regret of the picks with the host's verify curve: "
+        + ", ".join(f"{c} {float(np.mean(r)):.1%}" for c, r in sorted(regrets.items()))
     )
     return lines
 
