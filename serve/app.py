@@ -27,6 +27,7 @@ from starlette.routing import Route as HttpRoute
 
 from specreg.errors import UsageError
 from specreg.jsonout import plain
+from specreg.llama.server import LlamaServer
 from specreg.registry.run_store import STATUS_FAILED, STATUS_OK, PromptRecord, RunRecord
 from specreg.serve.adaptive import REASON_FIXED, REASON_RETRY, SERVE_KEY, Pick, Router, finite
 from specreg.serve.backends import Backend, BackendPool, BackendUnavailable
@@ -357,6 +358,7 @@ class _Call:
     crashed: str | None = None  # why the backend broke during the request
     retired: str | None = None  # why the policy retired the candidate after this request
     streamed: list[str] | None = None  # a stream's text so far (when texts are kept)
+    process: LlamaServer | None = None  # the backend's process this request was sent to
     caught_up: CatchUp | None = None  # texts a pooled-state backend read before this request
     warm: bool | None = None  # ... and whether it had read enough of them (None: not pooled)
     _live: bool = False
@@ -368,6 +370,7 @@ class _Call:
         live.add(self)
         self.service.count_concurrency()
         self.backend.inflight += 1
+        self.process = self.backend.server
         self._live = True
 
     def end(self) -> None:
@@ -392,9 +395,10 @@ class _Call:
         return resp
 
     async def _failure_message(self, err: Exception) -> str:
-        report = await self.backend.crash_report()
+        report = await self.backend.crash_report(self.process)
         if report is not None:
-            self.service.pool.restart_soon(self.backend)  # or retire it (adaptive policy)
+            if self.backend.server is self.process:  # else the supervisor has been at it
+                self.service.pool.restart_soon(self.backend)  # or retire it (adaptive policy)
             return f"backend {self.backend.name} crashed during the request: {report}"
         return f"backend {self.backend.name} broke the connection: {type(err).__name__}: {err}"
 

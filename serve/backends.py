@@ -174,20 +174,29 @@ class Backend:
             self.last_pss = got.pss
         return got.pss if got is not None else None
 
-    def describe_exit(self, rc: int) -> str:
-        text = self.server.log_text() if self.server is not None else ""
+    def describe_exit(self, rc: int, server: LlamaServer | None = None) -> str:
+        """How `server` (the current process unless given) ended, with llama.cpp's message."""
+        server = server or self.server
+        text = server.log_text() if server is not None else ""
         how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
         message = llama_message(text) or "(nothing logged)"
         return f"llama-server {how}; llama.cpp's last message: {message}"
 
-    async def crash_report(self, wait: float = EXIT_WAIT_S) -> str | None:
-        """How the process ended, if it did within `wait` seconds (a broken connection comes
-        a moment before the process can be reaped); None while it is still running."""
+    async def crash_report(
+        self, server: LlamaServer | None, wait: float = EXIT_WAIT_S
+    ) -> str | None:
+        """How `server` (the process a request was sent to) ended, if it did within `wait`
+        seconds (a broken connection comes a moment before the process can be reaped); None
+        while it is still running. Not the backend's current process: the supervisor may
+        already have started a new one in its place."""
+        proc = server.proc if server is not None else None
+        if proc is None:
+            return None
         deadline = time.monotonic() + wait
-        while self.exit_code() is None and time.monotonic() < deadline:
+        while proc.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        rc = self.exit_code()
-        return None if rc is None else self.describe_exit(rc)
+        rc = proc.poll()
+        return None if rc is None else self.describe_exit(rc, server)
 
     async def wait_ready(self, timeout: float) -> None:
         if self.failure:

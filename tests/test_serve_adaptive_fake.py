@@ -385,3 +385,32 @@ def test_a_pooled_state_backend_reads_the_traffic_sent_elsewhere(
     shown = status["pooled_state"]
     assert shown["fed_texts"] == read.count("prompt number ") == last - (len(served_here) - 1)
     assert shown["texts_read"]["ngram"] == last + 1 and shown["failures"] == 0
+
+
+def test_a_crash_is_reported_for_the_process_that_crashed_after_a_restart(
+    tmp_path: Path, fake: Path
+) -> None:
+    """The supervisor may restart a crashed backend before the broken request asks how its
+    process ended: the answer is the crashed process's exit, not the new one's 'running'."""
+    spec = backend(fake, "plain", Config(), "--fake-mode", "crash")
+    t = table([spec], [cand(spec, KIND_PLAIN, 10.0)])
+
+    async def main() -> tuple[str | None, str | None]:
+        pool = BackendPool(t, env=dict(os.environ), logs=tmp_path / "logs", startup_timeout=30)
+        try:
+            b = pool.backends["plain"]
+            await b.start()
+            crashed = b.server
+            async with httpx.AsyncClient() as client:
+                with pytest.raises(httpx.HTTPError):  # the fake exits without an answer
+                    await client.post(b.url + "/v1/chat/completions", json={})
+            await b.start()  # what the supervisor does meanwhile
+            assert b.server is not crashed and b.exit_code() is None
+            return await b.crash_report(crashed), await b.crash_report(b.server, wait=0.2)
+        finally:
+            await pool.stop()
+
+    old, new = asyncio.run(main())
+    assert old is not None and old.startswith("llama-server exited with code 134")
+    assert "ggml_abort: fake crash" in old
+    assert new is None
