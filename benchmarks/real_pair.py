@@ -431,7 +431,8 @@ def reference_host() -> None:
                 f"| {name} | {cls} | {len(scores)} | {r.mean_regret:.1%} | K={k} | {best:.1%} "
                 f"| {ok} |"
             )
-    print("\n" + "\n".join(miss_attribution(cv, full, held, size_class)))
+    print("\n" + "\n".join(miss_attribution(cv, full, held)))
+    print("\n" + "\n".join(host_profile_picks(cv, full, held, size_class)))
 
 
 # The reference host's own verify-cost profile (Qwen2.5-Coder-32B Q4_K_M, llama-bench -p N,
@@ -443,7 +444,7 @@ REFERENCE_VERIFY_CHECK = {2: 1.64, 4: 1.58, 8: 2.07, 16: 2.09, 32: 3.70, 64: 4.9
 REFERENCE_DRAFT_CHECK = (1.0 / 185.0) / 0.142
 
 
-def miss_attribution(cv: Any, model: Any, held: Any, size_class: Any) -> list[str]:
+def miss_attribution(cv: Any, model: Any, held: Any) -> list[str]:
     """Which part of the cost model misses where the model's K loses to the best K on a
     held-out sweep: its per-token acceptance, draft cost and verify cost at both K, beside
     the acceptance (costs as modelled), the burstiness of acceptance (`costmodel.
@@ -523,7 +524,6 @@ def miss_attribution(cv: Any, model: Any, held: Any, size_class: Any) -> list[st
             for (n, h), m in zip(REFERENCE_VERIFY_CHECK.items(), mod, strict=True)
         )
     )
-    lines += host_profile_picks(cv, model, held, size_class)
     d = q.with_(draft_params_b=0.494, draft_bpw=8.5, draft_gb=0.531)
     Xd = feature_matrix([d.with_(k=1)])
     t_target = cm.baseline_seconds(Xd, p)
