@@ -16,9 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from specreg import isa
 from specreg.host.machine import Host, detect_host, read_cpuinfo, read_meminfo
 from specreg.host.membw import Bandwidth, MemoryConfig, parse_dmidecode, read_dmidecode
 
@@ -60,6 +60,8 @@ CPU_FEATURES: tuple[tuple[str, str], ...] = (
 SLOW_GOVERNORS = ("powersave", "conservative")
 PSTATE_DRIVERS = ("intel_pstate", "amd-pstate-epp", "amd-pstate")
 HUGEPAGE_GAIN_FINDING = 0.02  # a measured huge-page gain below this is noise on a shared host
+# The cmake definitions that compile llama.cpp without AMX, quoted for a shell.
+AMX_OFF_CMAKE = " ".join(shlex.quote(flag) for flag in isa.cmake_flags((isa.AMX,)))
 
 
 @dataclass(frozen=True)
@@ -107,12 +109,19 @@ class Check:
 
 @dataclass(frozen=True)
 class BuildFacts:
-    """What the llama.cpp build was compiled for."""
+    """What the llama.cpp build was compiled for, and whether it runs here (llama/facts.py)."""
 
     bin_dir: Path
     version: str
     system_info: str | None  # llama_print_system_info(), e.g. "CPU : SSE3 = 1 | AVX = 1 | ..."
     native: bool | None  # GGML_NATIVE from the build's CMakeCache.txt, None when unknown
+    # System-info features turned off on purpose because they kill this build here (specreg's
+    # own build: `specreg llama info` says why); not a finding.
+    turned_off: tuple[str, ...] = ()
+    runs: bool | None = None  # it ran the proof model through its binaries; None: not tried
+    died: bool = False  # a binary was killed by a signal (the build, not the input)
+    runs_summary: str = ""  # which binary failed and how, or that all ran
+    runs_seconds: float = 0.0
 
     @property
     def features(self) -> dict[str, bool]:
@@ -130,7 +139,7 @@ class TargetSize:
 @dataclass(frozen=True)
 class DoctorReport:
     JSON_KIND = "doctor"
-    JSON_VERSION = "1"
+    JSON_VERSION = "2"  # 2: the llama-runs check, and build.turned_off/runs/died/runs_summary
 
     host: Host
     checks: tuple[Check, ...]
@@ -581,7 +590,11 @@ def check_build(view: SystemView, build: BuildFacts | None) -> Check:
             f"llama.cpp in {build.bin_dir} did not report its CPU features",
             facts=facts,
         )
-    unused = [k for k, flag in CPU_FEATURES if flag in flags and built.get(k) is False]
+    unused = [
+        k
+        for k, flag in CPU_FEATURES
+        if flag in flags and built.get(k) is False and k not in build.turned_off
+    ]
     missing = [k for k, flag in CPU_FEATURES if built.get(k) and flags and flag not in flags]
     native = {True: "native", False: "not native", None: "native unknown"}[build.native]
     have = [k for k, _ in CPU_FEATURES if built.get(k)]
@@ -615,6 +628,40 @@ def check_build(view: SystemView, build: BuildFacts | None) -> Check:
         OK,
         f"the llama.cpp build ({native}) uses every vector feature of this CPU it knows: "
         f"{', '.join(have) or 'none'}",
+        facts=facts,
+    )
+
+
+def check_runs(build: BuildFacts | None) -> Check:
+    """Whether the llama.cpp the user will run runs here at all: a build that dies by a signal
+    on a tiny model dies on every model."""
+    if build is None or build.runs is None:
+        return Check("llama-runs", UNKNOWN, "llama.cpp was not tried on this host",
+                     fix=("specreg llama build",))  # fmt: skip
+    facts = {"bin_dir": str(build.bin_dir), "seconds": round(build.runs_seconds, 2)}
+    if build.runs:
+        return Check("llama-runs", OK, f"llama.cpp in {build.bin_dir}: {build.runs_summary}",
+                     facts=facts)  # fmt: skip
+    if build.died:
+        return Check(
+            "llama-runs",
+            FINDING,
+            f"llama.cpp in {build.bin_dir} dies on this host: {build.runs_summary}",
+            cost="every model fails",
+            cost_source=COST_HERE,
+            fix=(
+                "specreg llama build   # proves its build here and turns off what kills it",
+                f"# your own build: cmake -B build {AMX_OFF_CMAKE} && cmake --build build -j",
+            ),
+            facts=facts,
+        )
+    return Check(
+        "llama-runs",
+        FINDING,
+        f"llama.cpp in {build.bin_dir} cannot run a tiny model: {build.runs_summary}",
+        cost="models may fail to load or run",
+        cost_source=COST_HERE,
+        fix=("specreg llama build",),
         facts=facts,
     )
 
@@ -764,46 +811,6 @@ def check_load(view: SystemView, bandwidth: Bandwidth | None) -> Check:
     return Check("load", OK, f"load {load1}: quiet enough to measure", facts=facts)
 
 
-# --- the llama.cpp build -----------------------------------------------------------------------
-
-_SYSTEM_INFO_SNIPPET = (
-    "import ctypes, sys\n"
-    "lib = ctypes.CDLL(sys.argv[1])\n"
-    "lib.llama_print_system_info.restype = ctypes.c_char_p\n"
-    "sys.stdout.write(lib.llama_print_system_info().decode(errors='replace'))\n"
-)
-
-
-def build_facts(bin_dir: Path, version: str) -> BuildFacts:
-    """The CPU features of the build in `bin_dir`, read from its own libllama in a child
-    process (a library built for another CPU must not take doctor down with it)."""
-    info: str | None = None
-    for lib in (bin_dir / "libllama.so", bin_dir.parent / "lib" / "libllama.so"):
-        if not lib.is_file():
-            continue
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-c", _SYSTEM_INFO_SNIPPET, str(lib)],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            log.info("cannot read the system info of %s: %s", lib, err)
-            continue
-        if proc.returncode == 0 and proc.stdout.strip():
-            info = proc.stdout.strip()
-            break
-    native = None
-    cache = bin_dir.parent / "CMakeCache.txt"
-    if cache.is_file():
-        m = re.search(r"^GGML_NATIVE:BOOL=(\w+)", cache.read_text(errors="replace"), re.M)
-        if m:
-            native = m.group(1).upper() in ("ON", "TRUE", "1", "YES")
-    return BuildFacts(bin_dir, version, info, native)
-
-
 # --- all of it ---------------------------------------------------------------------------------
 
 
@@ -833,6 +840,7 @@ def diagnose(
     checks += check_thp(view, bandwidth)
     checks.append(check_governor(view))
     checks += check_openmp(view, host, build)
+    checks.append(check_runs(build))
     checks.append(check_build(view, build))
     checks.append(check_memory(view, targets))
     checks.append(check_bandwidth(bandwidth, memory, host, targets))

@@ -17,7 +17,7 @@ from typing import Any
 
 from specreg.errors import LlamaError
 from specreg.host.machine import Host
-from specreg.llama.build import cached_build
+from specreg.llama.build import BuildInfo, cached_build
 
 # The dialects are specreg.terms' vocabulary, importable from here too.
 from specreg.terms import DIALECT_DRAFT_MAX as DIALECT_DRAFT_MAX
@@ -71,17 +71,31 @@ class LlamaInfo:
     """`specreg llama info`: the llama.cpp specreg would use, and the host it runs on."""
 
     JSON_KIND = "llama-info"
-    JSON_VERSION = "1"
+    JSON_VERSION = "2"  # 2: build, specreg's own build when that is the one used (else null)
 
     install: LlamaInstall
     host: Host
+    build: BuildInfo | None = None
 
     def to_json(self) -> dict[str, Any]:
         from specreg.jsonout import document
 
+        build = self.build.to_json() if self.build is not None else None
+        if build is not None:
+            del build["version"], build["kind"]
         return document(
-            self.JSON_KIND, self.JSON_VERSION, {"llama": self.install, "host": self.host.to_json()}
+            self.JSON_KIND,
+            self.JSON_VERSION,
+            {"llama": self.install, "host": self.host.to_json(), "build": build},
         )
+
+
+def build_of(install: LlamaInstall) -> BuildInfo | None:
+    """specreg's cached build when `install` is it (how it was built, and why)."""
+    build = cached_build()
+    if build is None or build.bin_dir.resolve() != install.bin_dir.resolve():
+        return None
+    return build
 
 
 def _candidates(bin_dir: Path | None) -> list[tuple[str, Path]]:

@@ -38,7 +38,13 @@ from specreg.home import cache_dir, logs_dir
 from specreg.host.machine import Host
 from specreg.llama.install import LlamaInstall
 from specreg.llama.logits import LogitsHeader, logits_file_bytes, read_header, scored_per_chunk
-from specreg.llama.process import ServerFailed, classify_exit, llama_message, run_tool
+from specreg.llama.process import (
+    ServerFailed,
+    classify_exit,
+    exit_how,
+    llama_message,
+    run_tool,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +99,15 @@ HINTS = {
 class PerplexityFailed(ServerFailed):
     """llama-perplexity failed; `kind` says how, `llama_message` is llama.cpp's own line."""
 
-    def __init__(self, kind: str, summary: str, message: str, log_path: Path | None):
-        super().__init__(kind, summary, message, log_path)
+    def __init__(
+        self,
+        kind: str,
+        summary: str,
+        message: str,
+        log_path: Path | None,
+        returncode: int | None = None,
+    ):
+        super().__init__(kind, summary, message, log_path, returncode)
         if kind in HINTS:
             detail = f": {message}" if message else ""
             self.args = (f"{summary}{detail}; {HINTS[kind]}",)
@@ -206,9 +219,9 @@ def failure_of(
         return PerplexityFailed(
             "crash", f"{name} printed no result", llama_message(output_text), log_path
         )
-    how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+    how = exit_how(rc)
     return PerplexityFailed(
-        classify_exit(output_text, rc), f"{name} {how}", llama_message(output_text), log_path
+        classify_exit(output_text, rc), f"{name} {how}", llama_message(output_text), log_path, rc
     )
 
 

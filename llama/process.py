@@ -26,6 +26,7 @@ from typing import Any
 
 from specreg.errors import LlamaError
 from specreg.host.cpu import cpu_ticks_total
+from specreg.isa import SIGILL_REMEDY
 
 # Soft failure: the server keeps serving, but without speculation.
 SPEC_INIT_FAILED = re.compile(r"failed to initialize speculative decoding[^\n]*")
@@ -63,7 +64,37 @@ HINTS = {
     "args": "this llama.cpp rejects the flags; check `specreg llama info` for its dialect",
     "request": "the server rejected the request; see the server log",
     "spec-init": "the draft cannot speculate for this target (`specreg audit` explains why)",
+    "cpu": SIGILL_REMEDY,
 }
+
+# Signals a crash dies of; a shell reports a child killed by signal N as exit code 128 + N.
+_CRASH_SIGNALS = (signal.SIGILL, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGSEGV)
+
+
+def killed_by(returncode: int | None) -> signal.Signals | None:
+    """The signal that ended a process (Popen's negative code, or a shell's 128 + N)."""
+    if returncode is None:
+        return None
+    number = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
+    try:
+        sig = signal.Signals(number)
+    except ValueError:
+        return None
+    if returncode > 128 and sig not in _CRASH_SIGNALS:
+        return None
+    return sig
+
+
+def exit_how(returncode: int) -> str:
+    """How a process ended, for a message: "was killed by signal 4 (SIGILL: ...)"."""
+    sig = killed_by(returncode)
+    if sig == signal.SIGILL:
+        return f"was killed by signal {sig.value} (SIGILL: an instruction this CPU cannot run)"
+    if returncode < 0:
+        number = -returncode
+        crash = " (crash)" if sig in _CRASH_SIGNALS else ""
+        return f"was killed by signal {number}{crash}"
+    return f"exited with code {returncode}" + (" (crash)" if sig in _CRASH_SIGNALS else "")
 
 
 def _die_with_parent() -> None:
@@ -106,17 +137,29 @@ def spawn(
 class ServerFailed(LlamaError):
     """llama-server failed; `kind` says how, `llama_message` is llama.cpp's own line."""
 
-    def __init__(self, kind: str, summary: str, llama_message: str, log_path: Path | None):
+    def __init__(
+        self,
+        kind: str,
+        summary: str,
+        llama_message: str,
+        log_path: Path | None,
+        returncode: int | None = None,
+    ):
         self.kind = kind
         self.summary = summary
         self.llama_message = llama_message
         self.log_path = log_path
+        self.returncode = returncode  # the process's exit code when it ended
         detail = f": {llama_message}" if llama_message else ""
         super().__init__(f"{summary}{detail}; {HINTS.get(kind, HINTS['crash'])}")
 
-    def __reduce__(self) -> tuple[type[ServerFailed], tuple[str, str, str, Path | None]]:
+    def __reduce__(
+        self,
+    ) -> tuple[type[ServerFailed], tuple[str, str, str, Path | None, int | None]]:
         # A Ray worker's error crosses to the driver pickled: rebuild it with its arguments.
-        return type(self), (self.kind, self.summary, self.llama_message, self.log_path)
+        return type(self), (
+            self.kind, self.summary, self.llama_message, self.log_path, self.returncode
+        )  # fmt: skip
 
 
 def strip_log_prefix(line: str) -> str:
@@ -142,6 +185,8 @@ def llama_message(log_text: str, pattern: re.Pattern[str] | None = None) -> str:
 
 
 def classify_exit(log_text: str, returncode: int | None) -> str:
+    if killed_by(returncode) == signal.SIGILL:
+        return "cpu"
     if OOM.search(log_text):
         return "oom"
     if BIND_FAILED.search(log_text):

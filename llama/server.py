@@ -27,6 +27,7 @@ from specreg.llama.process import (
     SPEC_INIT_FAILED,
     ServerFailed,
     classify_exit,
+    exit_how,
     free_port,
     llama_message,
     spawn,
@@ -216,10 +217,10 @@ class LlamaServer:
     def _exited(self, rc: int, when: str) -> ServerFailed:
         text = self.log_text()
         kind = classify_exit(text, rc)
-        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
-        if rc in (134, 139) or rc < 0:
-            how += " (crash)"
-        return ServerFailed(kind, f"llama-server {how} {when}", llama_message(text), self.log_path)
+        how = exit_how(rc)
+        return ServerFailed(
+            kind, f"llama-server {how} {when}", llama_message(text), self.log_path, rc
+        )
 
     def stop(self) -> None:
         proc = self.proc

@@ -28,6 +28,7 @@ from specreg.llama.process import (
     ServerFailed,
     ToolOutput,
     classify_exit,
+    exit_how,
     llama_message,
     run_tool,
     strip_log_prefix,
@@ -282,10 +283,8 @@ def failure_of(name: str, result: ToolOutput, log_path: Path) -> ServerFailed | 
             llama_message(text, VOCAB_MISMATCH),
             log_path,
         )
-    how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
-    if rc in (134, 139) or rc < 0:
-        how += " (crash)"
-    return ServerFailed(classify_exit(text, rc), f"{name} {how}", llama_message(text), log_path)
+    how = exit_how(rc)
+    return ServerFailed(classify_exit(text, rc), f"{name} {how}", llama_message(text), log_path, rc)
 
 
 def to_completion(

@@ -22,13 +22,15 @@ import asyncio
 import contextlib
 import ctypes  # noqa: F401 - imported before any fork: the child's death-signal hook uses it
 import logging
+import signal
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from specreg.llama.process import ServerFailed, llama_message
+from specreg.isa import SIGILL_REMEDY
+from specreg.llama.process import ServerFailed, exit_how, killed_by, llama_message
 from specreg.llama.server import STARTUP_TIMEOUT_S, LlamaServer
 from specreg.serve.memory import ANON_ESTIMATE, Resident, budget_str, file_bytes, resident
 from specreg.serve.pooled import pooled
@@ -178,9 +180,11 @@ class Backend:
         """How `server` (the current process unless given) ended, with llama.cpp's message."""
         server = server or self.server
         text = server.log_text() if server is not None else ""
-        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        how = exit_how(rc)
         message = llama_message(text) or "(nothing logged)"
-        return f"llama-server {how}; llama.cpp's last message: {message}"
+        where = f"; log: {server.log_path}" if server is not None else ""
+        remedy = f"; {SIGILL_REMEDY}" if killed_by(rc) == signal.SIGILL else ""
+        return f"llama-server {how}; llama.cpp's last message: {message}{where}{remedy}"
 
     async def crash_report(
         self, server: LlamaServer | None, wait: float = EXIT_WAIT_S
@@ -399,8 +403,13 @@ class BackendPool:
         """Restart `backend` in the background unless that is already under way."""
         if backend.restarting or backend.stopping or backend.failure:
             return
+        rc = backend.exit_code()
+        if killed_by(rc) == signal.SIGILL:
+            # The build cannot run here: a restart would die the same way.
+            backend.failure = backend.last_exit = backend.describe_exit(rc or 0)
+            backend.ready.clear()
+            return
         if self.on_crash is not None:
-            rc = backend.exit_code()
             how = backend.describe_exit(rc) if rc is not None else "the connection broke"
             if self.on_crash(backend, f"crashed: {how}"):
                 backend.failure = f"retired after a crash: {how}"

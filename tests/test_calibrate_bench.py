@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from specreg.host.machine import Host
+from specreg.llama.bench import BenchTest, parse_test
 from specreg.llama.install import DIALECT_SPEC_TYPE, LlamaInstall
 from specreg.llama.process import ServerFailed
 from specreg.registry.calibration import KIND_BATCH, KIND_GEN, latest_calibration
 from specreg.registry.db import opened
-from specreg.runner.calibrate import BenchTest, calibrate_target, parse_test
+from specreg.runner.calibrate import calibrate_target
 
 # One row as the pinned llama-bench prints it (-o jsonl), trimmed to the fields it always has.
 ROW = {

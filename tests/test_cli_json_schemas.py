@@ -206,14 +206,18 @@ def test_llama_results(tmp_path: Path) -> None:
 
     build = BuildInfo(
         "0.6.0", tmp_path / "src", tmp_path / "build", tmp_path / "bin", ("llama-server",),
-        ("-DGGML_NATIVE=ON",), "Ninja", True, 1.5, True, tmp_path / "build.log",
+        ("-DGGML_NATIVE=ON",), "Ninja", True, 1.5, True, tmp_path / "build.log", ("AMX",),
+        "the native build died here (llama-simple was killed by signal 4)",
+        ({"binary": "llama-simple", "ok": True, "returncode": 0, "signal": None,
+          "seconds": 0.4, "message": "", "timed_out": False},),
     )  # fmt: skip
     install = LlamaInstall(
         tmp_path / "bin", "cache", "11434 (pypi-sdist)", "spec-type", ("none", "ngram-mod"),
         ("llama-server", "llama-bench"),
     )  # fmt: skip
     models = ModelFiles((SmallModel("smollm2", "Q4_1", tmp_path / "s.gguf", 100),))
-    for result in (build, LlamaInfo(install, detect_host()), models):
+    infos = (LlamaInfo(install, detect_host()), LlamaInfo(install, detect_host(), build))
+    for result in (build, *infos, models):
         validate(json.loads(json_text(result.to_json())))
 
 

@@ -367,7 +367,7 @@ def test_low_share_of_peak_needs_enough_cores(tmp_path: Path) -> None:
 def test_json_document_is_versioned(sick: DoctorReport) -> None:
     doc = sick.to_json()
     assert list(doc)[:2] == ["version", "kind"]
-    assert (doc["version"], doc["kind"]) == ("1", "doctor")
+    assert (doc["version"], doc["kind"]) == ("2", "doctor")
     assert doc["n_findings"] == 7 and doc["ok"] is False
     smt = next(c for c in doc["checks"] if c["name"] == "smt")
     assert set(smt) == {"name", "status", "summary", "cost", "cost_source", "fix", "facts"}

@@ -29,7 +29,7 @@ def test_this_machine_json_exit_code_follows_findings(tmp_path: Path) -> None:
         pass  # an empty registry: doctor compares against it and records the bandwidth
     r = _doctor("--json", "--db", str(db))
     doc = json.loads(r.stdout)
-    assert (doc["version"], doc["kind"]) == ("1", "doctor")
+    assert (doc["version"], doc["kind"]) == ("2", "doctor")
     assert r.returncode == (1 if doc["n_findings"] else 0), r.stderr
     names = {c["name"] for c in doc["checks"]}
     assert {"numa", "smt", "threads", "thp", "governor", "cpu-features", "memory"} <= names
@@ -60,3 +60,37 @@ def test_bad_memory_description_is_a_usage_error() -> None:
     assert r.stderr.strip() == (
         "error: 'lots' is not a memory description: give DIMMs x type-speed, e.g. 12xDDR5-5600"
     )
+
+
+# A llama.cpp build that starts (--help, --version) and dies with SIGILL on any model, as the
+# pinned native build does on AMX Xeons.
+DYING = """#!/bin/sh
+case "$1" in
+  --help) echo '--spec-type [none|draft-simple|ngram-mod]'; exit 0 ;;
+  --version) echo 'version: 0.6.0-dev (build 11434, commit pypi-sdist)' >&2; exit 0 ;;
+esac
+echo 'load_tensors: CPU_REPACK model buffer size = 0.44 MiB' >&2
+kill -ILL $$
+"""
+
+
+def test_a_build_that_dies_here_is_a_finding_with_its_cost_and_fix(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "llama-bin"
+    bin_dir.mkdir()
+    for name in ("llama-server", "llama-bench", "llama-perplexity", "llama-completion"):
+        (bin_dir / name).write_text(DYING)
+        (bin_dir / name).chmod(0o755)
+    r = _doctor("--json", "--no-bandwidth", "--llama-bin", str(bin_dir))
+    assert r.returncode == 1, r.stderr
+    check = next(c for c in json.loads(r.stdout)["checks"] if c["name"] == "llama-runs")
+    assert check["status"] == "finding"
+    assert check["summary"].startswith(
+        f"llama.cpp in {bin_dir} dies on this host: llama-server was killed by signal 4 "
+        "(SIGILL: an instruction this CPU cannot run)"
+    )
+    assert check["cost"] == "every model fails"
+    assert check["fix"][0].startswith("specreg llama build")
+    assert "'-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'" in check["fix"][1]
+    assert "'-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'" in check["fix"][1]
+    text = _doctor("--no-bandwidth", "--llama-bin", str(bin_dir)).stdout
+    assert "FINDING  llama-runs" in text and "costs: every model fails" in text

@@ -62,6 +62,9 @@ if MODE == "oom":
     log("terminate called after throwing an instance of 'std::bad_alloc'")
     log("  what():  std::bad_alloc")
     os.kill(os.getpid(), signal.SIGABRT)
+if MODE == "sigill":
+    log("0.00.020.000 I load_tensors: CPU_REPACK model buffer size = 0.44 MiB")
+    os.kill(os.getpid(), signal.SIGILL)
 if MODE == "port":
     log(f"0.00.020.000 E srv    start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {{port}}")
     sys.exit(1)
@@ -155,6 +158,7 @@ FAULTS = [
     ("oom", "oom", "failed to allocate buffer of size 68719476736"),
     ("port", "port", "couldn't bind HTTP server socket"),
     ("crash", "crash", "GGML_ASSERT(n_tokens <= n_batch) failed"),
+    ("sigill", "cpu", "load_tensors: CPU_REPACK model buffer size = 0.44 MiB"),
 ]
 
 
@@ -184,6 +188,23 @@ def test_oom_message_says_what_to_do(tmp_path: Path, target: Path) -> None:
     _, message = run_cli(["run", str(target), "--llama-bin", str(bin_dir), "--repeat", "1"])
     assert message.endswith("; free memory, lower --ctx, or use a smaller quantization")
     assert "was killed by signal 6 (crash) while loading" in message
+    assert_no_strays(pids)
+
+
+def test_sigill_says_so_with_the_remedy(tmp_path: Path, target: Path, specreg_home: Path) -> None:
+    from specreg.isa import SIGILL_REMEDY
+
+    bin_dir, pids = make_fake(tmp_path, "sigill")
+    _, message = run_cli(["run", str(target), "--llama-bin", str(bin_dir), "--repeat", "1"])
+    assert (
+        "llama-server was killed by signal 4 (SIGILL: an instruction this CPU cannot run) "
+        "while loading" in message
+    )
+    assert message.endswith(f"; {SIGILL_REMEDY}")
+    assert "\n" not in message
+    run = failed_runs(specreg_home)[0]
+    assert (run.status, run.error_kind) == ("failed", "cpu")
+    assert "killed by signal 4 (SIGILL" in (run.error or "")
     assert_no_strays(pids)
 
 

@@ -51,14 +51,15 @@ def doctor(
     Each finding says what it costs and the command that fixes it. Exit 1 on findings.
     """
     from specreg.errors import LlamaError
-    from specreg.host.doctor import build_facts, run_doctor
+    from specreg.host.doctor import run_doctor
     from specreg.host.membw import parse_memory_spec
+    from specreg.llama.facts import build_facts
     from specreg.llama.install import find_llama
 
     memory = parse_memory_spec(memory_spec) if memory_spec else None
     try:
         install = find_llama(llama_bin)
-        build = build_facts(install.bin_dir, install.version)
+        build = build_facts(install)
     except LlamaError:
         build = None  # doctor checks the host without a build; the finding says so
     report = run_doctor(

@@ -388,39 +388,45 @@ def llama_group() -> None:
 @click.option("--jobs", type=int, default=None, help="Parallel compile jobs (default: all CPUs).")
 @json_option
 def llama_build_cmd(jobs: int | None, as_json: bool) -> None:
-    """Build the pinned llama.cpp (CPU, Release) into the cache; reused when complete."""
+    """Build the pinned llama.cpp (CPU, Release) into the cache and prove it runs here: a
+    tiny model goes through each binary, and a build that dies by a signal is built again
+    with the CPU extension that killed it turned off (AMX first). Reused when complete."""
     from specreg.llama import build as llama_build
 
+    say = err_console().print
     if not as_json and llama_build.cached_build() is None:
-        err_console().print(
-            "building llama.cpp (a few minutes on a small host; ccache makes rebuilds quick)"
-        )
-    info = llama_build.ensure_build(jobs=jobs)
+        say("building llama.cpp (a few minutes on a small host; ccache makes rebuilds quick)")
+    info = llama_build.ensure_build(jobs=jobs, on_step=None if as_json else say)
     if as_json:
         emit(info)
         return
-    state = "reused" if info.reused else f"built in {info.seconds:.0f} s"
+    state = "reused" if info.reused else f"built and proven in {info.seconds:.0f} s"
     console().print(f"llama.cpp {info.version}: {state}; binaries in {info.bin_dir}")
+    if info.disabled:
+        console().print(f"  {info.state}")
 
 
 @llama_group.command("info")
 @llama_bin_option
 @json_option
 def llama_info_cmd(llama_bin: Path | None, as_json: bool) -> None:
-    """Which llama.cpp specreg would use, its version and flag dialect."""
+    """Which llama.cpp specreg would use, its version and flag dialect, and how specreg's own
+    build was made (the CPU extensions turned off, and why)."""
     from specreg.host.machine import detect_host
-    from specreg.llama.install import LlamaInfo, find_llama
+    from specreg.llama.install import LlamaInfo, build_of, find_llama
 
     install = find_llama(llama_bin)
-    host = detect_host()
+    info = LlamaInfo(install, detect_host(), build_of(install))
     if as_json:
-        emit(LlamaInfo(install, host))
+        emit(info)
         return
-    out = console()
+    out, host = console(), info.host
     out.print(f"llama-server  {install.server}  (from {install.source})")
     out.print(f"version       {install.version}")
     out.print(f"dialect       {install.dialect}")
     out.print(f"spec types    {', '.join(install.spec_types) or '-'}")
+    if info.build is not None:
+        out.print(f"build         {info.build.state}")
     out.print(
         f"host          {host.cpu_model}, {host.physical_cores} cores, {host.mem_str}, "
         f"{host.numa_nodes} NUMA node(s); threads {host.threads}"
