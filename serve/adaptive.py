@@ -28,6 +28,7 @@ from specreg.terms import TASKS
 
 REASON_FIXED = "fixed"  # the fixed policy's only reason
 REASON_RETRY = "retry"  # the second attempt of a request, on the current best
+REASON_JOINED = "joined"  # it joined another lossless backend of its target: cores were busy
 SERVE_KEY = "serve"  # a served run's config[SERVE_KEY]: policy, candidate, reason, concurrency
 
 
@@ -101,13 +102,23 @@ class Router:
     def policy(self, target: str, task: str) -> TaskPolicy | None:
         return self.policies.get((target, task))
 
-    def choose(self, target: str, task: str) -> Pick:
+    def choose(self, target: str, task: str, *, load: int = 1) -> Pick:
+        """Where a request goes; `load` is the requests decoding or waiting on the target's
+        cores when it arrives, itself included."""
         policy = self.policy(target, task)
         if policy is None:
             route = self.table.route(target, task)
             return Pick(route.backend, REASON_FIXED, route.backend)
         d = policy.choose()
         return Pick(d.key, d.reason, d.best_key)
+
+    def ranked(self, target: str, task: str) -> list[str]:
+        """(target, task)'s backends, best first: the active candidates by posterior (adaptive)
+        or its route (fixed)."""
+        policy = self.policy(target, task)
+        if policy is None:
+            return [self.table.route(target, task).backend]
+        return [a.candidate.key for a in sorted(policy.active, key=lambda a: -a.mean)]
 
     def best(self, target: str, task: str) -> str:
         policy = self.policy(target, task)

@@ -9,9 +9,11 @@ byte for byte, with the route added as `X-Specreg-*` headers; the backend's `tim
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
@@ -29,9 +31,18 @@ from specreg.errors import UsageError
 from specreg.jsonout import plain
 from specreg.llama.server import LlamaServer
 from specreg.registry.run_store import STATUS_FAILED, STATUS_OK, PromptRecord, RunRecord
-from specreg.serve.adaptive import REASON_FIXED, REASON_RETRY, SERVE_KEY, Pick, Router, finite
+from specreg.serve.adaptive import (
+    REASON_FIXED,
+    REASON_JOINED,
+    REASON_RETRY,
+    SERVE_KEY,
+    Pick,
+    Router,
+    finite,
+)
 from specreg.serve.backends import Backend, BackendPool, BackendUnavailable
 from specreg.serve.classify import TASK_HEADER, Classification, TaskClassifier, classify
+from specreg.serve.cores import Grant, QueueFull
 from specreg.serve.policy import PolicyStatus
 from specreg.serve.pooled import CatchUp, PooledState
 from specreg.serve.recorder import RunRecorder
@@ -51,6 +62,10 @@ HEADER_BACKEND = "X-Specreg-Backend"
 HEADER_CONFIG = "X-Specreg-Config"
 HEADER_ROUTE = "X-Specreg-Route"
 HEADER_POLICY = "X-Specreg-Policy"  # why this backend: explore | exploit | only | fixed | retry
+# The backend the policy chose, when the request joined another lossless configuration of its
+# target that could serve it sooner (its cores were busy with the chosen one's neighbour).
+HEADER_PREFERRED = "X-Specreg-Preferred"
+HEADER_QUEUED = "X-Specreg-Queued-Ms"  # how long it waited for cores
 STATUS_PATH = "/v1/specreg/status"
 _JSON = {"content-type": "application/json"}
 # The stream's last event carries `timings`; keep this much of the stream's tail to find it.
@@ -137,10 +152,37 @@ class Service:
         )
 
     def count_concurrency(self) -> None:
-        """Every request in flight ran alongside all the others and serve's own work."""
-        n = len(self.inflight) + self.neighbours
+        """Every request in flight ran alongside the others decoding on its cores (the
+        scheduler lets nothing else decode there) and serve's own work."""
+        sched = self.pool.scheduler
         for call in self.inflight:
-            call.concurrency = max(call.concurrency, n)
+            mine = call.backend.name
+            n = sum(sched.share_cores(mine, c.backend.name) for c in self.inflight)
+            call.concurrency = max(call.concurrency, n + self.neighbours)
+
+    def load_of(self, target: str) -> int:
+        """The load a new request of `target` would meet: the requests decoding on its
+        backends' cores and waiting for them, plus itself."""
+        sched = self.pool.scheduler
+        names = [b.name for b in self.pool.backends.values() if b.spec.target.name == target]
+        busy = max((sched.load(n) for n in names), default=0)
+        return busy + sched.waiting + self.neighbours + 1
+
+    def alternatives(self, target: str, task: str, chosen: Backend) -> list[str]:
+        """Backends a request may join instead of `chosen` when they serve it sooner: other
+        lossless configurations of its target (speculation never changes what is generated;
+        fewer experts would, so it is never substituted), running and ready, the policy's
+        ranking first."""
+        if chosen.spec.config.experts is not None:
+            return []
+        ranked = self.router.ranked(target, task)
+        same = [
+            b for b in self.pool.backends.values()
+            if b is not chosen and b.spec.target.name == target and b.ready.is_set()
+            and b.spec.config.experts is None and not b.failure
+        ]  # fmt: skip
+        order = {name: i for i, name in enumerate(ranked)}
+        return [b.name for b in sorted(same, key=lambda b: order.get(b.name, len(order)))]
 
     def neighbour(self, started: bool) -> None:
         """Serve's own work on the cores started or ended (on the event loop's thread)."""
@@ -279,7 +321,7 @@ class Service:
         except UsageError as err:
             return error(400, str(err), "invalid_request_error")
         route = self.table.route(target.name, cls.task)
-        pick = self.router.choose(target.name, cls.task)
+        pick = self.router.choose(target.name, cls.task, load=self.load_of(target.name))
         for attempt in (1, 2):
             backend = self.pool[pick.backend]
             headers = {
@@ -305,6 +347,10 @@ class Service:
                 refused = error(status, str(err), kind, backend=backend.name)
                 refused.headers.update(headers)
                 return refused
+            got = await self._cores(call, request, headers)
+            if isinstance(got, Response):
+                return got
+            backend = call.backend
             call.position = backend.answered
             backend.answered += 1
             if body.get("stream"):
@@ -317,6 +363,38 @@ class Service:
                 return resp
             pick = retry
         raise AssertionError("unreachable: the second attempt returns")
+
+    async def _cores(
+        self, call: _Call, request: Request, headers: dict[str, str]
+    ) -> Grant | Response:
+        """Wait for cores on the chosen backend, or a lossless alternative that can serve
+        sooner; a 503 with Retry-After when the queue is full, a 499 when the client went
+        away while it waited."""
+        chosen = call.backend
+        names = [chosen.name, *self.alternatives(call.target, call.cls.task, chosen)]
+        try:
+            grant = await _unless_gone(request, self.pool.scheduler.acquire(names))
+        except QueueFull as err:
+            call.record(None, 503, str(err), "capacity")
+            refused = error(503, str(err), "server_overloaded", backend=chosen.name)
+            refused.headers.update(headers)
+            refused.headers["Retry-After"] = str(math.ceil(err.retry_after))
+            return refused
+        except _ClientGone as gone:
+            if isinstance(gone, _GoneWith):  # granted as the client went: give it back
+                self.pool.scheduler.release(gone.grant)
+            call.record(None, 499, "the client went away while it waited for cores", "client")
+            return Response(status_code=499)
+        call.grant = grant
+        call.concurrency = max(call.concurrency, grant.load + self.neighbours)
+        headers[HEADER_QUEUED] = f"{grant.queued_s * 1000:.0f}"
+        if grant.backend != chosen.name:
+            call.backend = self.pool[grant.backend]
+            headers[HEADER_PREFERRED] = chosen.name
+            headers[HEADER_BACKEND] = grant.backend
+            headers[HEADER_CONFIG] = call.backend.spec.config.label
+            headers[HEADER_POLICY] = REASON_JOINED
+        return grant
 
     def _retry_after(self, call: _Call, why: str, *, recorded: bool = False) -> Pick | None:
         """After a candidate failed: retire it (adaptive policy) and name the current best to
@@ -361,6 +439,7 @@ class _Call:
     process: LlamaServer | None = None  # the backend's process this request was sent to
     caught_up: CatchUp | None = None  # texts a pooled-state backend read before this request
     warm: bool | None = None  # ... and whether it had read enough of them (None: not pooled)
+    grant: Grant | None = None  # its time on the backend's cores (the scheduler's)
     _live: bool = False
     _recorded: bool = False
 
@@ -378,6 +457,9 @@ class _Call:
             self.service.inflight.discard(self)
             self.backend.inflight -= 1
             self._live = False
+        if self.grant is not None:
+            self.service.pool.scheduler.release(self.grant)
+            self.service.count_concurrency()
 
     @property
     def client(self) -> aiohttp.ClientSession:
@@ -606,6 +688,10 @@ class _Call:
                     "best": self.pick.best if self.pick is not None else None,
                     "attempt": self.attempt,
                     "concurrency": self.concurrency,
+                    "queued_s": round(self.grant.queued_s, 4) if self.grant else None,
+                    "preferred": self.pick.backend
+                    if self.pick is not None and self.pick.backend != self.backend.name
+                    else None,
                     "retired": self.retired,
                     "warm": self.warm,
                     "catch_up_texts": self.caught_up.texts if self.caught_up else None,
@@ -624,6 +710,50 @@ class _Call:
             log_path=str(self.backend.log_path) if self.backend.log_path else None,
             prompts=(prompt,),
         )
+
+
+class _ClientGone(Exception):
+    """The client closed its connection."""
+
+
+async def _unless_gone(request: Request, work: Any) -> Any:
+    """`work` (an awaitable), unless the client disconnects first: then `_ClientGone`, and
+    the work is cancelled (a wait for cores leaves the queue)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    try:
+        got = await task
+    except (asyncio.CancelledError, Exception):
+        raise _ClientGone from None
+    # granted as it was cancelled: hand it back
+    if isinstance(got, Grant):
+        raise _GoneWith(got)
+    raise _ClientGone
+
+
+class _GoneWith(_ClientGone):
+    def __init__(self, grant: Grant):
+        super().__init__()
+        self.grant = grant
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read: the next ASGI message is
+    the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            return
 
 
 def _int(value: Any) -> int | None:

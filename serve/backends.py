@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import ctypes  # noqa: F401 - imported before any fork: the child's death-signal hook uses it
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -32,6 +33,7 @@ from pathlib import Path
 from specreg.isa import SIGILL_REMEDY
 from specreg.llama.process import ServerFailed, exit_how, killed_by, llama_message
 from specreg.llama.server import STARTUP_TIMEOUT_S, LlamaServer
+from specreg.serve.cores import CoreScheduler
 from specreg.serve.memory import ANON_ESTIMATE, Resident, budget_str, file_bytes, resident
 from specreg.serve.pooled import pooled
 from specreg.serve.routes import BackendSpec, RouteTable
@@ -45,6 +47,8 @@ RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 # After a broken connection, how long to wait for the process to be reapable: ggml's crash
 # handler prints a backtrace (through gdb when installed) before the process is gone.
 EXIT_WAIT_S = 10.0
+# Requests that may wait for cores at once, beyond every backend's slots (serve --queue).
+DEFAULT_MAX_QUEUE = 64
 
 
 class BackendUnavailable(Exception):
@@ -246,7 +250,10 @@ class BackendPool:
         on_restart: Callable[[Backend, str], None] | None = None,
         memory_budget: int | None = None,
         lazy: bool = False,
+        max_queue: int = DEFAULT_MAX_QUEUE,
     ):
+        # Requests decode on a backend's cores only when no backend on overlapping cores does.
+        self.scheduler = CoreScheduler(max_queue=max_queue)
         # One long-lived thread starts and stops every process (see the module docstring).
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specreg-backends")
         logs.mkdir(parents=True, exist_ok=True)
@@ -275,6 +282,8 @@ class BackendPool:
                 spec, env=self.env, logs=self.logs, executor=self.executor,
                 startup_timeout=self.startup_timeout,
             )  # fmt: skip
+            cpus = spec.cpus or tuple(sorted(os.sched_getaffinity(0)))
+            self.scheduler.register(spec.name, cpus, spec.slots)
         return self.backends[spec.name]
 
     async def drop(self, name: str, why: str) -> None:

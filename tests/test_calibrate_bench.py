@@ -187,7 +187,7 @@ def test_crash_is_one_line_with_llamas_message(tmp_path: Path, registry: tuple[P
     with pytest.raises(ServerFailed) as err:
         calibrate_target(db, str(model), install=install, host=HOST, auto_drafts=False)
     assert str(err.value).startswith(
-        "llama-bench failed (exit code 1): llama_model_load: error loading model: tensor "
+        "llama-bench exited with code 1: llama_model_load: error loading model: tensor "
         "'blk.0' data is not within the file bounds"
     )
     assert "\n" not in str(err.value)

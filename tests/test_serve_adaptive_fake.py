@@ -226,10 +226,11 @@ def test_a_crash_retires_the_candidate_and_the_request_is_retried(
     (code,) = [x for x in status["tasks"] if x["task"] == "code"]
     arms = {c["key"]: c for c in code["candidates"]}
     assert arms["broken"]["status"] == "retired"
-    assert arms["broken"]["why"] == (
-        "crashed: llama-server exited with code 134; llama.cpp's last message: ggml_abort: "
-        "fake crash"
+    assert arms["broken"]["why"].startswith(
+        "crashed: llama-server exited with code 134 (crash); llama.cpp's last message: "
+        "ggml_abort: fake crash; log: "
     )
+    assert arms["broken"]["why"].endswith("serve-broken-1.log")
     assert arms["nostart"]["status"] == "retired"
     assert "failed to start" in arms["nostart"]["why"]
     assert "failed to load model" in arms["nostart"]["why"]

@@ -96,7 +96,11 @@ def test_a_scheduled_job_runs_after_the_runs_queued_before_it(tmp_path: Path) ->
 
 
 class _InFlight:
-    concurrency = 1
+    """A request in flight on a backend (what count_concurrency reads of one)."""
+
+    def __init__(self, backend: object):
+        self.backend = backend
+        self.concurrency = 1
 
 
 def test_a_build_is_load_on_every_request_it_overlaps(tmp_path: Path) -> None:
@@ -112,7 +116,7 @@ def test_a_build_is_load_on_every_request_it_overlaps(tmp_path: Path) -> None:
     table = RouteTable((target,), (), (spec,))
     pool = BackendPool(table, env={}, logs=tmp_path)
     service = Service(table, pool, fitted_classifier(), templates={})
-    before, during, after = _InFlight(), _InFlight(), _InFlight()
+    before, during, after = (_InFlight(pool["tiny-plain"]) for _ in range(3))
     service.inflight.add(before)  # type: ignore[arg-type]
     seen: list[tuple[bool, int]] = []
 
