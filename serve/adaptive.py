@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specreg.registry.run_store import RunRecord
+from specreg.serve.loadpolicy import LoadModel, LoadPolicy, level_of, roofline_cost
 from specreg.serve.policy import (
     DOMINATED,
     KIND_PLAIN,
@@ -59,11 +60,20 @@ def _candidate(c: CandidateRoute) -> Candidate:
 class Router:
     """Every (target, task)'s policy; the fixed policy is a table lookup."""
 
-    def __init__(self, table: RouteTable, *, seed: int = 0):
+    def __init__(
+        self,
+        table: RouteTable,
+        *,
+        seed: int = 0,
+        load_models: dict[str, LoadModel] | None = None,
+    ):
+        """`load_models`: per target name, how its configurations' speeds fall with load
+        (default: a linear pass cost, as on a compute-bound host)."""
         self.table = table
         self.seed = seed
         self.adaptive = table.policy == POLICY_ADAPTIVE
-        self.policies: dict[tuple[str, str], TaskPolicy] = {}
+        self.policies: dict[tuple[str, str], TaskPolicy] = {}  # level 1: a quiet server
+        self.loads: dict[tuple[str, str], LoadPolicy] = {}  # every level
         self.replayed = 0
         if not self.adaptive:
             return
@@ -94,6 +104,10 @@ class Router:
             same = [p for (t, _), p in self.policies.items() if t == target.name]
             for p in same:
                 p.peers = same
+        models = load_models or {}
+        for (target_name, task), p in self.policies.items():
+            model = models.get(target_name) or LoadModel(roofline_cost(1.0), source="default")
+            self.loads[(target_name, task)] = LoadPolicy(p, model)
 
     @property
     def name(self) -> str:
@@ -105,19 +119,20 @@ class Router:
     def choose(self, target: str, task: str, *, load: int = 1) -> Pick:
         """Where a request goes; `load` is the requests decoding or waiting on the target's
         cores when it arrives, itself included."""
-        policy = self.policy(target, task)
-        if policy is None:
+        loads = self.loads.get((target, task))
+        if loads is None:
             route = self.table.route(target, task)
             return Pick(route.backend, REASON_FIXED, route.backend)
-        d = policy.choose()
+        d = loads.choose(load)
         return Pick(d.key, d.reason, d.best_key)
 
-    def ranked(self, target: str, task: str) -> list[str]:
-        """(target, task)'s backends, best first: the active candidates by posterior (adaptive)
-        or its route (fixed)."""
-        policy = self.policy(target, task)
-        if policy is None:
+    def ranked(self, target: str, task: str, *, load: int = 1) -> list[str]:
+        """(target, task)'s backends, best first at `load`: the active candidates by
+        posterior (adaptive) or its route (fixed)."""
+        loads = self.loads.get((target, task))
+        if loads is None:
             return [self.table.route(target, task).backend]
+        policy = loads.at(level_of(load))
         return [a.candidate.key for a in sorted(policy.active, key=lambda a: -a.mean)]
 
     def best(self, target: str, task: str) -> str:
@@ -139,9 +154,9 @@ class Router:
         generated: int | None = None,
         cold: bool = False,
     ) -> None:
-        policy = self.policy(target, task)
-        if policy is not None:
-            policy.observe(
+        loads = self.loads.get((target, task))
+        if loads is not None:
+            loads.observe(
                 backend, tps, concurrency=concurrency, drafted=drafted, accepted=accepted,
                 generated=generated, cold=cold,
             )  # fmt: skip
@@ -191,9 +206,9 @@ class Router:
         """Retire `backend` in every policy offering it; True when none keeps it (it was
         nobody's last candidate), so it need not run again."""
         kept = False
-        for policy in self.policies.values():
+        for key, policy in self.policies.items():
             if backend in policy.arms:
-                policy.retire(backend, why)
+                self.loads[key].retire(backend, why)
                 kept = kept or policy[backend].active
         return self.adaptive and not kept and not self._routed_fixed(backend)
 
@@ -217,17 +232,18 @@ class Router:
             if run.kind != "serve" or target is None or run.task is None or backend is None:
                 continue
             policy = self.policy(target, run.task)
-            if policy is None or backend not in policy.arms:
+            loads = self.loads.get((target, run.task))
+            if policy is None or loads is None or backend not in policy.arms:
                 continue
             info = run.config.get(SERVE_KEY) or {}
             retired = info.get("retired") if isinstance(info, dict) else None
             if retired:
-                policy.retire(backend, str(retired))
+                loads.retire(backend, str(retired))
                 continue
             if run.status != "ok" or not run.tokens_per_s:
                 continue
             concurrency = int(info.get("concurrency", 1)) if isinstance(info, dict) else 1
-            policy.observe(
+            loads.observe(
                 backend,
                 run.tokens_per_s,
                 concurrency=concurrency,
@@ -244,9 +260,9 @@ class Router:
         tasks: list[dict[str, Any]] = []
         for target in self.table.targets:
             for task in TASKS:
-                policy = self.policy(target.name, task)
-                if policy is not None:
-                    doc = policy.to_json()
+                loads = self.loads.get((target.name, task))
+                if loads is not None:
+                    doc = loads.to_json()
                 else:
                     route = self.table.route(target.name, task)
                     doc = {"name": f"{target.name}/{task}", "choice": route.backend,

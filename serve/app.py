@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import json
 import logging
 import math
@@ -23,6 +24,7 @@ from typing import Any
 import aiohttp
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HttpRoute
@@ -99,6 +101,42 @@ class TooLarge(Exception):
     pass
 
 
+class KeyCheck:
+    """Only clients with a key get in (`serve --api-key`): `Authorization: Bearer KEY`, as the
+    OpenAI clients send it, or `X-Api-Key`. /health stays open for load balancers."""
+
+    OPEN = ("/health",)
+
+    def __init__(self, app: Any, keys: frozenset[str]):
+        self.app = app
+        self.keys = tuple(k.encode() for k in keys)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.OPEN:
+            given = self._given(dict(scope.get("headers") or ()))
+            # compare with every key, whichever matches: the time says nothing of the keys
+            if not sum(hmac.compare_digest(given, k) for k in self.keys):
+                what = "a wrong API key" if given else "no API key"
+                refused = error(
+                    401,
+                    f"{what}: send Authorization: Bearer KEY with a key this server was "
+                    "started with (serve --api-key)",
+                    "invalid_request_error",
+                    code="invalid_api_key",
+                )
+                refused.headers["WWW-Authenticate"] = "Bearer"
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def _given(headers: dict[bytes, bytes]) -> bytes:
+        auth = headers.get(b"authorization", b"").strip()
+        if auth[:7].lower() == b"bearer ":
+            return auth[7:].strip()
+        return headers.get(b"x-api-key", b"").strip()
+
+
 class Service:
     """What a running `serve` holds; `app` is the ASGI application."""
 
@@ -116,6 +154,7 @@ class Service:
         max_body: int = DEFAULT_MAX_BODY,
         ready_timeout: float = READY_TIMEOUT_S,
         request_timeout: float = REQUEST_TIMEOUT_S,
+        keys: frozenset[str] = frozenset(),
     ):
         self.table = table
         self.pool = pool
@@ -149,6 +188,7 @@ class Service:
                 HttpRoute(STATUS_PATH, self.status, methods=["GET"]),
             ],
             exception_handlers={HTTPException: _http_error},
+            middleware=[Middleware(KeyCheck, keys=keys)] if keys else [],
         )
 
     def count_concurrency(self) -> None:

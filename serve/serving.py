@@ -30,9 +30,10 @@ from specreg.registry.run_store import STATUS_OK, RunRecord
 from specreg.runner.protocol import Protocol, state_source
 from specreg.serve.adaptive import Router
 from specreg.serve.app import DEFAULT_MAX_BODY, KIND_SERVE, REQUEST_TIMEOUT_S, Service
-from specreg.serve.backends import BackendPool, BackendStatus
+from specreg.serve.backends import DEFAULT_MAX_QUEUE, BackendPool, BackendStatus
 from specreg.serve.classify import fitted_classifier
-from specreg.serve.memory import default_budget
+from specreg.serve.loadpolicy import LoadModel, load_model_for
+from specreg.serve.memory import default_budget, parse_size
 from specreg.serve.policy import KIND_PLAIN
 from specreg.serve.pooled import PooledState
 from specreg.serve.recorder import RunRecorder
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     import duckdb
     import uvicorn
 
-    from specreg.host.facts import HostQuery
+    from specreg.host.facts import HostFacts, HostQuery
     from specreg.registry.lookup_caches import LookupCache
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,37 @@ class ServeOptions:
     # off by default: the catch-up's prompt processing cost 50-75 % of the generation seconds
     # on the 2-core host's streams (docs/adaptive-serving.md)
     share_state: bool = False
+    max_queue: int = DEFAULT_MAX_QUEUE  # requests that may wait for cores
+    keys: frozenset[str] = frozenset()  # API keys clients must send; empty: none asked
+    public: bool = False  # a non-loopback address without keys, on purpose
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        bind: str,
+        api_keys: Sequence[str] = (),
+        keys_file: Path | None = None,
+        memory_budget: str | None = None,
+        no_record: bool = False,
+        policy: str = POLICY_ADAPTIVE,
+        **given: Any,
+    ) -> ServeOptions:
+        """The options as the command line gives them: keys read, sizes parsed, and a
+        server reachable from other machines refused unless it asks for a key or is
+        public on purpose (`UsageError` says which flag to add)."""
+        keys = frozenset(k for k in (*api_keys, *read_keys(keys_file)) if k)
+        made = cls(
+            host=bind, keys=keys, memory_budget=parse_budget(memory_budget),
+            record=not no_record, **given,
+        )  # fmt: skip
+        if not made.loopback and not keys and not made.public:
+            raise UsageError(
+                f"--host {bind} is reachable from other machines: give --api-key KEY (or "
+                "--api-keys FILE) so only clients with a key get in, or --public to let "
+                "anyone use these models"
+            )
+        return made
 
     @property
     def loopback(self) -> bool:
@@ -93,6 +125,30 @@ class ServeOptions:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+
+def read_keys(path: Path | None) -> list[str]:
+    """API keys from a file: one a line, blank lines and # comments ignored."""
+    if path is None:
+        return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"--api-keys {path}: cannot read it ({err.strerror})") from err
+    keys = [line.strip() for line in text.splitlines()]
+    keys = [k for k in keys if k and not k.startswith("#")]
+    if not keys:
+        raise UsageError(f"--api-keys {path}: no key in it (one a line, # for comments)")
+    return keys
+
+
+def parse_budget(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise UsageError(f"--memory-budget {text!r}: write a size such as 16G or 512M") from err
 
 
 def is_loopback(host: str) -> bool:
@@ -127,10 +183,12 @@ class Prepared:
     host: Host
     evidence: tuple[RunRecord, ...] = ()  # served runs of the targets, for the policy
     traffic: Mapping[tuple[str, str], TrafficState] = field(default_factory=dict)
+    # per target: how its configurations' speeds fall with load on this host
+    load_models: Mapping[str, LoadModel] = field(default_factory=dict)
 
     def router(self, seed: int = 0) -> Router:
         """The policy with the stored evidence read back (what a restarted server knows)."""
-        router = Router(self.table, seed=seed)
+        router = Router(self.table, seed=seed, load_models=dict(self.load_models))
         router.replay(self.evidence)
         return router
 
@@ -175,12 +233,29 @@ def prepare(
         )  # fmt: skip
         evidence: tuple[RunRecord, ...] = ()
         traffic: dict[tuple[str, str], TrafficState] = {}
+        models: dict[str, LoadModel] = {}
         if policy == POLICY_ADAPTIVE:
+            models = _load_models(con, table, host, facts)
             evidence = served_runs(con, table)
             table = with_traffic_caches(con, table, install, host)
             traffic = {(t.name, task): traffic_state(con, t.model_id, task)
                        for t in table.targets for task in TASKS}  # fmt: skip
-    return Prepared(table, install, host, evidence, traffic)
+    return Prepared(table, install, host, evidence, traffic, models)
+
+
+def _load_models(
+    con: duckdb.DuckDBPyConnection, table: RouteTable, host: Host, facts: HostFacts
+) -> dict[str, LoadModel]:
+    from specreg.registry.queries import get_model
+
+    out = {}
+    for target in table.targets:
+        model = get_model(con, target.model_id)
+        if model is not None:
+            out[target.name] = load_model_for(
+                con, host.fingerprint, facts.bandwidth_gbs, facts.physical_cores, model
+            )
+    return out
 
 
 def with_traffic_caches(
@@ -352,7 +427,7 @@ async def _main(
         budget = default_budget()
     pool = BackendPool(
         table, env=host.env(), logs=logs_dir(), startup_timeout=options.startup_timeout,
-        memory_budget=budget, lazy=adaptive,
+        memory_budget=budget, lazy=adaptive, max_queue=options.max_queue,
     )  # fmt: skip
     templates = {b.name: run_template(b, install, host) for b in table.backends}
     dropping: set[asyncio.Task[None]] = set()
@@ -395,6 +470,7 @@ async def _main(
         max_body=options.max_body,
         ready_timeout=options.startup_timeout,
         request_timeout=options.request_timeout,
+        keys=options.keys,
     )
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

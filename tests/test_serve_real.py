@@ -249,9 +249,10 @@ def test_fifty_concurrent_requests(served: Served) -> None:
             return await asyncio.gather(*(one(client, i) for i in range(50)))
 
     results = asyncio.run(all_of_them())
-    assert [status for status, _ in results] == [200] * 50
+    assert [status for status, _ in results] == [200] * 50, results
     assert {task for _, task in results} == {"code", "prose"}
-    assert all(b["ready"] and b["starts"] == 1 for b in served.backends())
+    backends = served.backends()
+    assert all(b["ready"] and b["starts"] == 1 for b in backends), backends
 
 
 def test_sigterm_stops_every_backend(

@@ -180,7 +180,7 @@ def test_a_candidate_set_in_specreg_yaml_is_the_tasks_candidates(
         f"candidate set pinned in roles.assistant.configs.code ({spec.name}:11) (role assistant)"
     )
     # the fixed policy serves one configuration a task: a set is refused, with where it is
-    fixed = CliRunner().invoke(cli, base)
+    fixed = CliRunner().invoke(cli, [*base, "--policy", "fixed"])
     assert isinstance(fixed.exception, UsageError) and fixed.exception.exit_code == 2
     assert str(fixed.exception) == (
         f"candidate set pinned in roles.assistant.configs.code ({spec.name}:11) (role "
@@ -290,17 +290,29 @@ def test_unknown_model_among_several_targets_is_404(service: Service) -> None:
     assert got.json()["error"]["message"] == "unknown model 'gpt-4': this server has tiny, other"
 
 
-def test_a_non_loopback_address_is_announced(
+def test_a_non_loopback_address_needs_a_key_or_public_on_purpose(
     tmp_path: Path, specreg_home: Path, small_models: SmallModels, llama_install: LlamaInstall
 ) -> None:
     spec = write_spec(tmp_path, specreg_home / "registry.duckdb", small_models.smollm2.path)
     args = ["serve", "--spec", str(spec), "--dry-run", "--llama-bin", str(llama_install.bin_dir)]
-    wide = CliRunner().invoke(cli, [*args, "--host", "0.0.0.0"])
-    assert wide.exit_code == 0, wide.output
-    assert wide.stderr.startswith(
-        "warning: listening on 0.0.0.0, not loopback: anyone who can reach this machine can "
-        "use these models (there is no authentication)"
+    bare = CliRunner().invoke(cli, [*args, "--host", "0.0.0.0"])
+    assert isinstance(bare.exception, UsageError) and bare.exception.exit_code == 2
+    assert str(bare.exception) == (
+        "--host 0.0.0.0 is reachable from other machines: give --api-key KEY (or --api-keys "
+        "FILE) so only clients with a key get in, or --public to let anyone use these models"
     )
+    public = CliRunner().invoke(cli, [*args, "--host", "0.0.0.0", "--public"])
+    assert public.exit_code == 0, public.output
+    assert public.stderr.startswith(
+        "warning: listening on 0.0.0.0 without a key (--public): anyone who can reach this "
+        "machine can use these models"
+    )
+    keyed = CliRunner().invoke(cli, [*args, "--host", "0.0.0.0", "--api-key", "s3cret"])
+    assert keyed.exit_code == 0 and keyed.stderr == ""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# the team's keys\n\n")
+    empty = CliRunner().invoke(cli, [*args, "--host", "0.0.0.0", "--api-keys", str(keys)])
+    assert str(empty.exception) == f"--api-keys {keys}: no key in it (one a line, # for comments)"
     assert CliRunner().invoke(cli, [*args, "--host", "127.0.0.1"]).stderr == ""
 
 
@@ -327,3 +339,35 @@ def test_a_pin_wins_over_specreg_yaml(
     assert routes["code"]["config_label"] == "ngram-simple"
     assert routes["code"]["reason"] == "pinned by --pin code=ngram-simple"
     assert routes["prose"]["reason"].startswith("pinned in roles.assistant.configs.default")
+
+
+def test_an_api_key_is_needed_everywhere_but_health(service: Service) -> None:
+    import openai
+    from starlette.testclient import TestClient
+
+    keyed = Service(
+        service.table, service.pool, service.classifier, templates=service.templates,
+        keys=frozenset({"k-one", "k-two"}),
+    )  # fmt: skip
+    client = TestClient(keyed.app)
+    bare = client.get("/v1/models")
+    assert bare.status_code == 401 and bare.headers["www-authenticate"] == "Bearer"
+    assert bare.json()["error"] == {
+        "message": "no API key: send Authorization: Bearer KEY with a key this server was "
+        "started with (serve --api-key)",
+        "type": "invalid_request_error",
+        "code": "invalid_api_key",
+    }
+    wrong = client.get("/v1/models", headers={"Authorization": "Bearer k-three"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["message"].startswith("a wrong")
+    for headers in ({"Authorization": "Bearer k-two"}, {"X-Api-Key": "k-one"}):
+        assert client.get("/v1/models", headers=headers).json()["data"][0]["id"] == "tiny"
+    assert client.get("/health").status_code == 503  # open (and degraded: nothing started)
+    assert client.post("/v1/completions", json={"prompt": "hi"}).status_code == 401
+    # the openai client sends its api_key as a bearer token
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="k-one", http_client=client)
+    assert [m.id for m in sdk.models.list()] == ["tiny"]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(
+            base_url="http://testserver/v1", api_key="nope", http_client=client
+        ).models.list()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -19,7 +20,12 @@ from specreg.cli.common import (
     resolve_db,
     threads_option,
 )
+from specreg.errors import UsageError
 from specreg.terms import TRAFFIC_CACHE_EVERY
+
+# Slots per backend (llama-server -np): as serve.routes.DEFAULT_PARALLEL, which needs the
+# [serve] extra to import.
+DEFAULT_SLOTS = 4
 
 if TYPE_CHECKING:
     from specreg.host.facts import HostQuery
@@ -30,84 +36,122 @@ if TYPE_CHECKING:
 SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'specreg[serve]'"
 
 
+def _listening_options(func: Any) -> Any:
+    """How `serve` listens and who may use it: --port, --host, --api-key/--api-keys,
+    --public, --max-body and --queue, handed to the command as one `listening` dict."""
+    options = [
+        click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True,
+                     help="Port to listen on."),
+        click.option("--host", "bind", default="127.0.0.1", show_default=True,
+                     help="Address to listen on. Anything but loopback is reachable from other "
+                     "machines: give --api-key, or --public to let anyone in."),
+        click.option("--api-key", "api_keys", multiple=True, envvar="SPECREG_API_KEY",
+                     help="A key clients must send (Authorization: Bearer KEY); repeat for "
+                     "several. Requests without a valid key get 401 (/health stays open)."),
+        click.option("--api-keys", "keys_file", type=click.Path(dir_okay=False, path_type=Path),
+                     default=None, help="A file of keys, one per line (# comments)."),
+        click.option("--public", is_flag=True,
+                     help="Serve a non-loopback address without a key: anyone who can reach "
+                     "this machine may use these models."),
+        click.option("--max-body", type=click.IntRange(min=1), default=1 << 20,
+                     show_default=True, help="Largest request (bytes)."),
+        click.option("--queue", "max_queue", type=click.IntRange(min=0), default=64,
+                     show_default=True, help="Requests that may wait for cores beyond every "
+                     "backend's slots; past it serve answers 503 with Retry-After."),
+    ]  # fmt: skip
+    names = ("port", "bind", "api_keys", "keys_file", "public", "max_body", "max_queue")
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["listening"] = {name: kwargs.pop(name) for name in names}
+        return func(*args, **kwargs)
+
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def _policy_options(func: Any) -> Any:
+    """How `serve` chooses and what it keeps: --policy, --seed, --memory-budget,
+    --traffic-cache, --share-state, --no-record, handed to the command as one `policy` dict."""
+    options = [
+        click.option("--policy", type=click.Choice(["adaptive", "fixed"]), default="adaptive",
+                     show_default=True,
+                     help="adaptive: a few candidate configurations per task, chosen per request "
+                     "by Thompson sampling on the decode speed each request measured, at the "
+                     "load it met (requests decoding on the same cores), starting from the "
+                     "recommender's prediction and continuing from the registry's served runs "
+                     "after a restart; fixed: one configuration per task, as pinned or "
+                     "recommended."),
+        click.option("--seed", type=int, default=0, show_default=True,
+                     help="The adaptive policy's random seed."),
+        click.option("--memory-budget", default=None, metavar="SIZE",
+                     help="Memory all backends may hold together (e.g. 16G); the least recently "
+                     "used idle backend stops to make room (default: 90% of the memory "
+                     "available at start)."),
+        click.option("--traffic-cache", "traffic_every", type=click.IntRange(min=0),
+                     default=TRAFFIC_CACHE_EVERY, show_default=True, metavar="N",
+                     help="Under --policy adaptive: every N served requests of a task, build a "
+                     "lookup cache from their prompts and outputs and offer ngram-cache reading "
+                     "it as a new candidate, judged on later requests only. Requests' texts are "
+                     "kept in the registry for this; 0 builds no cache and keeps no text."),
+        click.option("--share-state/--no-share-state", default=False, show_default=True,
+                     help="Under --policy adaptive: before a backend whose drafts come from what "
+                     "its server has read (ngram-mod) serves a request, it reads the target's "
+                     "requests served elsewhere since (prompt processing only, shown in the "
+                     "status). It costs prompt processing before those requests (on a 2-core "
+                     "host 50-75 % of the stream's generation seconds)."),
+        click.option("--no-record", is_flag=True,
+                     help="Do not record served requests as runs."),
+    ]  # fmt: skip
+    names = ("policy", "seed", "memory_budget", "traffic_every", "share_state", "no_record")
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["policy"] = {name: kwargs.pop(name) for name in names}
+        return func(*args, **kwargs)
+
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def _backend_options(func: Any) -> Any:
+    """What each backend runs: --spec, --pin, --threads, --ctx, --parallel, as `backends`."""
+    options = [
+        click.option("--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path),
+                     default=Path("specreg.yaml"), show_default=True,
+                     help="specreg.yaml whose roles pin configurations per task (used when it "
+                     "exists)."),
+        click.option("--pin", "pins", multiple=True, metavar="TASK=TYPE[:K][@DRAFT]",
+                     help="Serve TASK (or default: every other task) with this configuration, "
+                     "e.g. code=ngram-mod:8; wins over specreg.yaml and the recommender."),
+        threads_option(help="llama.cpp threads per backend (default: physical cores)."),
+        click.option("--ctx", type=click.IntRange(min=1), default=None,
+                     help="Context size per request (each slot gets it)."),
+        click.option("--parallel", type=click.IntRange(min=1), default=DEFAULT_SLOTS,
+                     show_default=True, help="Slots per backend: requests it decodes at once, "
+                     "batched into one pass per step."),
+    ]  # fmt: skip
+    names = ("spec_path", "pins", "threads", "ctx", "parallel")
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["backends"] = {name: kwargs.pop(name) for name in names}
+        return func(*args, **kwargs)
+
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
 @click.command("serve")
 @click.argument("targets", nargs=-1)
-@click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
-@click.option(
-    "--host",
-    "bind",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to listen on. Anything but loopback is reachable from other machines, "
-    "without authentication.",
-)
-@click.option(
-    "--spec",
-    "spec_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("specreg.yaml"),
-    show_default=True,
-    help="specreg.yaml whose roles pin configurations per task (used when it exists).",
-)
-@click.option(
-    "--pin",
-    "pins",
-    multiple=True,
-    metavar="TASK=TYPE[:K][@DRAFT]",
-    help="Serve TASK (or default: every other task) with this configuration, e.g. "
-    "code=ngram-mod:8; wins over specreg.yaml and the recommender.",
-)
-@threads_option(help="llama.cpp threads per backend (default: physical cores).")
-@click.option("--ctx", type=int, default=None, help="Context size per backend.")
-@click.option("--parallel", type=int, default=1, show_default=True, help="Slots per backend.")
-@click.option(
-    "--max-body", type=int, default=1 << 20, show_default=True, help="Largest request (bytes)."
-)
+@_listening_options
+@_backend_options
+@_policy_options
 @llama_bin_option
 @host_facts_options
-@click.option(
-    "--policy",
-    type=click.Choice(["adaptive", "fixed"]),
-    default="fixed",
-    show_default=True,
-    help="adaptive: a few candidate configurations per task, chosen per request by Thompson "
-    "sampling on the decode speed each request measured (starting from the recommender's "
-    "prediction, continuing from the registry's served runs after a restart); fixed: one "
-    "configuration per task, as pinned or recommended.",
-)
-@click.option(
-    "--seed", type=int, default=0, show_default=True, help="The adaptive policy's random seed."
-)
-@click.option(
-    "--memory-budget",
-    default=None,
-    metavar="SIZE",
-    help="Memory all backends may hold together (e.g. 16G); the least recently used idle "
-    "backend stops to make room (default: 90% of the memory available at start).",
-)
-@click.option(
-    "--traffic-cache",
-    "traffic_every",
-    type=click.IntRange(min=0),
-    default=TRAFFIC_CACHE_EVERY,
-    show_default=True,
-    metavar="N",
-    help="Under --policy adaptive: every N served requests of a task, build a lookup cache "
-    "from their prompts and outputs and offer ngram-cache reading it as a new candidate, "
-    "judged on later requests only. Requests' texts are kept in the registry for this; 0 "
-    "builds no cache and keeps no text.",
-)
-@click.option(
-    "--share-state/--no-share-state",
-    default=False,
-    show_default=True,
-    help="Under --policy adaptive: before a backend whose drafts come from what its server "
-    "has read (ngram-mod) serves a request, it reads the target's requests served elsewhere "
-    "since (prompt processing only, shown in the status), so its drafts and its evidence do "
-    "not depend on how the policy routed earlier requests. It costs prompt processing "
-    "before those requests (on a 2-core host 50-75 % of the stream's generation seconds).",
-)
-@click.option("--no-record", is_flag=True, help="Do not record served requests as runs.")
 @click.option(
     "--dry-run", is_flag=True, help="Print the route table with the reasons; start nothing."
 )
@@ -115,22 +159,11 @@ SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'spe
 @json_option
 def serve_cmd(
     targets: tuple[str, ...],
-    port: int,
-    bind: str,
-    spec_path: Path,
-    pins: tuple[str, ...],
-    threads: int | None,
-    ctx: int | None,
-    parallel: int,
-    max_body: int,
+    listening: dict[str, Any],
+    backends: dict[str, Any],
+    policy: dict[str, Any],
     llama_bin: Path | None,
     host_query: HostQuery,
-    policy: str,
-    seed: int,
-    memory_budget: str | None,
-    traffic_every: int,
-    share_state: bool,
-    no_record: bool,
     dry_run: bool,
     db_path: Path | None,
     as_json: bool,
@@ -139,37 +172,29 @@ def serve_cmd(
     OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health).
 
     Each request is classified into a task (or forced with an X-Specreg-Task header or a
-    `model` of `TARGET:TASK`) and forwarded to a llama-server running that task's
-    configuration: the one pinned with --pin or in specreg.yaml, else the top of `recommend`
-    for this host. Every request is recorded as a run (`specreg runs`). SIGTERM or Ctrl-C
-    stops the server and every backend. --host-facts and --cores (another host's facts) go
-    with --dry-run: the route table that host would get.
+    `model` of `TARGET:TASK`) and forwarded to a llama-server running a configuration for
+    that task: chosen per request among a few candidates at the load it meets (adaptive), or
+    the one pinned with --pin or in specreg.yaml, else the top of `recommend` for this host
+    (fixed). Backends whose cores overlap never decode at once: a request waits for its
+    cores, or joins a lossless backend of its target with a free slot. Every request is
+    recorded as a run (`specreg runs`). SIGTERM or Ctrl-C stops the server and every
+    backend. --host-facts and --cores (another host's facts) go with --dry-run: the route
+    table that host would get.
     """
+    serving = _serving()
     if host_query.elsewhere and not dry_run:
-        from specreg.errors import UsageError
-
         raise UsageError("--host-facts and --cores describe another host: add --dry-run")
-    try:
-        from specreg.serve import serving
-    except ImportError as err:
-        from specreg.errors import UsageError
-
-        raise UsageError(SERVE_EXTRA_HINT) from err
-    prepared = serving.prepare(
-        resolve_db(db_path), targets, spec_path=spec_path, pins=pins, llama_bin=llama_bin,
-        host_query=host_query, threads=threads, ctx=ctx, parallel=parallel, policy=policy,
-    )  # fmt: skip
-    options = serving.ServeOptions(
-        host=bind, port=port, max_body=max_body, record=not no_record, seed=seed,
-        memory_budget=_budget(memory_budget), traffic_every=traffic_every,
-        share_state=share_state,
-    )  # fmt: skip
-    router = prepared.router(seed)
-    if not options.loopback:
+    options = serving.ServeOptions.of(**listening, **policy)
+    if options.public and not options.loopback:
         err_console().print(
-            f"warning: listening on {bind}, not loopback: anyone who can reach this machine "
-            "can use these models (there is no authentication)"
+            f"warning: listening on {options.host} without a key (--public): anyone who can "
+            "reach this machine can use these models"
         )
+    prepared = serving.prepare(
+        resolve_db(db_path), targets, llama_bin=llama_bin, host_query=host_query,
+        policy=policy["policy"], **backends,
+    )  # fmt: skip
+    router = prepared.router(options.seed)
     if dry_run:
         _print_routes(prepared.table, router.status() if router.adaptive else None, as_json)
         return
@@ -181,17 +206,12 @@ def serve_cmd(
     err_console().print(f"stopped ({why}); every backend has exited")
 
 
-def _budget(text: str | None) -> int | None:
-    if text is None:
-        return None
-    from specreg.serve.memory import parse_size
-
+def _serving() -> Any:
     try:
-        return parse_size(text)
-    except ValueError as err:
-        from specreg.errors import UsageError
-
-        raise UsageError(f"--memory-budget {text!r}: write a size such as 16G or 512M") from err
+        from specreg.serve import serving
+    except ImportError as err:
+        raise UsageError(SERVE_EXTRA_HINT) from err
+    return serving
 
 
 def _print_routes(table: RouteTable, status: PolicyStatus | None, as_json: bool) -> None:
