@@ -37,19 +37,23 @@ class CpuWatch:
     are measured again instead of being recorded as data.
     """
 
-    def __init__(self, pid: int):
-        self.pid = pid
+    def __init__(self, *pids: int):
+        self.pids = pids  # the servers measured (their own CPU is not foreign)
         self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def _servers(self) -> int | None:
+        ticks = [_cpu_ticks_pid(pid) for pid in self.pids]
+        return None if None in ticks else sum(t for t in ticks if t is not None)
 
     def __enter__(self) -> CpuWatch:
         self.total0 = cpu_ticks_total()
-        self.server0 = _cpu_ticks_pid(self.pid)
+        self.server0 = self._servers()
         self.self0 = sum(os.times()[:2])
         self.foreign_s: float | None = None
         return self
 
     def __exit__(self, *exc: object) -> None:
-        total1, server1 = cpu_ticks_total(), _cpu_ticks_pid(self.pid)
+        total1, server1 = cpu_ticks_total(), self._servers()
         if None in (self.total0, self.server0, total1, server1):
             return
         own = sum(os.times()[:2]) - self.self0

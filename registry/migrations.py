@@ -473,6 +473,12 @@ def m011_noise_floors(con: duckdb.DuckDBPyConnection) -> None:
     migration(con)
 
 
+def m012_capacity(con: duckdb.DuckDBPyConnection) -> None:
+    from specreg.registry.capacity import m012_capacity as migration
+
+    migration(con)
+
+
 MIGRATIONS: list[tuple[int, str, Migration]] = [
     (1, "scan tables", m001_scan),
     (2, "runs tables", m002_runs),
@@ -484,6 +490,7 @@ MIGRATIONS: list[tuple[int, str, Migration]] = [
     (9, "calibration curves and host bandwidth", m009_calibration),
     (10, "run ids unique across registries", m010_run_uuid),
     (11, "quiet noise floor of measurements per host", m011_noise_floors),
+    (12, "capacity curves: throughput under load per layout and concurrency", m012_capacity),
 ]
 
 

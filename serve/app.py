@@ -290,6 +290,10 @@ class Service:
             "memory_budget": self.pool.memory_budget,
             "memory_used": self.pool.used(),
             "evictions": list(self.pool.evictions),
+            "cores": {
+                **self.pool.scheduler.to_json(),
+                "overlapping_grants": len(self.pool.scheduler.overlaps_seen()),
+            },
             "traffic_caches": self.traffic.to_json() if self.traffic is not None else None,
             "pooled_state": self.pooled.to_json() if self.pooled is not None else None,
             "backends": [

@@ -193,17 +193,23 @@ class CoreScheduler:
 
     def _dispatch(self) -> None:
         """Start every waiter that can start, in order of arrival; a waiter that cannot holds
-        its first choice's cores against the waiters behind it."""
+        its first choice's cores against the waiters behind it. One exception makes batches:
+        a backend started in this pass takes every waiter for it that its slots hold (they
+        all waited; they decode together in one pass per step), cores held or not."""
         held: set[int] = set()
+        started: set[str] = set()
         for waiter in list(self._queue):
             if waiter.future.done():
                 self._queue.remove(waiter)
                 continue
             for name in waiter.names:
-                if self._backends[name].cpus & held or not self.can_start(name):
+                if not self.can_start(name):
+                    continue
+                if self._backends[name].cpus & held and name not in started:
                     continue
                 self._queue.remove(waiter)
                 waiter.future.set_result(self._grant(waiter.ticket, name, waiter.since))
+                started.add(name)
                 break
             else:
                 held |= self._backends[waiter.names[0]].cpus

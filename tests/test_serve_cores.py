@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from specreg.serve.cores import CoreScheduler, QueueFull
+from specreg.serve.cores import CoreScheduler, Grant, QueueFull
 
 
 def two_on_the_same_cores(slots: int = 1, max_queue: int = 64) -> CoreScheduler:
@@ -168,3 +168,43 @@ def test_random_traffic_never_overlaps_cores() -> None:
     s = asyncio.run(main())
     assert len(s.history) == 300
     assert s.overlaps_seen() == []
+
+
+def test_a_backend_that_gets_the_cores_takes_its_waiters_as_one_batch() -> None:
+    """Code and prose arrive interleaved for two backends on the same cores: each turn on
+    the cores serves every request that waited for that backend, not one at a time."""
+
+    async def main() -> list[tuple[str, int]]:
+        s = two_on_the_same_cores(slots=4)
+        order: list[Grant] = []
+
+        async def one(name: str) -> Grant:
+            g = await s.acquire([name])
+            order.append(g)
+            return g
+
+        first = await s.acquire(["plain"])
+        waiting = [asyncio.ensure_future(one("plain" if i % 2 else "ngram")) for i in range(6)]
+        await asyncio.sleep(0.01)
+        assert order == []  # ngram waits for the cores; plain's newcomers queue behind it
+        s.release(first)
+        await asyncio.sleep(0.01)
+        assert len(order) == 3  # ngram's turn: its three together
+        for g in list(order):
+            s.release(g)
+        await asyncio.sleep(0.01)
+        for w in waiting:
+            s.release(await w)
+        return [(g.backend, g.load) for g in order]
+
+    turns = asyncio.run(main())
+    assert [b for b, _ in turns] == ["ngram"] * 3 + ["plain"] * 3
+    assert [load for _, load in turns] == [1, 2, 3, 1, 2, 3]
+
+
+def test_overlaps_seen_finds_an_overlap_in_a_record() -> None:
+    from specreg.serve.cores import Interval
+
+    s = two_on_the_same_cores()
+    s.history.extend([Interval("plain", 0.0, 2.0), Interval("ngram", 1.0, 3.0)])
+    assert len(s.overlaps_seen()) == 1

@@ -376,3 +376,60 @@ def test_a_crashed_backend_gives_502_naming_it_and_is_restarted(
         pids = s.pids()
         stop_serve(s)
         assert wait_gone(pids, timeout=5) == []
+
+
+def _ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_two_configurations_of_one_target_never_decode_on_the_same_cores_at_once(
+    served: Served,
+) -> None:
+    """Code goes to ngram-mod, prose to plain: two llama-servers on the same cores. Sent at
+    once, the requests of the two tasks take turns on the cores (a backend batches its own
+    in its slots): the scheduler's record shows no overlapping grants, and /proc shows that
+    in no sampling interval did both processes burn CPU on the shared cores."""
+    pids = {b["name"]: b["pid"] for b in served.backends()}
+    assert len(pids) == 2
+    samples: list[dict[str, int]] = []
+    done = False
+
+    async def sample() -> None:
+        while not done:
+            samples.append({name: _ticks(pid) for name, pid in pids.items()})
+            await asyncio.sleep(0.25)
+
+    async def one(client: httpx.AsyncClient, i: int) -> httpx.Response:
+        text = f"{CODE} Call it total_{i}." if i % 2 else f"{PROSE} Verse {i}."
+        return await client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": text}], "max_tokens": 48,
+                  "temperature": 0},
+        )  # fmt: skip
+
+    async def run() -> list[httpx.Response]:
+        nonlocal done
+        watcher = asyncio.ensure_future(sample())
+        async with httpx.AsyncClient(base_url=served.url, timeout=300) as client:
+            got = await asyncio.gather(*(one(client, i) for i in range(8)))
+        done = True
+        await watcher
+        return list(got)
+
+    answers = asyncio.run(run())
+    assert [r.status_code for r in answers] == [200] * 8
+    assert {r.headers["x-specreg-task"] for r in answers} == {"code", "prose"}
+    status = httpx.get(f"{served.url}/v1/specreg/status", timeout=10).json()
+    cores = status["cores"]
+    assert cores["overlapping_grants"] == 0
+    assert sum(b["granted"] for b in cores["backends"]) >= 8
+    # /proc: in each interval, the CPU time both burnt together never exceeds the cores'
+    # capacity by more than a tick's rounding, and they never both worked a whole interval.
+    hz = os.sysconf("SC_CLK_TCK")
+    both = 0
+    for before, after in zip(samples, samples[1:]):
+        used = [after[n] - before[n] for n in pids]
+        if all(u >= 0.1 * hz * 0.25 for u in used):  # each burnt over 10 % of a core
+            both += 1
+    assert both <= max(2, len(samples) // 10), (both, len(samples))

@@ -52,6 +52,7 @@ COMMAND_MODULES = {
     "quality": "quality_cmds",
     "agree": "quality_cmds",
     "serve": "serve_cmds",
+    "capacity": "capacity_cmds",
     "doctor": "doctor_cmds",
     "calibrate": "doctor_cmds",
     "lookup-cache": "lookup_cmds",

@@ -1,0 +1,99 @@
+"""`specreg capacity`: what this host serves under load, per layout and concurrency."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from specreg.cli.common import (
+    console,
+    db_option,
+    emit,
+    err_console,
+    json_option,
+    llama_bin_option,
+    resolve_db,
+)
+
+if TYPE_CHECKING:
+    from specreg.registry.capacity import CapacityCurve, CapacityPoint
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as err:
+        raise click.BadParameter(f"{text!r}: write counts such as 1,2,4,8") from err
+
+
+@click.command("capacity")
+@click.argument("target")
+@click.option("--concurrency", default="1,2,4,8", show_default=True,
+              help="Closed-loop clients at each point, comma-separated.")  # fmt: skip
+@click.option("--context", "contexts", default="short,long", show_default=True,
+              help="short: the task's prompt; long: a document of --long-tokens before it.")  # fmt: skip
+@click.option("--layout", "layouts", default="full,split", show_default=True,
+              help="full: one instance on every core; split: disjoint halves or NUMA nodes, "
+              "one instance each.")  # fmt: skip
+@click.option("--n-predict", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Tokens each request generates.")  # fmt: skip
+@click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Requests each client sends at each point.")  # fmt: skip
+@click.option("--long-tokens", type=click.IntRange(min=16), default=1024, show_default=True,
+              help="Tokens of document before a long-context prompt (about).")  # fmt: skip
+@click.option("--plain-only", is_flag=True,
+              help="Measure plain decoding only (not the best speculative option).")  # fmt: skip
+@llama_bin_option
+@db_option
+@json_option
+def capacity_cmd(target: str, concurrency: str, contexts: str, layouts: str, n_predict: int,
+                 rounds: int, long_tokens: int, plain_only: bool, llama_bin: Path | None,
+                 db_path: Path | None, as_json: bool) -> None:  # fmt: skip
+    """Measure what this host serves of TARGET under load: aggregate and per-request decode
+    t/s, time to first token and latency (p50/p95) at each concurrency, for plain decoding and
+    the recommender's best speculative option, in each layout the cores allow, with a short
+    and a long context. Stored per host and model: serve and recommend read it, the report
+    plots it."""
+    from specreg.runner.capacity import CapacityPlan, capacity_target
+
+    plan = CapacityPlan(
+        concurrency=_counts(concurrency), contexts=tuple(contexts.split(",")),
+        layouts=tuple(layouts.split(",")), n_predict=n_predict, rounds=rounds,
+        long_tokens=long_tokens,
+    )  # fmt: skip
+    say = None if as_json else _progress
+    curve = capacity_target(resolve_db(db_path), target, plan, llama_bin=llama_bin,
+                            speculative=not plain_only, on_point=say)  # fmt: skip
+    if as_json:
+        emit(curve)
+    else:
+        _print_curve(curve)
+
+
+def _progress(p: CapacityPoint) -> None:
+    err_console().print(
+        f"  {p.config_label}, {p.layout}, {p.context}, {p.concurrency} client(s): "
+        f"{p.aggregate_tps:.1f} t/s"
+    )
+
+
+def _print_curve(curve: CapacityCurve) -> None:
+    from rich.table import Table
+
+    grid = Table("config", "layout", "context", "clients", "aggregate t/s", "per request t/s",
+                 "TTFT p50/p95 s", "latency p50/p95 s", box=None)  # fmt: skip
+    for p in curve.points:
+        grid.add_row(
+            p.config_label, f"{p.layout} x{p.instances}" if p.instances > 1 else p.layout,
+            p.context, str(p.concurrency), f"{p.aggregate_tps:.1f}", f"{p.per_request_tps:.1f}",
+            f"{p.ttft_p50_s or 0:.2f}/{p.ttft_p95_s or 0:.2f}",
+            f"{p.latency_p50_s or 0:.2f}/{p.latency_p95_s or 0:.2f}",
+        )  # fmt: skip
+    out = console()
+    out.print(grid)
+    out.print(f"stored for host {curve.host_fingerprint}: serve and recommend read it")
+
+
+COMMANDS = [capacity_cmd]
