@@ -28,6 +28,7 @@ from typing import Any
 from specreg import isa
 from specreg.host.machine import Host, detect_host, read_cpuinfo, read_meminfo
 from specreg.host.membw import Bandwidth, MemoryConfig, parse_dmidecode, read_dmidecode
+from specreg.host.topology import parse_cpu_list
 
 log = logging.getLogger(__name__)
 
@@ -198,20 +199,6 @@ def bracketed(text: str | None) -> str | None:
         return None
     m = re.search(r"\[([^\]]+)\]", text)
     return m.group(1) if m else text.strip() or None
-
-
-def parse_cpu_list(text: str | None) -> list[int]:
-    """`0-3,8,10-11` as [0, 1, 2, 3, 8, 10, 11]."""
-    out: list[int] = []
-    for part in (text or "").replace(" ", "").split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            out.extend(range(int(lo), int(hi or lo) + 1))
-        except ValueError:
-            continue
-    return out
 
 
 def _cgroup_cpus(view: SystemView) -> float | None:

@@ -39,6 +39,7 @@ from pathlib import Path
 from specreg.errors import UsageError
 from specreg.home import cache_dir
 from specreg.host.cpu import cpu_ticks_total
+from specreg.host.topology import read_topology
 
 log = logging.getLogger(__name__)
 
@@ -387,20 +388,9 @@ def _llc_bytes(sys_root: Path) -> int:
 
 def one_cpu_per_core(sys_root: Path = Path("/sys")) -> list[int]:
     """One logical CPU of each physical core this process may run on (SMT siblings skipped)."""
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    chosen: list[int] = []
-    cores: set[str] = set()
-    for cpu in allowed:
-        try:
-            siblings = (
-                sys_root / f"devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
-            ).read_text()
-        except OSError:
-            siblings = str(cpu)
-        if siblings.strip() not in cores:
-            cores.add(siblings.strip())
-            chosen.append(cpu)
-    return chosen
+    if not hasattr(os, "sched_getaffinity"):
+        return []
+    return [core.first for core in read_topology(sys_root).cores]
 
 
 def _foreign_share(
