@@ -313,8 +313,8 @@ def capacity_target(
         candidates = [Candidate(Config(threads=host.threads))]
         if speculative:
             advisor = open_advisor(con, facts)
-            best = next((o for o in advisor.recommend(con, target.model_id).options
-                         if o.spec_type not in ("none", "") and o.experts is None), None)  # fmt: skip
+            options = advisor.recommend(con, target.model_id).options
+            best = next((o for o in options if o.spec_type != "none" and o.lossless), None)
             if best is not None:
                 draft = get_model(con, best.draft_id) if best.draft_id else None
                 config = Config(spec_type=best.spec_type, k=best.k, threads=host.threads)

@@ -428,7 +428,7 @@ def test_two_configurations_of_one_target_never_decode_on_the_same_cores_at_once
     # capacity by more than a tick's rounding, and they never both worked a whole interval.
     hz = os.sysconf("SC_CLK_TCK")
     both = 0
-    for before, after in zip(samples, samples[1:]):
+    for before, after in zip(samples, samples[1:], strict=False):
         used = [after[n] - before[n] for n in pids]
         if all(u >= 0.1 * hz * 0.25 for u in used):  # each burnt over 10 % of a core
             both += 1

@@ -33,7 +33,7 @@ def _counts(text: str) -> tuple[int, ...]:
 @click.option("--concurrency", default="1,2,4,8", show_default=True,
               help="Closed-loop clients at each point, comma-separated.")  # fmt: skip
 @click.option("--context", "contexts", default="short,long", show_default=True,
-              help="short: the task's prompt; long: a document of --long-tokens before it.")  # fmt: skip
+              help="short: the task's prompt; long: a document before it.")  # fmt: skip
 @click.option("--layout", "layouts", default="full,split", show_default=True,
               help="full: one instance on every core; split: disjoint halves or NUMA nodes, "
               "one instance each.")  # fmt: skip
