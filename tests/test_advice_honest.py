@@ -8,8 +8,6 @@ import json
 from pathlib import Path
 
 import duckdb
-from cli_run import specreg
-from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
 from specreg.host.facts import HostFacts
 from specreg.recommender.predictor import SpeedPredictor
@@ -17,6 +15,9 @@ from specreg.recommender.prior import load_prior
 from specreg.recommender.recommend import recommend
 from specreg.registry.queries import list_models
 from specreg.terms import Method
+
+from support.cli import specreg
+from support.recommender import demo_model
 
 
 def _draft_head(con: duckdb.DuckDBPyConnection) -> str:
@@ -70,7 +71,7 @@ def test_drafts_lists_models_as_large_as_the_target_apart(scanned_db: Path) -> N
         assert larger not in before and larger in after
 
 
-def test_no_larger_model_is_a_draft_anywhere(demo_con: duckdb.DuckDBPyConnection) -> None:  # noqa: F811
+def test_no_larger_model_is_a_draft_anywhere(demo_con: duckdb.DuckDBPyConnection) -> None:
     from specreg.auditor import compatible_drafts
 
     models = {m.model_id: m for m in list_models(demo_con)}
@@ -86,7 +87,7 @@ def test_no_larger_model_is_a_draft_anywhere(demo_con: duckdb.DuckDBPyConnection
 
 
 def test_a_smaller_quant_of_the_target_stays_a_draft(
-    demo_con: duckdb.DuckDBPyConnection,  # noqa: F811
+    demo_con: duckdb.DuckDBPyConnection,
 ) -> None:
     """Same parameters, fewer bytes: a self-draft. Same bytes or more: no draft."""
     from dataclasses import replace
@@ -117,8 +118,8 @@ GIB = 2**30
 
 
 def test_recommend_says_the_480b_cannot_fit_and_by_how_much(
-    demo_con: duckdb.DuckDBPyConnection,  # noqa: F811
-    prior_model: SpeedPredictor,  # noqa: F811
+    demo_con: duckdb.DuckDBPyConnection,
+    prior_model: SpeedPredictor,
 ) -> None:
     mem = int(23.5 * GIB)
     target = demo_model(demo_con, "Qwen3-Coder", "480B-A35B")
@@ -142,8 +143,8 @@ def test_recommend_says_the_480b_cannot_fit_and_by_how_much(
 
 
 def test_options_that_do_not_fit_come_after_those_that_fit(
-    demo_con: duckdb.DuckDBPyConnection,  # noqa: F811
-    prior_model: SpeedPredictor,  # noqa: F811
+    demo_con: duckdb.DuckDBPyConnection,
+    prior_model: SpeedPredictor,
 ) -> None:
     """Qwen2.5-Coder-32B (21.1 GB) with its 0.5B draft fits in 23.5 GiB, with the 7B not."""
     target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
@@ -157,8 +158,8 @@ def test_options_that_do_not_fit_come_after_those_that_fit(
 
 
 def test_evidence_that_disagrees_moves_the_prediction_and_is_named(
-    demo_con: duckdb.DuckDBPyConnection,  # noqa: F811
-    prior_model: SpeedPredictor,  # noqa: F811
+    demo_con: duckdb.DuckDBPyConnection,
+    prior_model: SpeedPredictor,
 ) -> None:
     """Issue 25 point 1: the reference host ran the 480B with its 0.75B draft at K=8, 16 and
     24 (4 of 8 experts) below plain decoding, where the model alone predicts 2-3x there."""

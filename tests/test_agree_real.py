@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """`specreg agree` with the pinned llama.cpp on real small models: SmolLM2-135M's own greedy
 text, its Q8_0 and Q4_0 self-drafts, the random-weight synthetic MoE; the draft's guesses on
 llama-server replaying a real speculative run's acceptance; a draft whose
@@ -15,9 +14,6 @@ import pytest
 from click.testing import CliRunner
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.constants import TokenType
-from llama_fixtures import llama_install, small_models, synthetic_models  # noqa: F401
-from quality_fixtures import CHUNKS, con, measuring  # noqa: F401
-from test_quality_json import validate
 
 from specreg.cli.main import cli
 from specreg.errors import UsageError
@@ -50,6 +46,9 @@ from specreg.runner.measure import measure
 from specreg.runner.workload import Workload, task_prompts
 from specreg.samples.small_models import SmallModels
 from specreg.samples.synthetic import SyntheticModels
+
+from support.quality import CHUNKS
+from support.schemas import validate
 
 pytestmark = pytest.mark.llama
 

@@ -11,7 +11,6 @@ import math
 from datetime import datetime, timezone
 
 import pytest
-from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
 from specreg.drafttrace import DraftTrace
 from specreg.host.facts import REFERENCE_HOST
@@ -39,7 +38,7 @@ from specreg.registry.quality_store import (
 from specreg.registry.run_store import RunRecord, record_run
 from specreg.terms import Method
 
-# ruff: noqa: F811  (pytest fixtures imported from recommender_fixtures are used as arguments)
+from support.recommender import demo_model
 
 MY_HOST = dataclasses.replace(REFERENCE_HOST, fingerprint="this-host")
 DRAFT_05B = "Qwen2.5 Coder 0.5B Instruct"

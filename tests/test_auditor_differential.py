@@ -14,15 +14,15 @@ import itertools
 from pathlib import Path
 
 import pytest
-from auditor_fixtures import write_mutations
-from auditor_harness import HarnessResult, compile_harness, run_harness
-from llama_fixtures import llama_build_info  # noqa: F401 - fixture
 
 from specreg.auditor import audit_all, compatible_drafts
 from specreg.llama.build import BuildInfo
 from specreg.registry.db import opened
 from specreg.registry.queries import ModelRecord, list_models
 from specreg.registry.scan import scan_paths
+
+from support.auditor_harness import HarnessResult, compile_harness, run_harness
+from support.mutations import write_mutations
 
 pytestmark = pytest.mark.llama
 
@@ -32,7 +32,7 @@ MUTATION_BASES = ("qwen2", "llama-bpe", "llama-spm", "bert-bge")
 
 
 @pytest.fixture(scope="session")
-def harness(llama_build_info: BuildInfo, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+def harness(llama_build_info: BuildInfo, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = llama_build_info.build_dir.parent / "specreg-harness"
     return compile_harness(llama_build_info.src_dir, llama_build_info.lib_dir, out)
 

@@ -5,10 +5,8 @@ of training and of every baseline."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,8 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from recommender_fixtures import demo_model
-from test_runner_verify import HOST, PROMPT, completion, measurement
 
 from specreg.errors import EXIT_BUSY, HostBusy
 from specreg.host import load, progress
@@ -27,7 +23,11 @@ from specreg.registry.run_store import record_run
 from specreg.runner.measurement import PromptResult
 from specreg.runner.runs import to_record
 
-BUSY_LOOP = "import time\nwhile True:\n    pass\n"
+from support.calibration import calibration_record
+from support.load import spin, stop
+from support.measurements import HOST, PROMPT, completion, measurement
+from support.recommender import demo_model
+
 HOLD_LOCK = """
 import sys, time
 from specreg.host.load import measurement_lock
@@ -40,38 +40,9 @@ with measurement_lock("the other measurement"):
 
 @pytest.fixture(autouse=True)
 def strict(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The defaults a user gets: no allowance for neighbours (conftest sets a lenient one)."""
+    """The defaults a user gets: no allowance for neighbours (the suite sets a lenient one)."""
     for name in (load.ENV_MAX_LOAD, load.ENV_MAX_SPREAD, load.ENV_ALLOW_LOAD, load.ENV_LOAD_WAIT):
         monkeypatch.delenv(name, raising=False)
-
-
-LAUNCH = """
-import os, subprocess, sys
-core = int(sys.argv[1])
-loop = subprocess.Popen(
-    [sys.executable, "-c", sys.argv[2]], start_new_session=True,
-    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    preexec_fn=lambda: os.sched_setaffinity(0, {core}),
-)
-print(loop.pid, flush=True)
-"""
-
-
-def spin(core: int) -> int:
-    """A process spinning on `core`, started by a launcher that exits at once, so it is no
-    child of this process (whose own tree the guard leaves out, as it leaves out its
-    llama-server): another job's load. Returns its pid."""
-    out = subprocess.run(
-        [sys.executable, "-c", LAUNCH, str(core), BUSY_LOOP],
-        capture_output=True, text=True, check=True, timeout=30,
-    )  # fmt: skip
-    return int(out.stdout.split()[0])
-
-
-def stop(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -286,13 +257,11 @@ def test_disturbed_runs_are_no_evidence_and_no_baseline(scanned_db: Path) -> Non
 def test_calibrate_stores_the_quiet_noise_floor_and_runs_are_judged_by_it(
     tmp_path: Path,
 ) -> None:
-    from test_calibrate_store import _record
-
     from specreg.cli.progress import load_policy
     from specreg.registry.noise import latest_noise_floor, record_noise_floor
     from specreg.runner.calibrate import noise_floor_of
 
-    quiet = _record()  # generation repeated at 0.64 and 0.70 s: a 9.4 % spread
+    quiet = calibration_record()  # generation repeated at 0.64 and 0.70 s: a 9.4 % spread
     floor = noise_floor_of(quiet)
     assert floor is not None and floor.spread == pytest.approx(0.70 / 0.64 - 1)
     disturbed = dataclasses.replace(

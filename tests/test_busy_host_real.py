@@ -22,14 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_run import specreg
-from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
-from test_busy_host import spin, stop
 
 from specreg.host.load import DEFAULT_NOISE_FLOOR, MIN_SPREAD, SPREAD_FACTOR
 from specreg.samples.small_models import SmallModels
 
-# ruff: noqa: F811  (pytest fixtures imported from the fixture modules are used as arguments)
+from support.cli import specreg
+from support.load import spin, stop
 
 CHEAP = ("--task", "code", "--max-prompts", "1", "--threads", "1", "--repeat", "2")
 # what a run's repeats may spread on a host whose noise floor was never measured

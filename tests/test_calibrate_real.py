@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llama_fixtures import llama_install, small_models  # noqa: F401 - pytest fixtures
-
 from specreg.host.machine import detect_host
 from specreg.registry.calibration import latest_calibration
 from specreg.registry.db import opened
@@ -18,8 +16,8 @@ from specreg.samples.small_models import SmallModels
 
 def test_real_curve_for_target_and_auto_draft(
     tmp_path: Path,
-    small_models: SmallModels,  # noqa: F811
-    llama_install,  # noqa: F811
+    small_models: SmallModels,
+    llama_install,
 ) -> None:
     target = small_models.smollm2.path
     draft = small_models.draft("smollm2", "Q4_0").path

@@ -1,14 +1,12 @@
 """A calibration decides the verify cost before any speculative run: the same target, draft and
 model flip between "speculate" and "do not" with this host's llama-bench curve."""
 
-# ruff: noqa: F811  (pytest fixtures imported from the fixture modules are used as arguments)
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
 import duckdb
 import pytest
-from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
 from specreg.host.facts import HostFacts
 from specreg.recommender.calibrated import load_calibration
@@ -24,6 +22,8 @@ from specreg.registry.calibration import (
 )
 from specreg.registry.queries import ModelRecord
 from specreg.terms import Method
+
+from support.recommender import demo_model
 
 # A many-core host: bandwidth and cores of the reference EPYC, so the prior alone speculates.
 HOST = HostFacts(460.0, 96, "user", fingerprint="calibrated-host")

@@ -8,41 +8,20 @@ from pathlib import Path
 import pytest
 
 from specreg.registry.calibration import (
-    KIND_BATCH,
-    KIND_GEN,
     BandwidthRecord,
-    CalibrationRecord,
     latest_bandwidth,
     latest_calibration,
     list_calibrations,
-    point,
     record_bandwidth,
     record_calibration,
 )
 from specreg.registry.db import opened
 
-
-def _record(model_id: str = "m1", scale: float = 1.0, threads: int = 2) -> CalibrationRecord:
-    batch = [
-        point(KIND_BATCH, n, (0.010 * n * scale, 0.011 * n * scale, 0.012 * n * scale))
-        for n in (1, 2, 4, 8, 16, 32)
-    ]
-    return CalibrationRecord(
-        host_fingerprint="hostA",
-        model_id=model_id,
-        model_path=f"/models/{model_id}.gguf",
-        role="target",
-        threads=threads,
-        measured_at=datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
-        repetitions=3,
-        points=(*batch, point(KIND_GEN, 64, (0.64 * scale, 0.70 * scale), foreign_cpu_s=0.01)),
-        model_bytes=123,
-        argv=("llama-bench", "-m", "x"),
-    )
+from support.calibration import calibration_record
 
 
 def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
-    rec = _record()
+    rec = calibration_record()
     with opened(tmp_path / "r.duckdb") as con:
         cal_id = record_calibration(con, rec)
         got = latest_calibration(con, "hostA", "m1")
@@ -59,10 +38,10 @@ def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
 
 def test_newest_wins_per_model_and_threads(tmp_path: Path) -> None:
     with opened(tmp_path / "r.duckdb") as con:
-        record_calibration(con, _record(scale=1.0))
-        newer = record_calibration(con, _record(scale=2.0))
-        other_threads = record_calibration(con, _record(scale=3.0, threads=1))
-        record_calibration(con, _record("m2"))
+        record_calibration(con, calibration_record(scale=1.0))
+        newer = record_calibration(con, calibration_record(scale=2.0))
+        other_threads = record_calibration(con, calibration_record(scale=3.0, threads=1))
+        record_calibration(con, calibration_record("m2"))
         got = latest_calibration(con, "hostA", "m1", threads=2)
         anyt = latest_calibration(con, "hostA", "m1")
         assert latest_calibration(con, "hostB", "m1") is None
@@ -73,7 +52,7 @@ def test_newest_wins_per_model_and_threads(tmp_path: Path) -> None:
 
 
 def test_batch_seconds_interpolates_and_extends() -> None:
-    rec = _record()
+    rec = calibration_record()
     assert rec.batch_seconds(4) == pytest.approx(0.044)
     assert rec.batch_seconds(3) == pytest.approx((0.022 + 0.044) / 2)
     # past the largest size: the last segment's slope

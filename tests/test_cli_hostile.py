@@ -15,7 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from cli_run import specreg
+
+from support.cli import specreg
 
 # Clear screen, set the window title, write the clipboard (OSC 52), ring, a one-byte CSI (C1)
 # and a right-to-left override.

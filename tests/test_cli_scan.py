@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_run import specreg
+
+from support.cli import specreg
 
 
 def test_scan_json_is_versioned_and_exit_0_when_clean(gguf_factory) -> None:

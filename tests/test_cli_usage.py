@@ -8,7 +8,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from cli_run import specreg
+
+from support.cli import specreg
 
 TARGET = "Qwen2.5 Coder 32B Instruct"
 
@@ -128,7 +129,7 @@ def test_run_takes_a_model_id_like_every_other_command(
 ) -> None:  # type: ignore[no-untyped-def]
     """`run ID` runs the file the id names (a fake llama-server that fails to load records
     the run with the resolved path)."""
-    from test_runner_faults import make_fake
+    from support.fake_server import make_fake
 
     model = gguf_factory("target.gguf", tokens=["<s>", "</s>", "a", "b"], bos=0, eos=1)
     assert specreg("scan", str(model.parent)).returncode == 0

@@ -14,20 +14,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import declare_fixtures as dfx
 import jsonschema
-import llama_fixtures as lfx
 import pytest
 import yaml
-from declare_fixtures import (
-    GEMMA_27B,
-    IMPORTED_ROLES,
-    QWEN3_30B,
-    QWEN3_DRAFT,
-    QWEN25_05B,
-    Site,
-    run_cli,
-)
 
 from specreg.cli.main import error_line
 from specreg.declare.export import ExportError, render_models_preset, swap_cmd
@@ -36,12 +25,15 @@ from specreg.declare.spec import load_spec, read_yaml, write_yaml
 from specreg.registry.db import opened
 from specreg.sources import llama_source_dir
 
-# fixtures, shared through the modules that define them
-_collection_template = dfx._collection_template
-_site_template = dfx._site_template
-site = dfx.site
-llama_install = lfx.llama_install
-llama_bin = lfx.llama_bin
+from support.declare import (
+    GEMMA_27B,
+    IMPORTED_ROLES,
+    QWEN3_30B,
+    QWEN3_DRAFT,
+    QWEN25_05B,
+    Site,
+    run_cli,
+)
 
 # A stand-in llama-server at the process boundary: answers --help in one dialect, and records
 # the argv it was started with.

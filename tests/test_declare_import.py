@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import declare_fixtures as dfx
 import pytest
 from click.testing import CliRunner
-from declare_fixtures import (
+
+from specreg.cli.main import cli
+from specreg.declare.importer import ImportResult, import_registry
+from specreg.declare.spec import load_spec
+from specreg.registry.db import opened
+
+from support.declare import (
     IMPORTED_ROLES,
     LLAMA_1B,
     QWEN3_30B,
@@ -19,15 +24,7 @@ from declare_fixtures import (
     run_cli,
 )
 
-from specreg.cli.main import cli
-from specreg.declare.importer import ImportResult, import_registry
-from specreg.declare.spec import load_spec
-from specreg.registry.db import opened
-
 # fixtures, shared through the module that defines them
-_collection_template = dfx._collection_template
-_site_template = dfx._site_template
-site = dfx.site
 
 
 @pytest.fixture

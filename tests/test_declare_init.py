@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.cli_run import specreg, specreg_json
-from tests.conftest import GGUFFactory
+from support.cli import specreg, specreg_json
+from support.fixtures import GGUFFactory
 
 
 def test_plan_right_after_init_finds_no_drift(sparse_tree: Path, tmp_path: Path) -> None:

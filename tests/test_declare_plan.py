@@ -7,9 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-import declare_fixtures as dfx
 import pytest
-from declare_fixtures import LLAMA_1B, QWEN3_480B_DIR, QWEN25_05B, Site, record_run, run_cli
 from ruamel.yaml.comments import CommentedMap
 
 from specreg.declare import deps
@@ -18,11 +16,9 @@ from specreg.declare.spec import load_spec, read_yaml, write_yaml
 from specreg.declare.stores import store_dirs
 from specreg.registry.db import opened
 
+from support.declare import LLAMA_1B, QWEN3_480B_DIR, QWEN25_05B, Site, record_run, run_cli
+
 # fixtures, shared through the module that defines them
-_collection_template = dfx._collection_template
-_site_template = dfx._site_template
-private_site = dfx.private_site
-site = dfx.site
 
 
 def plan_of(s: Site) -> Plan:

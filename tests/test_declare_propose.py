@@ -5,35 +5,17 @@ from __future__ import annotations
 import difflib
 import re
 
-import declare_fixtures as dfx
-from declare_fixtures import QWEN25_05B, Site, record_run, run_cli
 from ruamel.yaml import YAML
 
-from specreg.declare import deps
 from specreg.declare.spec import load_spec
-from specreg.registry.db import opened
 
-# fixtures, shared through the module that defines them
-_collection_template = dfx._collection_template
-_site_template = dfx._site_template
-site = dfx.site
+from support.declare import Site, pair_ids, record_run, run_cli
 
-QWEN25_32B = (
-    "lmstudio-community/Qwen2.5-Coder-32B-Instruct-GGUF/Qwen2.5-Coder-32B-Instruct-Q4_K_M.gguf"
-)
 HAND_NOTE = "    # measured by hand 2026-02-13 on the EPYC: 11.0 tok/s; keep this witness"
 
 
-def _ids(s: Site) -> tuple[str, str]:
-    with opened(s.db) as con:
-        t = deps.model_at_path(con, s.models / QWEN25_32B)
-        d = deps.model_at_path(con, s.models / QWEN25_05B)
-    assert t is not None and d is not None
-    return t.model_id, d.model_id
-
-
 def _measure(s: Site) -> list[int]:
-    target, draft = _ids(s)
+    target, draft = pair_ids(s)
     for tps in (11.0, 11.2):
         record_run(s.db, target=target, draft=draft, k=16, tps=tps, acceptance=0.6)
     return [

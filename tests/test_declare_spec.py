@@ -230,7 +230,7 @@ def test_speed_refuses_ranges_and_ratios() -> None:
 
 
 def test_init_writes_a_skeleton_once(tmp_path: Path) -> None:
-    from declare_fixtures import run_cli
+    from support.declare import run_cli
 
     p = tmp_path / "specreg.yaml"
     assert run_cli(["init", "--spec", str(p)]) == (0, f"wrote {p}\n", "")

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """specreg.yaml pins stacks and lookup caches: a comma list or a YAML list, kept in the order
 llama.cpp tries the types, refused with the build's rule and the file's line when it would not
 run as written."""
@@ -8,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from llama_fixtures import llama_install, small_models  # noqa: F401
-from test_lookup_cache_file import cache_record, write_cache
 
 from specreg.declare.spec import SpecFileError, load_spec
 from specreg.samples.small_models import SmallModels
+
+from support.lookup_cache import cache_record, write_cache
 
 SPEC = """\
 version: 1

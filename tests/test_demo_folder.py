@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.cli_run import specreg
+from support.cli import specreg
 
 
 def test_a_folder_with_other_files_is_refused_and_left_as_it_was(tmp_path: Path) -> None:

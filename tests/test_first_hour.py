@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.cli_run import specreg
-from tests.tty_run import name_on_one_line, specreg_tty, too_wide
+from support.cli import specreg
+from support.tty import name_on_one_line, specreg_tty, too_wide
 
 TARGET = "Qwen2.5 Coder 32B Instruct"
 DRAFT = "Qwen2.5 Coder 0.5B Instruct"

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """Host facts in one place (issue 24) and one bandwidth figure per host (issue 25 point 5).
 
 The speed model and the printed commands take their cores from the same `Host`; another host's
@@ -17,9 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_run import specreg
 from click.testing import CliRunner
-from llama_fixtures import llama_install  # noqa: F401
 
 from specreg.cli.advice import command_lines, users_llama
 from specreg.cli.main import cli
@@ -42,6 +39,8 @@ from specreg.llama.install import LlamaInstall
 from specreg.recommender.advisor import open_advisor
 from specreg.registry.calibration import BandwidthRecord, record_bandwidth
 from specreg.registry.db import opened
+
+from support.cli import specreg
 
 TARGET = "Qwen2.5 Coder 32B Instruct"  # the demo's, with its 0.5B draft
 ASK = ("recommend", TARGET, "--task", "code", "--top", "5", "--json")

@@ -5,8 +5,6 @@ version; read as a build it was build 0, and the auditor applied a guess instead
 
 from __future__ import annotations
 
-from llama_fixtures import llama_install  # noqa: F401  (fixture)
-
 from specreg.auditor import rules_for_build, rules_for_version
 from specreg.llama.build import LLAMA_SDIST_VERSION
 from specreg.llama.install import LlamaInstall, parse_version
@@ -22,7 +20,7 @@ def test_both_ways_a_build_states_its_version() -> None:
     assert parse_version("no version here") == "unknown"
 
 
-def test_the_pinned_build_is_known_by_its_number(llama_install: LlamaInstall) -> None:  # noqa: F811
+def test_the_pinned_build_is_known_by_its_number(llama_install: LlamaInstall) -> None:
     number = LLAMA_SDIST_VERSION.split(".")[0]
     assert llama_install.version == f"{number} (pypi-sdist)"
     rules = rules_for_version(llama_install.version, llama_install.dialect)

@@ -3,15 +3,11 @@ built from the result objects as the commands emit them."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
-from pathlib import Path
-
-import jsonschema
 
 from specreg.registry.lookup_caches import CacheSource, LookupCache, LookupCacheList
 
-SCHEMAS = Path(__file__).resolve().parent / "schemas"
+from support.schemas import validate
 
 CACHE = LookupCache(
     name="json-records",
@@ -38,11 +34,6 @@ CACHE = LookupCache(
     built_at=datetime(2026, 1, 2, tzinfo=timezone.utc),
     seconds=1.25,
 )
-
-
-def validate(doc: dict[str, object]) -> None:
-    assert list(doc)[:2] == ["version", "kind"]
-    jsonschema.validate(doc, json.loads((SCHEMAS / f"{doc['kind']}.json").read_text()))
 
 
 def test_build_and_list_documents_follow_their_schemas() -> None:

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """`specreg lookup-cache build|list` with the build's real llama-lookup-create and SmolLM2's
 tokenizer: the file, its facts and the registry artefact; a cache is listed only for models of
 the tokenizer family that built it."""
@@ -9,15 +8,15 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_run import specreg
 from click.testing import CliRunner
-from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
 
 from specreg.cli.main import cli
 from specreg.registry.db import opened
 from specreg.registry.lookup_caches import get_cache
 from specreg.runner.lookup_cache import read_cache_file
 from specreg.samples.small_models import SmallModels
+
+from support.cli import specreg
 
 pytestmark = pytest.mark.llama
 

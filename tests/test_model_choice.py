@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.cli_run import specreg
-from tests.conftest import GGUFFactory
-from tests.tty_run import name_on_one_line, specreg_tty, too_wide
+from support.cli import specreg
+from support.fixtures import GGUFFactory
+from support.tty import name_on_one_line, specreg_tty, too_wide
 
 NAME = "Smollm2 135M 8k Lc100K Mix1 Ep2"
 

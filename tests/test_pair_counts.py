@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.cli_run import specreg
+from support.cli import specreg
 
 
 def test_every_count_names_its_pairs(sparse_tree: Path, tmp_path: Path) -> None:

@@ -4,24 +4,12 @@ exit code 2, before llama.cpp is even looked for."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-MOE_KV = {"qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 2}
-
-
-def specreg(*args: str) -> subprocess.CompletedProcess[str]:
-    # No llama.cpp anywhere: the checks must come before it is needed.
-    env = {"PATH": "/usr/bin:/bin", "SPECREG_LLAMA_BIN": "/nonexistent"}
-    import os
-
-    env.update({k: v for k, v in os.environ.items() if k.startswith(("SPECREG_HOME", "HOME"))})
-    env["SPECREG_CACHE"] = os.environ["SPECREG_HOME"] + "/cache"
-    return subprocess.run(
-        [sys.executable, "-m", "specreg", *args], capture_output=True, text=True, env=env
-    )
+from support.cli import specreg_without_llama as specreg
+from support.fixtures import MOE_KV
 
 
 @pytest.fixture

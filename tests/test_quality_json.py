@@ -4,17 +4,15 @@ is needed; the real tests check the same documents from real runs."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
-
-import jsonschema
 
 from specreg.llama.perplexity import KldStats
 from specreg.quality.agreement import AgreementPoint, AgreementResult, GeneratedText
 from specreg.quality.kld import QualityPoint, QualityResult, TextSource
 
-SCHEMAS = Path(__file__).resolve().parent / "schemas"
+from support.schemas import validate
+
 TEXT = TextSource("code", "code", Path("/t/code.txt"), "ab" * 32, "shipped")
 STATS = KldStats(
     mean_kld=0.25, mean_kld_unc=0.01, same_top=0.7, same_top_unc=0.03, ppl=40.0, ppl_unc=7.0,
@@ -51,11 +49,6 @@ def agreement_doc() -> dict[str, Any]:
                            **common),
         ),
     ).to_json()  # fmt: skip
-
-
-def validate(doc: dict[str, Any]) -> None:
-    assert list(doc)[:2] == ["version", "kind"]
-    jsonschema.validate(doc, json.loads((SCHEMAS / f"{doc['kind']}.json").read_text()))
 
 
 def test_quality_and_agreement_documents_match_their_schemas() -> None:

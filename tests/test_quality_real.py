@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """`specreg quality` with the pinned llama.cpp's llama-perplexity on real small models:
 SmolLM2-135M Q4_0 against its Q4_1, the model against itself, and the synthetic MoE with
 fewer experts than its default. One text, two chunks, one thread: behaviour, not speed."""
@@ -10,9 +9,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from llama_fixtures import llama_install, small_models, synthetic_models  # noqa: F401
-from quality_fixtures import CHUNKS, con, measuring  # noqa: F401
-from test_quality_json import validate
 
 from specreg.cli.main import cli
 from specreg.host.machine import detect_host
@@ -20,6 +16,9 @@ from specreg.quality.kld import Measuring, measure_quality, plan_quality, qualit
 from specreg.registry.quality_store import PURPOSE_QUALITY, list_quality
 from specreg.samples.small_models import SmallModels
 from specreg.samples.synthetic import SyntheticModels
+
+from support.quality import CHUNKS
+from support.schemas import validate
 
 pytestmark = pytest.mark.llama
 

@@ -7,7 +7,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from recommender_fixtures import demo_model
 
 from specreg.registry.db import opened
 from specreg.registry.quality_store import PURPOSE_QUALITY, QualityRecord, record_quality
@@ -18,6 +17,8 @@ from specreg.reports.frontier import pareto
 from specreg.reports.gather import page_name
 from specreg.reports.plots import PlotCache
 from specreg.reports.site import gather_site
+
+from support.recommender import demo_model
 
 NOW = datetime.now(timezone.utc)
 

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_run import specreg
 
 from specreg.errors import UsageError
 from specreg.host.machine import ENV_HOST_FACTS, detect_host
@@ -18,6 +17,8 @@ from specreg.registry.db import opened
 from specreg.registry.queries import resolve_model
 from specreg.tune.distributed import INSTALL_HINT, cluster_hosts
 from specreg.tune.sweep import Grid, grid_points, parse_grid
+
+from support.cli import specreg
 
 DRAFT = "Qwen2.5 Coder 0.5B Instruct"
 

@@ -19,15 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llama_fixtures import llama_install, small_models  # noqa: F401
-from ray_lab import RayLab, cmdline, host_facts, parent, process_env, require_ray
 
 from specreg.host.machine import ENV_HOST_FACTS, detect_host
 from specreg.registry.db import opened
 from specreg.registry.run_store import RunRecord, list_runs
 from specreg.samples.small_models import SmallModels
 
-# ruff: noqa: F811  (pytest fixtures imported from the fixture modules are used as arguments)
+from support.ray_lab import RayLab, cmdline, host_facts, parent, process_env, require_ray
+
 pytestmark = pytest.mark.llama
 GRID = "spec=ngram-mod,ngram-simple,draft-simple k=2"
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """A real draft of another size with the pinned llama.cpp: Qwen2.5-Coder-1.5B-Instruct and its
 0.5B draft (Q4_K_M both, from `specreg llama models`). Short on purpose (CI budget): one code
 prompt, 16-48 tokens, two threads for one-shot commands and one per serve backend.
@@ -23,13 +22,13 @@ from typing import Any
 
 import httpx
 import pytest
-from llama_fixtures import llama_install, qwen_pair, small_models  # noqa: F401
-from serve_support import wait_healthy
 
 from specreg.llama.install import LlamaInstall
 from specreg.llama.process import free_port
 from specreg.samples.qwen_pair import QwenPair
 from specreg.samples.small_models import SmallModels
+
+from support.serve import wait_healthy
 
 pytestmark = pytest.mark.llama
 

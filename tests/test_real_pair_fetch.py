@@ -10,7 +10,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from llama_fixtures import qwen_pair  # noqa: F401 - fixture
 
 from specreg.errors import SpecregError
 from specreg.samples import qwen_pair as qp
@@ -173,7 +172,7 @@ def test_pins_add_up(model: qp.ChunkedModel) -> None:
     assert model.member(7) == f"{model.stem.replace('-', '_')}_part7/data/part07.bin"
 
 
-def test_the_real_pair_matches_its_pins(qwen_pair: qp.QwenPair) -> None:  # noqa: F811
+def test_the_real_pair_matches_its_pins(qwen_pair: qp.QwenPair) -> None:
     for model, pinned in ((qwen_pair.target, qp.QWEN_TARGET), (qwen_pair.draft, qp.QWEN_DRAFT)):
         assert model.path.stat().st_size == pinned.n_bytes
         assert sha256(model.path) == pinned.sha256

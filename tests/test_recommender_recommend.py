@@ -6,7 +6,6 @@ import dataclasses
 import math
 
 import pytest
-from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
 from specreg.errors import UsageError
 from specreg.host.facts import REFERENCE_HOST
@@ -15,7 +14,7 @@ from specreg.recommender.recommend import Recommendation, recommend
 from specreg.registry.queries import list_models
 from specreg.terms import Method
 
-# ruff: noqa: F811  (pytest fixtures imported from recommender_fixtures are used as arguments)
+from support.recommender import demo_model
 
 
 def _rec(con, model, basename, size, task, policy="quality") -> Recommendation:  # type: ignore[no-untyped-def]

@@ -9,8 +9,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
-from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
-from test_lookup_cache_file import cache_record, write_cache
 
 from specreg.host.facts import REFERENCE_HOST
 from specreg.recommender.local import local_observations
@@ -22,7 +20,8 @@ from specreg.registry.queries import ModelRecord, list_models
 from specreg.registry.run_store import RunRecord, record_run
 from specreg.terms import Method
 
-# ruff: noqa: F811  (pytest fixtures imported from recommender_fixtures are used as arguments)
+from support.lookup_cache import cache_record, write_cache
+from support.recommender import demo_model
 
 HOST = dataclasses.replace(REFERENCE_HOST, fingerprint="this-host")
 DRAFT_05B = "Qwen2.5 Coder 0.5B Instruct"

@@ -1,6 +1,5 @@
 """`tune`: few runs reach the best configuration an exhaustive sweep finds."""
 
-# ruff: noqa: F811  (pytest fixtures imported from the fixture modules are used as arguments)
 from __future__ import annotations
 
 import math
@@ -8,8 +7,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
-from recommender_fixtures import demo_con, demo_model, prior_model  # noqa: F401
 
 from specreg.host.facts import HostFacts
 from specreg.recommender.costmodel import CostParams, predict_tps
@@ -20,6 +17,8 @@ from specreg.registry.queries import get_model
 from specreg.registry.run_store import RunRecord, record_run
 from specreg.terms import Method
 from specreg.tune.tuner import TuneStep, cost_rank, tune
+
+from support.recommender import demo_model
 
 HOST = HostFacts(20.0, 2, "user", fingerprint="test-host")
 # The "true" host: cheaper drafts, higher acceptance than the prior believes.

@@ -10,7 +10,7 @@ import re
 import time
 from pathlib import Path
 
-from tests.cli_run import specreg, specreg_json
+from support.cli import specreg, specreg_json
 
 TARGET = "Qwen2.5 Coder 32B Instruct"
 

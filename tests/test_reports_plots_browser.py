@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_reports_browser import SHOTS_ENV, Watched, browser  # noqa: F401  (fixture)
 
 from specreg.reports import plots
+
+from support.browser import SHOTS_ENV, Watched
 
 pytestmark = pytest.mark.browser
 
@@ -53,7 +54,7 @@ def _xticks(svg: str) -> list[str]:
     ]
 
 
-def test_small_plots_keep_their_axes_and_legends(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+def test_small_plots_keep_their_axes_and_legends(browser: Any, tmp_path: Path) -> None:
     figures = _figures()
     for name in ("sweep-one", "sweep-two"):
         ticks = _xticks(figures[name])

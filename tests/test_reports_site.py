@@ -12,17 +12,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from click.testing import CliRunner
-from reports_fixtures import (  # noqa: F401  (fixtures)
-    HOSTILE_MARKERS,
-    HOSTILE_NAME,
-    HOSTILE_TEMPLATE,
-    HOSTILE_TOKEN,
-    SWEEP_DRAFT,
-    SWEEP_TARGET,
-    report_db_fixture,
-    scanned_registry,
-    site_dir_fixture,
-)
 
 from specreg.cli.main import cli
 from specreg.registry.db import opened
@@ -32,6 +21,16 @@ from specreg.reports import build_site
 from specreg.reports.data import SiteData
 from specreg.reports.plots import PlotCache
 from specreg.reports.site import gather_site, render_site
+
+from support.reports import (
+    HOSTILE_MARKERS,
+    HOSTILE_NAME,
+    HOSTILE_TEMPLATE,
+    HOSTILE_TOKEN,
+    SWEEP_DRAFT,
+    SWEEP_TARGET,
+    scanned_registry,
+)
 
 
 class Page(HTMLParser):
@@ -290,10 +289,10 @@ def test_huge_gguf_strings_are_cut_for_display(tmp_path: Path) -> None:
     101 MB). Pages show a bounded prefix and say how much is left out; the registry keeps all."""
     from dataclasses import replace
 
-    from reports_fixtures import _arch, family_vocab
-
     from specreg.reports.data import CHAT_TEMPLATE_MAX_CHARS, NAME_MAX_CHARS, TEXT_MAX_CHARS
     from specreg.samples.demo import DemoModel, write_demo_model
+
+    from support.reports import _arch, family_vocab
 
     huge = 2_000_000
     name = "Huge " + "N" * huge

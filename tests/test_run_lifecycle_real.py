@@ -15,8 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
-
 from specreg.samples.small_models import SmallModels
 
 TIMEOUT_S = 300.0
@@ -48,8 +46,8 @@ def _runs(db: Path, home: Path) -> list[dict]:  # type: ignore[type-arg]
 
 
 def test_models_reads_the_registry_while_run_measures(
-    small_models: SmallModels,  # noqa: F811
-    llama_bin: Path,  # noqa: F811
+    small_models: SmallModels,
+    llama_bin: Path,
     specreg_home: Path,
     tmp_path: Path,
 ) -> None:
@@ -93,8 +91,8 @@ def _completions(logs: Path) -> int:
 
 
 def test_ctrl_c_records_the_run_interrupted_with_its_samples(
-    small_models: SmallModels,  # noqa: F811
-    llama_bin: Path,  # noqa: F811
+    small_models: SmallModels,
+    llama_bin: Path,
     specreg_home: Path,
     tmp_path: Path,
 ) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.cli_run import specreg, specreg_json
+from support.cli import specreg, specreg_json
 
 TARGET = "Qwen2.5 Coder 32B Instruct"
 DRAFT = "Llama 3.2 1B Instruct"  # another tokenizer line: llama.cpp refuses the pair

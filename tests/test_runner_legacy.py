@@ -1,4 +1,4 @@
-# ruff: noqa: F811, E501  (fixtures imported from llama_fixtures; verbatim llama.cpp lines)
+# ruff: noqa: E501  (verbatim llama.cpp lines)
 """The legacy engines: llama-speculative and llama-lookup, one process per prompt.
 
 Parsers on verbatim llama.cpp output, engine selection, fake binaries at the process boundary
@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
-from test_runner_faults import assert_no_strays
 
 from specreg.cli.main import cli, error_line
 from specreg.errors import UsageError
@@ -45,6 +43,8 @@ from specreg.runner.measurement import Measurement, PromptResult
 from specreg.runner.verify import judge
 from specreg.runner.workload import Prompt, Workload, load_workload
 from specreg.samples.small_models import SmallModels
+
+from support.fake_server import assert_no_strays
 
 # -- verbatim output (/work/shared/notes/llama-cpp.md 3b, 3c) -------------------------------
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """The MoE expert override and draft-mtp on real MoE models: the synthetic qwen3moe
 (8 experts, 2 used) and glm4moe with one NextN block that runner/synthetic.py writes, run by
 the pinned llama.cpp."""
@@ -11,12 +10,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from llama_fixtures import (  # noqa: F401
-    llama_bin,
-    llama_install,
-    small_models,
-    synthetic_models,
-)
 
 from specreg.cli.main import cli, error_line
 from specreg.errors import UsageError

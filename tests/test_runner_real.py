@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """Real llama.cpp, real models: SmolLM2-135M and Gemma 3 270M from PyPI, self-drafts made
 with llama-quantize. Kept short (few tokens, one or two prompts) for a 2-core CI host."""
 
@@ -10,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from llama_fixtures import llama_bin, llama_build_info, llama_install, small_models  # noqa: F401
 
 from specreg.cli.main import cli
 from specreg.host.machine import detect_host

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """What `specreg run` records is what a user gets on first encounter (issue 18's must-show).
 
 SmolLM2 with ngram-mod on the code prompts: the accepted tokens recorded for every repeat
@@ -16,7 +15,6 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from llama_fixtures import llama_install, small_models  # noqa: F401
 
 from specreg.cli.main import error_line
 from specreg.host.machine import detect_host

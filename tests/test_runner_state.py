@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """Which speculative types keep state across requests is a fact of the build
 (`specreg.terms.CROSS_REQUEST_STATE` / `REQUEST_STATE`): checked here against the pinned
 source and against real llama-server with SmolLM2 (one thread, short generations)."""
@@ -9,12 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-from llama_fixtures import (  # noqa: F401
-    llama_build_info,
-    llama_install,
-    small_models,
-    synthetic_models,
-)
 
 from specreg.host.machine import detect_host
 from specreg.llama.config import Config, server_command

@@ -16,12 +16,9 @@ import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
 
-import declare_fixtures as dfx
 import duckdb
 import pytest
 from click.testing import CliRunner
-from declare_fixtures import Site
-from recommender_fixtures import demo_model, prior_model  # noqa: F401
 
 from specreg.cli.main import cli
 from specreg.host.machine import detect_host
@@ -37,10 +34,9 @@ from specreg.registry.run_store import (
     start_run,
 )
 
-# ruff: noqa: F811  (pytest fixtures imported from the fixture modules are used as arguments)
-_collection_template = dfx._collection_template
-_site_template = dfx._site_template
-site = dfx.site
+from support import declare as dfx
+from support.declare import Site
+from support.recommender import demo_model
 
 MIGRATION_5_RUNS = (
     "regime", "protocol", "repeat_figures", "phase_figures", "trusted", "trust_reason", "owner",
@@ -199,11 +195,11 @@ def test_recommend_and_train_leave_untrusted_runs_out(old_registry, prior_model)
 
 @pytest.mark.parametrize("trusted", [True, False])
 def test_propose_leaves_untrusted_runs_out(site: Site, trusted: bool) -> None:
-    from test_declare_propose import _ids  # the site's 32B target and 0.5B draft
-
     from specreg.declare.propose import make_proposal
 
-    target, draft = _ids(site)
+    from support.declare import pair_ids  # the site's 32B target and 0.5B draft
+
+    target, draft = pair_ids(site)
     for tps in (11.0, 11.2):  # the pinned draft-simple k=16, measured
         dfx.record_run(site.db, target=target, draft=draft, k=16, tps=tps, acceptance=0.6)
     with opened(site.db) as con:
@@ -295,11 +291,11 @@ def test_start_and_finish_replace_the_running_record(specreg_home: Path) -> None
 
 
 def test_a_run_whose_later_repeats_accept_far_more_is_recorded_untrusted() -> None:
-    from test_runner_verify import PROMPT, completion, measurement
-
     from specreg.llama.config import Config
     from specreg.runner.measurement import PromptResult
     from specreg.runner.runs import to_record
+
+    from support.measurements import PROMPT, completion, measurement
 
     tokens = tuple(range(64))
     replayed = (completion(tokens, 100.0, 0, 0), completion(tokens, 150.0, 53, 53))

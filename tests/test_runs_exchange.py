@@ -11,7 +11,6 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from cli_run import specreg
 from click.testing import CliRunner
 
 from specreg.cli.main import cli
@@ -25,6 +24,8 @@ from specreg.registry.run_store import (
     record_run,
     start_run,
 )
+
+from support.cli import specreg
 
 HOST_A = "aaaaaaaaaaaaaaaa"
 HOST_B = "bbbbbbbbbbbbbbbb"

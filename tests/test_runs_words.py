@@ -10,7 +10,8 @@ from pathlib import Path
 from specreg.llama.config import Config
 from specreg.registry.db import opened
 from specreg.registry.run_store import RunRecord, record_run
-from tests.cli_run import specreg
+
+from support.cli import specreg
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
 

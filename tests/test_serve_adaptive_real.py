@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """The adaptive policy on real llama.cpp: SmolLM2 behind two candidates, plain and ngram-mod
 (a candidate set pinned with --pin twice), one thread. On requests that edit a supplied text the
 output repeats the input and ngram-mod drafts it. After a restart the policy continues from the
@@ -13,11 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
-from llama_fixtures import llama_install, small_models  # noqa: F401
-from serve_support import ServeProcess, start_serve
 
 from specreg.llama.install import LlamaInstall
 from specreg.samples.small_models import SmallModels
+
+from support.serve import ServeProcess, start_serve
 
 pytestmark = pytest.mark.llama
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """A served ngram-cache backend comes with what its per-slot context cache does to it on a
 long-lived llama-server (it stops learning after the first request) and the remedy."""
 
@@ -6,13 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llama_fixtures import llama_install, small_models  # noqa: F401
-from test_lookup_cache_file import cache_record, write_cache
-
 from specreg.llama.config import Config
 from specreg.llama.install import LlamaInstall
 from specreg.samples.small_models import SmallModels
 from specreg.serve.routes import BackendSpec, Target, ngram_cache_note
+
+from support.lookup_cache import cache_record, write_cache
 
 
 def backend(spec_type: str, *flags: str) -> BackendSpec:

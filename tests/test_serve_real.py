@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """`specreg serve` for real: SmolLM2 behind supervised llama-servers, one thread, few tokens.
 
 Clients are the `openai` package and
@@ -21,14 +20,14 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
-from llama_fixtures import llama_install, small_models  # noqa: F401
-from serve_support import wait_healthy
 
 from specreg.cli.main import cli
 from specreg.llama.install import LlamaInstall
 from specreg.llama.process import free_port
 from specreg.llama.server import LlamaServer
 from specreg.samples.small_models import SmallModels
+
+from support.serve import wait_healthy
 
 pytestmark = pytest.mark.llama
 

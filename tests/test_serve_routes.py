@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """Route planning (pinned in specreg.yaml, else recommended), the dry run, and the front's own
 answers (413, 404, 400, 503) - nothing here starts llama.cpp."""
 
@@ -9,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from llama_fixtures import llama_install, small_models  # noqa: F401
 
 from specreg.cli.main import cli
 from specreg.errors import UsageError

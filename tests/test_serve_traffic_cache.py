@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """Caches grown from traffic, on real llama.cpp: SmolLM2 behind an adaptive policy of two
 candidates (plain and ngram-mod), one thread, a traffic cache every four code requests.
 
@@ -14,8 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-from llama_fixtures import llama_install, small_models  # noqa: F401
-from serve_support import ServeProcess, start_serve
 
 from specreg.llama.install import LlamaInstall
 from specreg.registry.db import opened
@@ -23,6 +20,8 @@ from specreg.registry.lookup_caches import list_caches
 from specreg.registry.run_store import list_runs
 from specreg.samples.small_models import SmallModels
 from specreg.serve.traffic import parse_name
+
+from support.serve import ServeProcess, start_serve
 
 pytestmark = pytest.mark.llama
 

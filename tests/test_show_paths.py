@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.cli_run import specreg
-from tests.tty_run import specreg_tty
+from support.cli import specreg
+from support.tty import specreg_tty
 
 
 def test_show_prints_every_part_path_whole(sparse_tree: Path, tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 from specreg.host.machine import Host
 from specreg.llama.config import Config, server_command
 from specreg.llama.install import DIALECT_SPEC_TYPE
-from tests.cli_run import specreg, specreg_json
+
+from support.cli import specreg, specreg_json
 
 TARGET = "Qwen3 Coder 30B A3B Instruct"
 

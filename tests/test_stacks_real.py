@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """Stacks and workload lookup caches with the real llama.cpp and SmolLM2-135M (threads=1, few
 tokens): the user's stack runs, is recorded whole with per-type figures and verifies at
 temperature 0; a cache built from recorded outputs is used on held-out prompts only, never by
@@ -10,10 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_run import specreg, specreg_json
-from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
 
 from specreg.samples.small_models import SmallModels
+
+from support.cli import specreg, specreg_json
 
 pytestmark = pytest.mark.llama
 

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import click
 import pytest
-from test_quality_cli import MOE_KV, specreg  # specreg: without llama.cpp anywhere
 
 from specreg.cli.common import TaskChoice
 from specreg.cli.main import COMMAND_MODULES, cli
 from specreg.quality.kld import quality_texts, shipped_text
 from specreg.terms import TASK_ALIASES, TASK_CHOICES, TASKS
+
+from support.cli import specreg_without_llama as specreg
+from support.fixtures import MOE_KV
 
 
 def task_options() -> list[tuple[str, click.Parameter]]:

@@ -1,6 +1,7 @@
 """Fixtures for tests that need real llama.cpp and the real small models.
 
-Import them in a test module: `from llama_fixtures import llama_bin, small_models`.
+A test asks for them by name (`def test_x(llama_bin, small_models)`); tests/conftest.py marks
+every test that uses one of them `llama`, so `-m "not llama"` leaves it out.
 Locally they skip when the build is missing; with CI=true they FAIL, because the CI script
 must have run `specreg llama build` and `specreg llama models` first.
 """
@@ -18,8 +19,14 @@ from specreg.samples.qwen_pair import QwenPair
 from specreg.samples.small_models import SmallModels
 from specreg.samples.synthetic import SyntheticModels
 
-REPO = Path(__file__).resolve().parent.parent
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from support import IN_CI, REPO
+
+# This module's fixtures: a test that uses any of them (directly or through another fixture)
+# needs the llama.cpp build or the real models.
+LLAMA_FIXTURES = frozenset(
+    ("llama_build_info", "llama_install", "llama_bin", "small_models", "synthetic_models",
+     "qwen_pair")
+)  # fmt: skip
 
 
 def require_real(condition: bool, what: str) -> None:

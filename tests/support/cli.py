@@ -29,3 +29,14 @@ def specreg_json(*args: str, codes: tuple[int, ...] = (0,)) -> dict[str, Any]:
     assert r.returncode in codes, r.stderr
     assert r.stdout.startswith("{"), r.stderr
     return json.loads(r.stdout)
+
+
+def specreg_without_llama(*args: str) -> subprocess.CompletedProcess[str]:
+    """`specreg ARGS` with no llama.cpp anywhere (none on PATH, SPECREG_LLAMA_BIN pointing
+    nowhere, an empty cache): for checks that must come before llama.cpp is needed."""
+    env = {"PATH": "/usr/bin:/bin", "SPECREG_LLAMA_BIN": "/nonexistent"}
+    env.update({k: v for k, v in os.environ.items() if k.startswith(("SPECREG_HOME", "HOME"))})
+    env["SPECREG_CACHE"] = os.environ["SPECREG_HOME"] + "/cache"
+    return subprocess.run(
+        [sys.executable, "-m", "specreg", *args], capture_output=True, text=True, env=env
+    )

@@ -326,6 +326,17 @@ def private_site(_collection_template: Path, tmp_path: Path) -> Iterator[Site]:
     yield _make_site(_collection_template, tmp_path / "site", tmp_path / "registry.duckdb")
 
 
+def pair_ids(s: Site) -> tuple[str, str]:
+    """The model ids of the site's Qwen2.5 Coder 32B target and its 0.5B draft."""
+    from specreg.declare import deps
+
+    with opened(s.db) as con:
+        t = deps.model_at_path(con, s.models / QWEN25_32B)
+        d = deps.model_at_path(con, s.models / QWEN25_05B)
+    assert t is not None and d is not None
+    return t.model_id, d.model_id
+
+
 def record_run(
     db: Path,
     *,

@@ -1,7 +1,5 @@
-"""Fixtures shared by the real-llama.cpp quality and agreement tests.
-
-Import them in a test module: `from quality_fixtures import con, measuring`.
-"""
+"""Fixtures shared by the real-llama.cpp quality and agreement tests: `measuring` (one thread,
+two chunks, a logits cache of the test's own) and `con` (the test's registry)."""
 
 from __future__ import annotations
 
