@@ -1,5 +1,5 @@
 """Errors a Ray worker raises reach the driver pickled: each must come back whole, or Ray
-reports "Failed to deserialize exception" instead of what went wrong (tests/test_ray_sweep.py)."""
+reports "Failed to deserialize exception" instead of what went wrong (tune/test_ray_sweep.py)."""
 
 from __future__ import annotations
 

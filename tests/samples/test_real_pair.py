@@ -47,7 +47,7 @@ class Home:
         self.env = {
             **os.environ,
             "SPECREG_HOME": str(root),
-            # The suite shares its host (see conftest.py): measurements accept the load.
+            # The suite shares its host (see support/fixtures.py): measurements accept the load.
             "SPECREG_MAX_LOAD": os.environ.get("SPECREG_MAX_LOAD", "1000"),
             "SPECREG_MAX_SPREAD": os.environ.get("SPECREG_MAX_SPREAD", "1000"),
             "SPECREG_MEASURE_LOCK": str(root / "measure.lock"),

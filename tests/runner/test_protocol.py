@@ -1,6 +1,6 @@
 """The measurement protocol with an engine that remembers what it was asked, as ngram-mod does:
 which samples get fresh state, what the warm-up sends, how warm runs are taken, and which
-figures are flagged. Real llama.cpp checks the same in test_runner_state.py."""
+figures are flagged. Real llama.cpp checks the same in llama/test_cross_request_state.py."""
 
 from __future__ import annotations
 

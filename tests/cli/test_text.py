@@ -18,7 +18,9 @@ from rich.text import Text
 from specreg.cli.common import SafeConsole, json_text
 from specreg.text import clip, sh_quote, shell_quote, terminal_safe, xml_safe
 
-CLI = Path(__file__).resolve().parent.parent / "specreg" / "cli"
+from support import REPO
+
+CLI = REPO / "specreg" / "cli"
 UNSAFE = "\x1b\x07\x9b\x00\x7f\u202e\udcff"
 # Any text, including lone surrogates (undecodable bytes of file names).
 TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=40) | st.sampled_from(

@@ -6,14 +6,15 @@ every option of every command is in it (in the table, in "More options" for that
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import click
 import pytest
 
 from specreg.cli.main import COMMAND_MODULES, cli
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+from support import REPO
+
+README = REPO / "README.md"
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
 _OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 _WORD = re.compile(r"^[a-z][a-z0-9-]*$")

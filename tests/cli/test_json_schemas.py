@@ -22,8 +22,8 @@ DRAFT = "Qwen2.5 Coder 0.5B Instruct"
 KINDS = {
     "scan", "models", "model", "demo", "compat", "drafts", "audit", "graph", "recommendation",
     "train", "tune", "run", "runs", "verify", "report", "plan", "import", "export",
-    "quality", "agreement",  # validated in test_quality_json.py (built from result objects)
-    "lookup-cache", "lookup-caches",  # validated in test_lookup_cache_json.py
+    "quality", "agreement",  # validated in quality/test_json.py (built from result objects)
+    "lookup-cache", "lookup-caches",  # validated in registry/test_lookup_caches_json.py
     "serve-routes",
     "doctor", "calibration", "sweep", "sweep-plan", "runs-export", "runs-import",
     "llama-build", "llama-info", "llama-models",

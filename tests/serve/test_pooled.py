@@ -1,6 +1,6 @@
 """What a pooled-state backend has read of its target's traffic (specreg.serve.pooled); the
 catch-up calls themselves are checked against a fake llama-server in
-test_serve_adaptive_fake.py."""
+serve/test_adaptive_fake.py."""
 
 from __future__ import annotations
 

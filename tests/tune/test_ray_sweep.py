@@ -1,4 +1,4 @@
-"""Issue 16's must-show, on a real Ray cluster on loopback (tests/ray_lab.py: a head and two
+"""Issue 16's must-show, on a real Ray cluster on loopback (tests/support/ray_lab.py: a head and two
 worker nodes standing in for the hosts alpha and beta, each with its own fingerprint and
 registry) and real llama.cpp with SmolLM2: a sweep lands every run in the caller's registry with
 the fingerprint of the host that measured it; a worker killed mid-run gives a failed run and the

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from support import REPO
+
 TARGET = "Qwen2.5 Coder 32B Instruct"
 DRAFT = "Qwen2.5 Coder 0.5B Instruct"
 
