@@ -8,7 +8,6 @@ attributes, so GraphML viewers and the JSON export can colour or group them as c
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -131,7 +130,3 @@ def json_document(g: nx.Graph) -> dict[str, Any]:
     from specreg.jsonout import document
 
     return document(JSON_KIND, JSON_VERSION, to_json(g))
-
-
-def dumps_json(g: nx.Graph) -> str:
-    return json.dumps(json_document(g), indent=2, ensure_ascii=False)

@@ -273,11 +273,3 @@ def _update_map(cur: CommentedMap, value: dict[str, Any]) -> None:
             cur.insert(prev, k, v)
     if trailing is not None and len(cur):
         cur.ca.items[list(cur)[-1]] = trailing
-
-
-def _set(node: CommentedMap, key: str, value: Any) -> None:
-    """Assign in place; a mapping is updated key by key so comments inside it stay."""
-    if isinstance(value, dict) and isinstance(node.get(key), CommentedMap):
-        _update_map(node[key], value)
-    else:
-        node[key] = value

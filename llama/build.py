@@ -106,15 +106,6 @@ class BuildInfo:
         return self.bin_dir
 
     @property
-    def include_dirs(self) -> tuple[Path, ...]:
-        return (
-            self.src_dir / "include",
-            self.src_dir / "common",
-            self.src_dir / "ggml" / "include",
-            self.src_dir / "vendor",
-        )
-
-    @property
     def state(self) -> str:
         """One line on how this build was made, for `llama build` and `llama info`."""
         if not self.disabled:

@@ -70,12 +70,6 @@ class Calibration:
         marginal = (b.seconds - a.seconds) / (b.n_tokens - a.n_tokens)
         return 1.0 / marginal if marginal > 0 else None
 
-    @property
-    def step_tps(self) -> float | None:
-        """Plain generation as llama-bench measured it."""
-        t = self.target
-        return 1.0 / t.gen_seconds if t is not None and t.gen_seconds else None
-
 
 def load_calibration(
     con: duckdb.DuckDBPyConnection,

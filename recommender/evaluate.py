@@ -274,14 +274,6 @@ class CVReport:
     def speedup_mape_draft(self) -> float:
         return float(np.mean(self.speedup_ape_draft))
 
-    @property
-    def median_k_loss(self) -> float:
-        return float(np.median([s.loss for s in self.series]))
-
-    @property
-    def median_rule_loss(self) -> float:
-        return float(np.median([s.rule_loss for s in self.series]))
-
 
 def grouped_cv(
     estimator: SpeculationRegressor,

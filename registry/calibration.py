@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import Any
 
@@ -334,7 +334,3 @@ def latest_bandwidth(
     data = dict(zip(_BW_COLUMNS, row, strict=True))
     data["measured_at"] = datetime.fromtimestamp(data["measured_at"], timezone.utc)
     return BandwidthRecord(**data)
-
-
-def with_id(rec: CalibrationRecord, cal_id: int) -> CalibrationRecord:
-    return replace(rec, calibration_id=cal_id)

@@ -99,17 +99,6 @@ class QualityRecord:
     def ok(self) -> bool:
         return self.status == "ok"
 
-    @property
-    def kld_str(self) -> str:
-        if self.mean_kld is None:
-            return "-"
-        unc = f" ± {self.mean_kld_unc:.4f}" if self.mean_kld_unc is not None else ""
-        return f"{self.mean_kld:.4f}{unc}"
-
-    @property
-    def same_top_str(self) -> str:
-        return "-" if self.same_top is None else f"{self.same_top:.1%}"
-
 
 _JSON = {"config", "host", "confidence"}
 _COLUMNS = [f.name for f in fields(QualityRecord) if f.name != "measurement_id"]

@@ -97,10 +97,6 @@ class ModelRecord:
     def params_str(self) -> str:
         return human_count(self.n_params)
 
-    @property
-    def tensor_type_counts(self) -> dict[str, int]:
-        return json.loads(self.tensor_types) if self.tensor_types else {}
-
 
 # Largest model we list as a draft by default: drafts worth running are small next to targets.
 DRAFT_MAX_PARAMS = 4_000_000_000

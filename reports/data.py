@@ -117,10 +117,6 @@ class PairView:
     flags: tuple[str, ...] = ()  # what llama-server needs for this draft (auditor's rules)
 
     @property
-    def verdict_label(self) -> str:
-        return VERDICT_LABELS[self.code]
-
-    @property
     def compatible(self) -> bool:
         return self.code in (1, 2)
 

