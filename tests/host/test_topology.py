@@ -15,7 +15,6 @@ from itertools import combinations
 from pathlib import Path
 
 import pytest
-from llama_fixtures import llama_bin, llama_install, small_models  # noqa: F401
 
 from specreg.host.placement import (
     Pinning,
