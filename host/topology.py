@@ -12,6 +12,7 @@ and checked is in host/placement.py.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable
@@ -265,3 +266,12 @@ def layouts(topology: Topology) -> Layouts:
         halves = (topology.cores[:cut], topology.cores[cut:])
         splits.append(tuple(placement(topology, f"half{i}", h) for i, h in enumerate(halves)))
     return Layouts(full, tuple(splits))
+
+
+def even_topology(physical_cores: int, numa_nodes: int = 1) -> Topology:
+    """A topology stated rather than read (another host's facts: `--cores`, a facts file):
+    `physical_cores` cores numbered from 0, no SMT siblings, spread evenly over the nodes."""
+    nodes = max(1, numa_nodes)
+    per = max(1, math.ceil(physical_cores / nodes))
+    cores = tuple(Core((i,), min(i // per, nodes - 1), i, 0) for i in range(max(1, physical_cores)))
+    return Topology(tuple(range(nodes)), cores)

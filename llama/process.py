@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,10 +114,24 @@ def _die_with_parent() -> None:
 
 
 def spawn(
-    argv: list[str], *, env: dict[str, str], stdout: Any, stderr: Any, log_path: Path | None
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    stdout: Any,
+    stderr: Any,
+    log_path: Path | None,
+    pin: Callable[[], object] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a llama.cpp process in its own process group (killed as a whole) that dies
-    with specreg; `ServerFailed` when it cannot start."""
+    with specreg; `pin` runs in the child before exec (its placement on cores and memory,
+    host/placement.py: prepared in the parent, it only makes system calls).
+    `ServerFailed` when it cannot start."""
+
+    def before_exec() -> None:
+        _die_with_parent()
+        if pin is not None:
+            pin()
+
     try:
         return subprocess.Popen(
             argv,
@@ -126,7 +140,7 @@ def spawn(
             stderr=stderr,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=before_exec,
         )
     except OSError as err:
         raise ServerFailed(

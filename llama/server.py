@@ -17,6 +17,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -130,10 +131,12 @@ class LlamaServer:
         startup_timeout: float = STARTUP_TIMEOUT_S,
         request_timeout: float = REQUEST_TIMEOUT_S,
         append_log: bool = False,
+        pin: Callable[[], object] | None = None,
     ):
         # `command` is the full argv without --host/--port, which are chosen here.
         self.command = command
         self.append_log = append_log
+        self.pin = pin  # runs in the child before exec: its cores and memory policy
         self.env = env
         self.log_path = log_path
         self.startup_timeout = startup_timeout
@@ -192,8 +195,9 @@ class LlamaServer:
             out.write(f"$ {' '.join(self.argv)}\n".encode())
             out.flush()
             self.proc = spawn(
-                self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, log_path=None
-            )
+                self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, log_path=None,
+                pin=self.pin,
+            )  # fmt: skip
         deadline = time.monotonic() + self.startup_timeout
         while True:
             rc = self.proc.poll()

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from specreg.host.placement import PlacementCheck, check_placement, pinning
 from specreg.isa import SIGILL_REMEDY
 from specreg.llama.process import ServerFailed, exit_how, killed_by, llama_message
 from specreg.llama.server import STARTUP_TIMEOUT_S, LlamaServer
@@ -66,6 +67,7 @@ class BackendStatus:
     last_exit: str
     failure: str
     memory: Resident | None
+    placement: dict[str, object] | None = None  # its cores, and what the kernel says of them
 
 
 class Backend:
@@ -101,6 +103,7 @@ class Backend:
         self.inflight = 0  # requests on their way through it now
         self.starting: asyncio.Task[None] | None = None  # a lazy start under way
         self.last_pss: int | None = None  # bytes it held when last measured
+        self.placement_check: PlacementCheck | None = None  # its cores and pages, read back
 
     # -- process --------------------------------------------------------------------------
 
@@ -119,6 +122,13 @@ class Backend:
 
     def _start_blocking(self, server: LlamaServer) -> tuple[bool | None, str]:
         server.start()
+        place = self.spec.placement
+        if place is not None and server.proc is not None:
+            # what the kernel says of its cores and its model's pages: a mismatch is reported
+            models = [Path(p) for p in (self.spec.target.path, self.spec.draft_path) if p]
+            self.placement_check = check_placement(server.proc.pid, place, models=models)
+            if self.placement_check.problem:
+                log.warning("%s: %s", self.name, self.placement_check.problem)
         if not self.spec.config.speculative:
             return None, ""
         return server.speculative_slots(), server.spec_init_error()
@@ -127,11 +137,16 @@ class Backend:
         """Start a new process; `ServerFailed` (llama.cpp's message) when it cannot serve."""
         self.ready.clear()
         self.starts += 1
+        place = self.spec.placement
+        # Without numactl in front, the child pins itself (cores, and on a multi-node host
+        # its memory policy) before exec: every thread it starts inherits the placement.
+        pin = pinning(place).apply if place is not None and not self.spec.prefix else None
         server = LlamaServer(
             list(self.spec.argv),
             env=self.env,
             log_path=self.logs / f"serve-{self.name}-{self.starts}.log",
             startup_timeout=self.startup_timeout,
+            pin=pin,
         )
         started = self.executor.submit(self._start_blocking, server)
         try:
@@ -234,7 +249,19 @@ class Backend:
             memory=resident(pid)
             if memory and pid is not None and self.exit_code() is None
             else None,
+            placement=self._placement_json(),
         )
+
+    def _placement_json(self) -> dict[str, object] | None:
+        place = self.spec.placement
+        if place is None:
+            return None
+        check = self.placement_check
+        return {
+            **place.to_json(),
+            "checked": check.to_json() if check is not None else None,
+            "ok": check.ok if check is not None else None,
+        }
 
 
 class BackendPool:

@@ -21,6 +21,8 @@ from specreg.declare.launch import DEFAULT_DRAFT_MAX, DIALECT_CURRENT
 from specreg.declare.spec import PinnedConfig, RoleDecl, Spec
 from specreg.errors import UsageError
 from specreg.host.machine import Host
+from specreg.host.placement import launch_flags, launch_prefix
+from specreg.host.topology import Placement
 from specreg.jsonout import document
 from specreg.llama.config import SPEC_NONE, SPEC_TYPES, Config, server_argv
 from specreg.llama.install import LlamaInstall
@@ -94,9 +96,13 @@ class BackendSpec:
     binary: str
     flags: tuple[str, ...]  # llama-server flags after the binary, without --host/--port
     slots: int = DEFAULT_PARALLEL  # requests it decodes at once (llama-server -np)
-    # The logical CPUs its threads run on (its placement); () for every CPU serve may use.
-    cpus: tuple[int, ...] = ()
-    placement: str = "full"
+    # The cores it runs on (threads, CPUs, memory policy); None: every CPU serve may use.
+    placement: Placement | None = None
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        """The logical CPUs of its cores, SMT siblings included (what it occupies)."""
+        return tuple(sorted(self.placement.all_cpus)) if self.placement is not None else ()
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -152,7 +158,7 @@ class RouteTable:
     `candidates` what the adaptive policy chooses among (empty under --policy fixed)."""
 
     JSON_KIND = "serve-routes"
-    JSON_VERSION = "2"
+    JSON_VERSION = "3"  # 3: each backend's slots and placement
 
     targets: tuple[Target, ...]
     routes: tuple[Route, ...]
@@ -200,6 +206,8 @@ class RouteTable:
                         "draft_path": b.draft_path,
                         "argv": list(b.argv),
                         "command": b.command,
+                        "slots": b.slots,
+                        "placement": b.placement.to_json() if b.placement else None,
                         "tasks": [r.task for r in self.routes if r.backend == b.name],
                     }
                     for b in self.backends
@@ -462,21 +470,25 @@ def _backend(
     target: Target,
     config: Config,
     draft: ModelRecord | None,
-    parallel: int,
+    shape: Shape,
 ) -> BackendSpec:
     """The backend running `config` for `target`: the existing one with the same flags."""
     draft_path = Path(draft.path) if draft is not None else None
+    place = shape.placement
+    if place is not None and config.threads is None:
+        config = config.with_(threads=place.threads)  # one thread per core of the placement
     flags = (
         "-np",
-        str(parallel),
+        str(shape.slots),
         "--metrics",
         "--alias",
         target.name,
         # llama-server divides its context among the slots: each request gets config.ctx
         *server_argv(
-            config.with_(ctx=config.ctx * parallel), Path(target.path), draft_path,
+            config.with_(ctx=config.ctx * shape.slots), Path(target.path), draft_path,
             install.dialect, host,
         ),
+        *(_pinning(place, config, host) if place is not None else ()),
     )  # fmt: skip
     key = (str(install.server), *flags)
     if key not in backends:
@@ -486,18 +498,36 @@ def _backend(
         name = safe_name(f"{target.name}~{label}")
         if name in {b.name for b in backends.values()}:
             name = f"{name}-{len(backends) + 1}"
+        prefix = launch_prefix(place, host.numactl) if place else host.launch_prefix()
         backends[key] = BackendSpec(
             name=name,
             target=target,
             config=config,
             draft_id=draft.model_id if draft is not None else None,
             draft_path=str(draft_path) if draft_path is not None else None,
-            prefix=tuple(host.launch_prefix()),
+            prefix=tuple(prefix),
             binary=str(install.server),
             flags=flags,
-            slots=parallel,
+            slots=shape.slots,
+            placement=place,
         )
     return backends[key]
+
+
+def _pinning(place: Placement, config: Config, host: Host) -> list[str]:
+    """The placement's flags beyond the threads server_argv gives: the batch threads (as
+    many), and without numactl llama.cpp's own CPU mask."""
+    flags = launch_flags(place, host.numactl)
+    threads = str(config.threads or place.threads)
+    return ["-tb", threads, *flags[4:]]  # flags[:4] is -t N -tb N
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How every backend runs: its slots, and the cores it is placed on (None: anywhere)."""
+
+    slots: int = DEFAULT_PARALLEL
+    placement: Placement | None = None
 
 
 def plan_routes(
@@ -511,7 +541,7 @@ def plan_routes(
     pins: Sequence[Pin] = (),
     threads: int | None = None,
     ctx: int | None = None,
-    parallel: int = DEFAULT_PARALLEL,
+    shape: Shape = Shape(),
     policy: str = POLICY_FIXED,
 ) -> RouteTable:
     """Choose every (target, task)'s configuration and the backends that serve them; under
@@ -562,7 +592,7 @@ def plan_routes(
                 config: Config, draft: ModelRecord | None, target: Target = target
             ) -> BackendSpec:
                 config = config.with_(threads=threads, **({"ctx": ctx} if ctx else {}))
-                return _backend(backends, install, host, target, config, draft, parallel)
+                return _backend(backends, install, host, target, config, draft, shape)
 
             b = backend_of(choice.config, choice.draft)
             routes.append(
@@ -671,8 +701,6 @@ def cache_candidate(
     new candidate of (target, task): the target's plain backend with the static cache added,
     same threads, context and slots. `prior`: (t/s, low, high), no band by default."""
     base = next(b for b in table.backends if b.target.name == target)
-    np_at = base.flags.index("-np") + 1 if "-np" in base.flags else None
-    parallel = int(base.flags[np_at]) if np_at is not None else DEFAULT_PARALLEL
     config = Config(
         spec_type="ngram-cache",
         lookup_cache=cache_path,
@@ -681,7 +709,8 @@ def cache_candidate(
         temperature=0.0,
     )
     existing = {(str(install.server), *b.flags): b for b in table.backends}
-    spec = _backend(existing, install, host, base.target, config, None, parallel)
+    spec = _backend(existing, install, host, base.target, config, None,
+                    Shape(base.slots, base.placement))  # fmt: skip
     label = f"ngram-cache {Path(cache_path).stem}"
     candidate = CandidateRoute(
         target, task, spec.name, label, KIND_CACHE, f"ngram-cache@{Path(cache_path).stem}",

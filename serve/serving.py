@@ -43,6 +43,7 @@ from specreg.serve.routes import (
     POLICY_FIXED,
     BackendSpec,
     RouteTable,
+    Shape,
     cache_candidate,
     parse_pin,
     plan_routes,
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from specreg.host.facts import HostFacts, HostQuery
+    from specreg.host.topology import Placement
     from specreg.registry.lookup_caches import LookupCache
 
 log = logging.getLogger(__name__)
@@ -229,7 +231,8 @@ def prepare(
         advisor = open_advisor(con, facts, without=served)
         table = plan_routes(
             con, install, host, advisor, targets,
-            spec=spec, pins=parsed, threads=threads, ctx=ctx, parallel=parallel, policy=policy,
+            spec=spec, pins=parsed, threads=threads, ctx=ctx, policy=policy,
+            shape=Shape(parallel, full_placement(host, host_query)),
         )  # fmt: skip
         evidence: tuple[RunRecord, ...] = ()
         traffic: dict[tuple[str, str], TrafficState] = {}
@@ -256,6 +259,18 @@ def _load_models(
                 con, host.fingerprint, facts.bandwidth_gbs, facts.physical_cores, model
             )
     return out
+
+
+def full_placement(host: Host, query: HostQuery | None) -> Placement:
+    """Every core of the host serve runs for, one thread each, memory interleaved over its
+    nodes: this machine's topology from /sys, or another host's as its facts state it."""
+    from specreg.host.topology import even_topology, layouts, read_topology
+
+    if query is not None and query.elsewhere:
+        topology = even_topology(host.physical_cores, host.numa_nodes)
+    else:
+        topology = read_topology()
+    return layouts(topology).full
 
 
 def with_traffic_caches(

@@ -120,7 +120,7 @@ def test_dry_run_json_lists_routes_and_commands(
         tmp_path, specreg_home, small_models, llama_install, "--threads", "1", "--policy",
         "adaptive",
     )  # fmt: skip
-    assert (doc["version"], doc["kind"]) == ("2", "serve-routes")
+    assert (doc["version"], doc["kind"]) == ("3", "serve-routes")
     assert set(doc) == {
         "version", "kind", "targets", "routes", "backends", "notes", "policy", "candidates"
     }  # fmt: skip
@@ -134,8 +134,17 @@ def test_dry_run_json_lists_routes_and_commands(
         "target", "task", "backend", "config_label", "source", "reason"
     }  # fmt: skip
     assert set(doc["backends"][0]) == {
-        "name", "target", "config", "config_label", "draft_path", "argv", "command", "tasks"
+        "name", "target", "config", "config_label", "draft_path", "argv", "command", "slots",
+        "placement", "tasks",
     }  # fmt: skip
+    # every backend on this host's full core set, one thread per core, four slots
+    import os
+
+    for b in doc["backends"]:
+        place = b["placement"]
+        assert place["name"] == "full" and set(place["cpus"]) <= os.sched_getaffinity(0)
+        assert b["slots"] == 4 and b["argv"][b["argv"].index("-np") + 1] == "4"
+        assert b["argv"][b["argv"].index("-tb") + 1] == "1"  # --threads 1 given
     tasks = {b["config_label"]: b["tasks"] for b in doc["backends"]}
     assert tasks == {
         "plain": ["prose", "summarize", "json", "math", "chat"],
