@@ -186,6 +186,12 @@ class Router:
                 gone.append(arm.candidate.key)
         return gone
 
+    def takes_cache(self, target: str, task: str) -> bool:
+        """Whether a cache grown from (target, task)'s traffic could join its candidates:
+        it chooses among several (a pin of one configuration stays a pin)."""
+        policy = self.policy(target, task)
+        return policy is not None and len(policy.arms) >= 2
+
     def cache_lost(self, target: str, task: str) -> bool:
         """Whether (target, task)'s newest cache grown from traffic lost to another candidate
         on evidence: retired as dominated (not superseded by a newer one), or measured and not

@@ -472,6 +472,7 @@ async def _main(
             schedule=recorder.schedule,
             on_built=lambda *built: _call_soon(loop, offer, *built),
             on_busy=lambda busy: _call_soon(loop, neighbour, busy), lost=router.cache_lost,
+            wanted=router.takes_cache,
         )  # fmt: skip
     service = Service(
         table,

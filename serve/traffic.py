@@ -185,6 +185,7 @@ class TrafficCaches:
         on_built: OnBuilt,
         on_busy: Callable[[bool], None] = lambda busy: None,
         lost: Callable[[str, str], bool] = lambda target, task: False,
+        wanted: Callable[[str, str], bool] = lambda target, task: True,
     ):
         self.db_path = db_path
         self.install = install
@@ -197,12 +198,15 @@ class TrafficCaches:
         self.on_built = on_built
         self.on_busy = on_busy  # a build takes the cores (True) and gives them back (False)
         self.lost = lost  # (target, task): its newest cache lost on evidence
+        self.wanted = wanted  # (target, task): a cache could join its candidates
         self.building: set[tuple[str, str]] = set()
         self.failures: list[str] = []
         self._lock = threading.Lock()
 
     def note(self, target: str, model_id: str, model_path: str, task: str) -> None:
         """One more served request of (target, task) with its texts kept."""
+        if not self.wanted(target, task):
+            return  # a task pinned to one configuration: a cache could never serve it
         key = (target, task)
         due = self.due(target, task)
         with self._lock:
