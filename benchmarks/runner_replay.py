@@ -46,11 +46,11 @@ from specreg.home import logs_dir
 from specreg.host.machine import detect_host
 from specreg.llama.config import Config, server_command
 from specreg.llama.install import find_llama
+from specreg.llama.models import ensure_test_models
 from specreg.llama.server import Completion, LlamaServer
 from specreg.runner.measure import measure
 from specreg.runner.protocol import Figures
 from specreg.runner.workload import Prompt, Workload
-from specreg.samples.small_models import ensure_test_models
 
 FIRST_NAMES = ["Ana", "Bram", "Chen", "Dalia", "Emil", "Farah", "Goran", "Hana", "Ivo", "Jun",
                "Kofi", "Lena", "Marek", "Nia", "Oskar", "Priya", "Quinn", "Rosa", "Sven", "Tomo",

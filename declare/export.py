@@ -18,6 +18,7 @@ import shlex
 from specreg.declare import EXPORT_FORMATS
 from specreg.declare.launch import DIALECT_LEGACY, Launch, LaunchPlan
 from specreg.errors import UsageError, param
+from specreg.llamacpp import ServerFlag
 from specreg.registry.text import is_odd
 from specreg.text import BIDI, is_terminal_safe, sh_join, sh_quote, terminal_safe
 
@@ -163,7 +164,7 @@ def render_models_preset(plan: LaunchPlan) -> str:
             )
         out.append(f"[{launch.name}]")
         for f in launch.flags:
-            if f.preset_key == "port":  # the router assigns ports to its model instances
+            if f.flag == ServerFlag.PORT:  # the router assigns ports to its model instances
                 continue
             if not _INI_IDENT.match(f.preset_key):
                 raise ExportError(f"{f.flag} has no key usable in a preset")

@@ -18,15 +18,15 @@ from typing import Any
 from specreg.errors import LlamaError
 from specreg.host.machine import Host
 from specreg.llama.build import BuildInfo, cached_build
+from specreg.llamacpp import DRAFT_MAX, SPEC_TYPE, Flag, Tool
 
 # The dialects are specreg.terms' vocabulary, importable from here too.
 from specreg.terms import DIALECT_DRAFT_MAX as DIALECT_DRAFT_MAX
 from specreg.terms import DIALECT_SPEC_TYPE as DIALECT_SPEC_TYPE
 from specreg.terms import DIALECTS as DIALECTS
-from specreg.terms import SPEC_DRAFT_SIMPLE, SPEC_NONE
 
 ENV_LLAMA_BIN = "SPECREG_LLAMA_BIN"
-SERVER = "llama-server"
+SERVER = Tool.SERVER
 HELP_TIMEOUT_S = 30.0
 
 NOT_FOUND_HINT = (
@@ -63,7 +63,7 @@ class LlamaInstall:
         types = [t for t in spec_type.split(",") if t] or ["none"]
         if self.dialect == DIALECT_SPEC_TYPE:
             return all(t in self.spec_types for t in types)
-        return len(types) == 1 and types[0] in (SPEC_NONE, SPEC_DRAFT_SIMPLE)
+        return len(types) == 1 and types[0] in DRAFT_MAX.server_spec_types
 
 
 @dataclass(frozen=True)
@@ -141,17 +141,19 @@ def last_line(output: str, rc: int) -> str:
 
 
 def parse_dialect(help_text: str) -> tuple[str, tuple[str, ...]] | None:
-    """(dialect, spec types) from `llama-server --help`, or None for an unknown dialect."""
-    if re.search(r"(^|[\s,])--spec-type\b", help_text, re.M):
+    """(dialect, spec types) from `llama-server --help`, or None for an unknown dialect: the
+    dialect whose marker flag the help lists (specreg.llamacpp), newest first."""
+    marker = re.escape(SPEC_TYPE.marker)
+    if re.search(rf"(^|[\s,]){marker}\b", help_text, re.M):
         types: tuple[str, ...] = ()
         for line in help_text.splitlines():
-            if "--spec-type" in line:
-                m = re.search(r"--spec-type\s+\[?([a-z0-9,|\-]+)", line)
+            if SPEC_TYPE.marker in line:
+                m = re.search(rf"{marker}\s+\[?([a-z0-9,|\-]+)", line)
                 if m:
                     types = tuple(t for t in re.split(r"[,|]", m.group(1)) if t)
                 break
-        return DIALECT_SPEC_TYPE, types or (SPEC_NONE, SPEC_DRAFT_SIMPLE)
-    if re.search(r"(^|[\s,])--draft-max\b", help_text, re.M):
+        return DIALECT_SPEC_TYPE, types or DRAFT_MAX.server_spec_types
+    if re.search(rf"(^|[\s,]){re.escape(DRAFT_MAX.marker)}\b", help_text, re.M):
         return DIALECT_DRAFT_MAX, ()
     return None
 
@@ -177,7 +179,7 @@ def probe_install(bin_dir: Path, source: str) -> LlamaInstall:
     server = bin_dir / SERVER
     if not server.is_file() or not os.access(server, os.X_OK):
         raise LlamaError(f"no executable {SERVER} in {bin_dir} (from {source}); {NOT_FOUND_HINT}")
-    rc, help_text = run_text([str(server), "--help"])
+    rc, help_text = run_text([str(server), Flag.HELP])
     parsed = parse_dialect(help_text)
     if parsed is None:
         raise LlamaError(
@@ -186,7 +188,7 @@ def probe_install(bin_dir: Path, source: str) -> LlamaInstall:
             "later"
         )
     dialect, types = parsed
-    _, version_text = run_text([str(server), "--version"])
+    _, version_text = run_text([str(server), Flag.VERSION])
     binaries = tuple(
         sorted(p.name for p in bin_dir.glob("llama-*") if p.is_file() and os.access(p, os.X_OK))
     )

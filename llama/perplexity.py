@@ -45,10 +45,11 @@ from specreg.llama.process import (
     llama_message,
     run_tool,
 )
+from specreg.llamacpp import Flag, PerplexityFlag, Tool
 
 log = logging.getLogger(__name__)
 
-PERPLEXITY = "llama-perplexity"
+PERPLEXITY = Tool.PERPLEXITY
 DEFAULT_CTX = 128  # chunk length: scores 63 tokens per chunk, the second half of each
 DEFAULT_TIMEOUT_S = 900.0
 # A saved-logits file larger than this is refused unless the caller raises the limit.
@@ -278,7 +279,7 @@ class KldRun:
 def override_flags(overrides: Sequence[str]) -> list[str]:
     out: list[str] = []
     for kv in overrides:
-        out += ["--override-kv", kv]
+        out += [Flag.OVERRIDE_KV, kv]
     return out
 
 
@@ -312,8 +313,8 @@ class Perplexity:
         return [
             *self.host.launch_prefix(),
             str(self.binary),
-            "-m", str(model), "-f", str(text_file), "-c", str(ctx),
-            "-t", str(self.threads), *extra,
+            Flag.MODEL, str(model), Flag.PROMPT_FILE, str(text_file), Flag.CTX, str(ctx),
+            Flag.THREADS, str(self.threads), *extra,
         ]  # fmt: skip
 
     def _run(self, argv: list[str]) -> tuple[int, str, str, float]:
@@ -339,9 +340,9 @@ class Perplexity:
         `PerplexityFailed` with llama.cpp's line."""
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".part")
-        extra = ["--kl-divergence-base", str(tmp), *override_flags(overrides)]
+        extra = [PerplexityFlag.KLD_BASE, str(tmp), *override_flags(overrides)]
         if chunks is not None:
-            extra += ["--chunks", str(chunks)]
+            extra += [PerplexityFlag.CHUNKS, str(chunks)]
         argv = self.command(model, text_file, ctx, extra)
         try:
             rc, stdout, log_text, wall = self._run(argv)
@@ -370,7 +371,7 @@ class Perplexity:
         one vocabulary: a differing one is refused here, before llama-perplexity prints
         numbers that mean nothing."""
         header = read_header(base)
-        extra = ["--kl-divergence-base", str(base), "--kl-divergence", *override_flags(overrides)]
+        extra = [PerplexityFlag.KLD_BASE, str(base), PerplexityFlag.KLD, *override_flags(overrides)]
         argv = self.command(model, text_file, header.n_ctx, extra)
         rc, stdout, log_text, wall = self._run(argv)
         text = stdout + "\n" + log_text

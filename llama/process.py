@@ -198,9 +198,13 @@ def classify_exit(log_text: str, returncode: int | None) -> str:
     return "crash"
 
 
+# The one address specreg's llama-server processes listen on.
+LOCALHOST = "127.0.0.1"
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((LOCALHOST, 0))
         return int(sock.getsockname()[1])
 
 
