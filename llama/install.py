@@ -11,9 +11,10 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from specreg.errors import LlamaError
 from specreg.host.machine import Host
@@ -28,6 +29,8 @@ from specreg.terms import DIALECTS as DIALECTS
 ENV_LLAMA_BIN = "SPECREG_LLAMA_BIN"
 SERVER = Tool.SERVER
 HELP_TIMEOUT_S = 30.0
+
+T = TypeVar("T")
 
 NOT_FOUND_HINT = (
     "pass --llama-bin DIR, set SPECREG_LLAMA_BIN, put llama-server on PATH, or run "
@@ -135,6 +138,16 @@ def run_text(cmd: list[str]) -> tuple[int, str]:
     return proc.returncode, (proc.stdout or "") + (proc.stderr or "")
 
 
+def read_help(binary: Path, parse: Callable[[str], T | None], refusal: Callable[[str], str]) -> T:
+    """What `parse` reads from `binary --help`; a `LlamaError` with `refusal` of the tool's
+    last line when it reads nothing."""
+    rc, help_text = run_text([str(binary), Flag.HELP])
+    parsed = parse(help_text)
+    if parsed is None:
+        raise LlamaError(refusal(last_line(help_text, rc)))
+    return parsed
+
+
 def last_line(output: str, rc: int) -> str:
     """What a tool said last (for error messages), or its exit code when it said nothing."""
     return (output.strip().splitlines() or [f"exit code {rc}"])[-1][:120]
@@ -179,15 +192,15 @@ def probe_install(bin_dir: Path, source: str) -> LlamaInstall:
     server = bin_dir / SERVER
     if not server.is_file() or not os.access(server, os.X_OK):
         raise LlamaError(f"no executable {SERVER} in {bin_dir} (from {source}); {NOT_FOUND_HINT}")
-    rc, help_text = run_text([str(server), Flag.HELP])
-    parsed = parse_dialect(help_text)
-    if parsed is None:
-        raise LlamaError(
-            f"{server} speaks an unknown flag dialect (neither --spec-type nor --draft-max in "
-            f"its --help; it said: {last_line(help_text, rc)}): use llama.cpp from 2024-12 or "
+    dialect, types = read_help(
+        server,
+        parse_dialect,
+        lambda said: (
+            f"{server} speaks an unknown flag dialect (neither {SPEC_TYPE.marker} nor "
+            f"{DRAFT_MAX.marker} in its --help; it said: {said}): use llama.cpp from 2024-12 or "
             "later"
-        )
-    dialect, types = parsed
+        ),
+    )
     _, version_text = run_text([str(server), Flag.VERSION])
     binaries = tuple(
         sorted(p.name for p in bin_dir.glob("llama-*") if p.is_file() and os.access(p, os.X_OK))

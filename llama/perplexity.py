@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from specreg.errors import UsageError, param
 from specreg.home import cache_dir, logs_dir
@@ -62,14 +63,17 @@ MIN_TOKENS_FOR_STATISTICS = 100
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|nan|inf)"
 _PM = rf"({_NUM})\s*±\s*({_NUM})"
+# The summary's figures (each with its uncertainty), by the `KldStats` field they fill; those
+# printed in % are kept as shares.
 _FINAL = {
     "ppl": re.compile(rf"^Mean PPL\(Q\)\s*:\s*{_PM}", re.M),
     "ppl_base": re.compile(rf"^Mean PPL\(base\)\s*:\s*{_PM}", re.M),
     "ln_ppl_ratio": re.compile(rf"^Mean ln\(PPL\(Q\)/PPL\(base\)\)\s*:\s*{_PM}", re.M),
-    "kld": re.compile(rf"^Mean\s+KLD:\s*{_PM}", re.M),
+    "mean_kld": re.compile(rf"^Mean\s+KLD:\s*{_PM}", re.M),
     "rms_dp": re.compile(rf"^RMS Δp\s*:\s*{_PM}\s*%", re.M),
     "same_top": re.compile(rf"^Same top p:\s*{_PM}\s*%", re.M),
 }
+_PERCENT = ("rms_dp", "same_top")
 _PERCENTILES = {
     "max": "Maximum",
     "p999": r"99\.9%",
@@ -151,29 +155,19 @@ def _float(text: str) -> float:
 
 def parse_kld(stdout: str) -> KldStats | None:
     """The statistics from `--kl-divergence` output, or None if it printed none."""
-    found = {name: rx.search(stdout) for name, rx in _FINAL.items()}
-    if all(found.values()):
-        pair = {k: (_float(m.group(1)), _float(m.group(2))) for k, m in found.items() if m}
+    figures: dict[str, Any] = {}
+    for name, rx in _FINAL.items():
+        m = rx.search(stdout)
+        if m is not None:
+            scale = 100 if name in _PERCENT else 1
+            figures[name], figures[f"{name}_unc"] = _float(m[1]) / scale, _float(m[2]) / scale
+    if len(figures) == 2 * len(_FINAL):
         pct = {}
         for name, label in _PERCENTILES.items():
             m = re.search(rf"^\s*{label}\s+KLD:\s*({_NUM})", stdout, re.M)
             if m:
                 pct[name] = _float(m.group(1))
-        return KldStats(
-            mean_kld=pair["kld"][0],
-            mean_kld_unc=pair["kld"][1],
-            same_top=pair["same_top"][0] / 100,
-            same_top_unc=pair["same_top"][1] / 100,
-            ppl=pair["ppl"][0],
-            ppl_unc=pair["ppl"][1],
-            ln_ppl_ratio=pair["ln_ppl_ratio"][0],
-            ln_ppl_ratio_unc=pair["ln_ppl_ratio"][1],
-            rms_dp=pair["rms_dp"][0] / 100,
-            rms_dp_unc=pair["rms_dp"][1] / 100,
-            ppl_base=pair["ppl_base"][0],
-            ppl_base_unc=pair["ppl_base"][1],
-            percentiles=pct,
-        )
+        return KldStats(**figures, percentiles=pct)
     rows = _CHUNK_ROW.findall(stdout)
     if not rows:
         return None

@@ -23,7 +23,7 @@ from pathlib import Path
 from specreg.errors import LlamaError, UsageError, param
 from specreg.host.machine import Host
 from specreg.llama.config import Config, expert_flags
-from specreg.llama.install import LlamaInstall, last_line, run_text
+from specreg.llama.install import LlamaInstall, read_help
 from specreg.llama.process import (
     ServerFailed,
     ToolOutput,
@@ -34,7 +34,7 @@ from specreg.llama.process import (
     strip_log_prefix,
 )
 from specreg.llama.server import Completion
-from specreg.llamacpp import SPELLINGS, Flag, Tool
+from specreg.llamacpp import SPELLINGS, DraftFlag, Flag, SpecFlag, Tool
 from specreg.runner.measurement import Measurement, RunStart, interrupted, prompt_result
 from specreg.runner.protocol import Engine, Sampler, SamplingInterrupted, collect, plan_protocol
 from specreg.runner.workload import Workload
@@ -220,15 +220,15 @@ def legacy_flags(binary: Path) -> LegacyFlags:
     """The flag spelling of `binary`, probed once per file version."""
     key = (str(binary), binary.stat().st_mtime_ns if binary.exists() else 0)
     if key not in _FLAGS_CACHE:
-        rc, help_text = run_text([str(binary), Flag.HELP])
-        flags = parse_legacy_flags(help_text)
-        if flags is None:
-            raise LlamaError(
-                f"{binary} has no draft-length flag (--spec-draft-n-max, --draft-max or --draft) "
-                f"in its --help (it said: {last_line(help_text, rc)}): use llama.cpp from 2024 "
-                "or later"
-            )
-        _FLAGS_CACHE[key] = flags
+        _FLAGS_CACHE[key] = read_help(
+            binary,
+            parse_legacy_flags,
+            lambda said: (
+                f"{binary} has no draft-length flag ({SpecFlag.DRAFT_N_MAX}, {DraftFlag.N_MAX} "
+                f"or {DraftFlag.N}) in its --help (it said: {said}): use llama.cpp from 2024 or "
+                "later"
+            ),
+        )
     return _FLAGS_CACHE[key]
 
 
