@@ -120,16 +120,10 @@ class Answer:
     ids: tuple[int, ...]
 
 
-def answer_positions(
-    tokens: np.ndarray,
-    answers: Sequence[Answer],
-    *,
-    piece: int = ANSWER_PIECE,
-    slack: int = ANSWER_SLACK,
-) -> np.ndarray:
+def answer_positions(tokens: np.ndarray, answers: Sequence[Answer], **search: int) -> np.ndarray:
     """True at each of `tokens` that belongs to an answer, found by the answer's own ids
-    (`answer_index` says which)."""
-    return answer_index(tokens, answers, piece=piece, slack=slack) >= 0
+    (`answer_index` says which, and takes the same `piece` and `slack`)."""
+    return answer_index(tokens, answers, **search) >= 0
 
 
 def answer_index(

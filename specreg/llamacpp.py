@@ -24,7 +24,7 @@ notes) is a build fact too, and lives here (`CROSS_REQUEST_STATE`, `keeps_state`
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from specreg.terms import (
@@ -281,53 +281,32 @@ class Dialect:
 
 
 SPEC_TYPE = Dialect(
-    name=DIALECT_SPEC_TYPE,
-    marker=SpecFlag.TYPE,
-    spec_type=SpecFlag.TYPE,
-    draft_model=SpecFlag.DRAFT_MODEL,
-    draft_threads=SpecFlag.DRAFT_THREADS,
-    draft_n_max=SpecFlag.DRAFT_N_MAX,
-    draft_n_min=SpecFlag.DRAFT_N_MIN,
+    name=DIALECT_SPEC_TYPE, marker=SpecFlag.TYPE, spec_type=SpecFlag.TYPE,
+    draft_model=SpecFlag.DRAFT_MODEL, draft_threads=SpecFlag.DRAFT_THREADS,
+    draft_n_max=SpecFlag.DRAFT_N_MAX, draft_n_min=SpecFlag.DRAFT_N_MIN,
     draft_p_min=SpecFlag.DRAFT_P_MIN,
-    server_spec_types=SPEC_TYPES,
-    k_flag=K_FLAG,
-    k_default=K_DEFAULT,
+    server_spec_types=SPEC_TYPES, k_flag=K_FLAG, k_default=K_DEFAULT,
     removed=(
-        DraftFlag.N,
-        "--draft-n",
-        DraftFlag.N_MAX,
-        DraftFlag.N_MIN,
-        "--draft-n-min",
-        "--spec-ngram-size-n",
-        "--spec-ngram-size-m",
-        "--spec-ngram-min-hits",
+        DraftFlag.N, "--draft-n", DraftFlag.N_MAX, DraftFlag.N_MIN, "--draft-n-min",
+        "--spec-ngram-size-n", "--spec-ngram-size-m", "--spec-ngram-min-hits",
     ),
-)
+)  # fmt: skip
 DRAFT_MAX = Dialect(
-    name=DIALECT_DRAFT_MAX,
-    marker=DraftFlag.N_MAX,
-    spec_type=None,
-    draft_model=Flag.DRAFT_MODEL,
-    draft_threads=Flag.DRAFT_THREADS,
-    draft_n_max=DraftFlag.N_MAX,
-    draft_n_min=DraftFlag.N_MIN,
-    draft_p_min=DraftFlag.P_MIN,
+    name=DIALECT_DRAFT_MAX, marker=DraftFlag.N_MAX, spec_type=None,
+    draft_model=Flag.DRAFT_MODEL, draft_threads=Flag.DRAFT_THREADS,
+    draft_n_max=DraftFlag.N_MAX, draft_n_min=DraftFlag.N_MIN, draft_p_min=DraftFlag.P_MIN,
     server_spec_types=(SPEC_NONE, SPEC_DRAFT_SIMPLE),
-    k_flag={SPEC_DRAFT_SIMPLE: DraftFlag.N_MAX},
-    k_default={SPEC_DRAFT_SIMPLE: 16},
-)
+    k_flag={SPEC_DRAFT_SIMPLE: DraftFlag.N_MAX}, k_default={SPEC_DRAFT_SIMPLE: 16},
+)  # fmt: skip
 # The examples before --draft-max (`--draft N`); no --draft-min yet, --draft-p-min in some.
-DRAFT_N = Dialect(
+DRAFT_N = replace(
+    DRAFT_MAX,
     name="draft",
     marker=DraftFlag.N,
-    spec_type=None,
-    draft_model=Flag.DRAFT_MODEL,
-    draft_threads=Flag.DRAFT_THREADS,
     draft_n_max=DraftFlag.N,
     draft_n_min=None,
-    draft_p_min=DraftFlag.P_MIN,
-    server_spec_types=(SPEC_NONE, SPEC_DRAFT_SIMPLE),
     k_flag={SPEC_DRAFT_SIMPLE: DraftFlag.N},
+    k_default={},
 )
 # The dialects specreg drives llama-server in, by specreg.terms name.
 DIALECTS: Mapping[str, Dialect] = MappingProxyType(
