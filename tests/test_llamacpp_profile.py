@@ -9,12 +9,25 @@ test_runner_state.py (state between requests)."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import specreg
 from specreg import llamacpp
-from specreg.llamacpp import DIALECTS, K_DEFAULT, K_FLAG, NGRAM_PARAMS, SPELLINGS
+from specreg.llamacpp import (
+    DIALECTS,
+    K_DEFAULT,
+    K_FLAG,
+    LONG_NAMES,
+    NGRAM_PARAMS,
+    SPELLINGS,
+    Flag,
+    PerplexityFlag,
+    ServerFlag,
+    SpecFlag,
+)
+from specreg.sources import llama_source_dir
 from specreg.terms import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, MODEL_DRAFTER_TYPES, NGRAM_TYPES
 
 ROOT = Path(specreg.__file__).resolve().parent.parent
@@ -118,3 +131,40 @@ def test_k_is_defined_once_per_type() -> None:
     assert DIALECTS[DIALECT_SPEC_TYPE].k_flag is K_FLAG
     assert DIALECTS[DIALECT_DRAFT_MAX].k_default == {"draft-simple": 16}
     assert NGRAM_PARAMS["ngram-mod"]["n_max"].flag == K_FLAG["ngram-mod"]
+
+
+def _arg_groups(source: str) -> list[tuple[set[str], str]]:
+    """common/arg.cpp's options: each `{"-x", "--long"}` name group and the text after it."""
+    found = list(re.finditer(r'\{((?:"-[^"]+"(?:,\s*)?)+)\}', source))
+    return [(set(re.findall(r'"(-[^"]+)"', m[1])), source[m.end() : m.end() + 200]) for m in found]
+
+
+def test_the_spec_type_dialect_is_the_pinned_builds() -> None:
+    """Every spelling the profile gives the pinned build is an option of its common/arg.cpp
+    (the removed ones refused there), and the defaults are common/common.h's."""
+    tree = llama_source_dir()
+    groups = _arg_groups((tree / "common/arg.cpp").read_text())
+    names = set().union(*(g for g, _ in groups))
+    for group in (Flag, ServerFlag, SpecFlag, PerplexityFlag):
+        for flag in (v for k, v in vars(group).items() if k.isupper()):
+            assert flag in names, flag
+    d = DIALECTS[DIALECT_SPEC_TYPE]
+    for flag in (d.draft_model, d.draft_threads, d.draft_n_max, d.draft_n_min, d.draft_p_min):
+        assert flag in names, flag
+    for params in NGRAM_PARAMS.values():
+        assert {p.flag for p in params.values()} <= names
+    for flag in d.removed:
+        assert any(flag in g and "has been removed" in text for g, text in groups), flag
+    for short, long in LONG_NAMES.items():
+        assert any({short, long} <= g for g, _ in groups), (short, long)
+    header = (tree / "common/common.h").read_text()
+    for struct, params in (
+        ("common_params_speculative_ngram_mod", NGRAM_PARAMS["ngram-mod"]),
+        ("common_params_speculative_ngram_map", NGRAM_PARAMS["ngram-simple"]),
+    ):
+        body = header[header.index(f"struct {struct} {{") :]
+        body = body[: body.index("};")]
+        for name, p in params.items():
+            assert re.search(rf"\b{name}\s*=\s*{p.default};", body), (struct, name)
+    draft = header[header.index("struct common_params_speculative_draft {") :]
+    assert re.search(rf"\bn_max\s*=\s*{K_DEFAULT['draft-simple']};", draft)
