@@ -18,7 +18,7 @@ import shlex
 from specreg.declare import EXPORT_FORMATS
 from specreg.declare.launch import DIALECT_LEGACY, Launch, LaunchPlan
 from specreg.errors import UsageError, param
-from specreg.llamacpp import ServerFlag
+from specreg.llamacpp import SERVER_PORT_DEFAULT, ServerFlag
 from specreg.registry.text import is_odd
 from specreg.text import BIDI, is_terminal_safe, sh_join, sh_quote, terminal_safe
 
@@ -32,7 +32,7 @@ class ExportError(UsageError):
 def port_for(fmt: str) -> str | None:
     """The port a format's launches listen on: llama-swap assigns it (its `${PORT}` macro), a
     models-preset router gives each model its own, a plain script uses llama-server's 8080."""
-    return {"llama-swap": "${PORT}", "models-preset": None}.get(fmt, "8080")
+    return {"llama-swap": "${PORT}", "models-preset": None}.get(fmt, str(SERVER_PORT_DEFAULT))
 
 
 def render(plan: LaunchPlan, fmt: str) -> str:

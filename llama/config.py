@@ -9,15 +9,22 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specreg.errors import UsageError, param
 from specreg.host.machine import Host
-from specreg.llama.install import LlamaInstall
-from specreg.llama.process import LOCALHOST
-from specreg.llama.server import LlamaServer
 from specreg.llama.spec_stats import STATS_VERBOSITY
-from specreg.llamacpp import DIALECTS, K_FLAG, Dialect, Flag, ServerFlag, SpecFlag, Tool
+from specreg.llamacpp import (
+    DIALECTS,
+    K_FLAG,
+    SERVER_HOST_DEFAULT,
+    SERVER_PORT_DEFAULT,
+    Dialect,
+    Flag,
+    ServerFlag,
+    SpecFlag,
+    Tool,
+)
 from specreg.stacks import Stack, parse_stack
 from specreg.terms import DRAFT_MODEL_TYPES as DRAFT_MODEL_TYPES
 from specreg.terms import NGRAM_TYPES as NGRAM_TYPES
@@ -26,6 +33,10 @@ from specreg.terms import NGRAM_TYPES as NGRAM_TYPES
 from specreg.terms import SPEC_MTP
 from specreg.terms import SPEC_NONE as SPEC_NONE
 from specreg.terms import SPEC_TYPES as SPEC_TYPES
+
+if TYPE_CHECKING:  # a Config is read without a build or a server: keep its import light
+    from specreg.llama.install import LlamaInstall
+    from specreg.llama.server import LlamaServer
 
 DEFAULT_CTX = 4096
 DEFAULT_SEED = 42
@@ -216,14 +227,16 @@ def server_command(
     host: Host,
     *,
     server: Path | str = Tool.SERVER,
-    port: int | None = 8080,
+    port: int | None = SERVER_PORT_DEFAULT,
     measuring: bool = True,
 ) -> list[str]:
     """The full command line a user would type: NUMA prefix, binary, address, flags.
     `port=None`: without --host/--port, which `LlamaServer` chooses when it starts the
     command. `measuring=False`: the command to show a user, without the log verbosity a
     measurement reads its figures from."""
-    address = [] if port is None else [ServerFlag.HOST, LOCALHOST, ServerFlag.PORT, str(port)]
+    address: list[str] = []
+    if port is not None:  # llama-server's default address, stated in the command
+        address = [ServerFlag.HOST, SERVER_HOST_DEFAULT, ServerFlag.PORT, str(port)]
     return [
         *host.launch_prefix(),
         str(server),
@@ -257,6 +270,8 @@ def server_for(
 ) -> LlamaServer:
     """A llama-server of `install` running `config` (not started: enter it, and it picks its
     port and stops with the block). `options` are `LlamaServer`'s (timeouts, append_log)."""
+    from specreg.llama.server import LlamaServer
+
     command = server_command(
         config, target_path, draft_path, install.dialect, host, server=install.server, port=None
     )

@@ -27,6 +27,7 @@ from typing import Any
 from specreg.errors import LlamaError
 from specreg.host.cpu import cpu_ticks_total
 from specreg.isa import SIGILL_REMEDY
+from specreg.llamacpp import SERVER_HOST_DEFAULT
 
 # Soft failure: the server keeps serving, but without speculation.
 SPEC_INIT_FAILED = re.compile(r"failed to initialize speculative decoding[^\n]*")
@@ -198,8 +199,8 @@ def classify_exit(log_text: str, returncode: int | None) -> str:
     return "crash"
 
 
-# The one address specreg's llama-server processes listen on.
-LOCALHOST = "127.0.0.1"
+# The one address specreg's llama-server processes listen on: llama-server's own default.
+LOCALHOST = SERVER_HOST_DEFAULT
 
 
 def free_port() -> int:

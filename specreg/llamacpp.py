@@ -148,6 +148,10 @@ class DraftFlag:
     N = "--draft"  # before --draft-max: the examples' `--draft N`
 
 
+# Where llama-server listens when no flag says (common/common.h: hostnames, port).
+SERVER_HOST_DEFAULT = "127.0.0.1"
+SERVER_PORT_DEFAULT = 8080
+
 # The long name of each short spelling specreg writes (what `--models-preset` keys and the
 # docs use).
 LONG_NAMES: Mapping[str, str] = MappingProxyType(
