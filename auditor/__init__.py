@@ -43,6 +43,7 @@ from specreg.auditor.verdict import (
     Severity,
     Verdict,
 )
+from specreg.llamacpp import SpecFlag
 from specreg.registry.quality_store import agreement_by_draft, agreement_json
 from specreg.registry.queries import ModelRecord, list_models, resolve_model
 
@@ -107,7 +108,7 @@ def drafts_for(
     return DraftList(
         target=ref(model),
         draftless=draftless_modes(model, rules),
-        spec_type_flag=rules.spec_type_flag or "--spec-type",
+        spec_type_flag=rules.spec_type_flag or SpecFlag.TYPE,
         drafts=tuple(drafts),
         agreement={d: agreement_json(records) for d, records in measured.items()},
         not_drafts=tuple(not_drafts),

@@ -187,56 +187,52 @@ def _special_check(kind: SpecialKind, t: ModelFacts, d: ModelFacts, rules: RuleS
     return Check(kind, passed, Severity.BLOCKS, msg, values, llama_check=True)
 
 
-def vocab_checks(
-    t: ModelFacts, d: ModelFacts, vt: VocabLike | None, vd: VocabLike | None, rules: RuleSet
-) -> VocabOutcome:
-    """common_speculative_are_compatible, every check evaluated (llama.cpp stops at the first)."""
-    checks: list[Check] = []
+def _vocab_type_check(t: ModelFacts, d: ModelFacts) -> Check:
     type_t = t.vocab_type if t.vocab_type is not None else "?"
     type_d = d.vocab_type if d.vocab_type is not None else "?"
-    checks.append(
-        Check(
-            "vocab_type",
-            type_t == type_d,
-            Severity.BLOCKS,
-            f"vocab type {type_t}" + (" on both" if type_t == type_d else f" vs {type_d}"),
-            {
-                "target": type_t,
-                "draft": type_d,
-                "target_id": VOCAB_TYPE_IDS.get(type_t),
-                "draft_id": VOCAB_TYPE_IDS.get(type_d),
-                "target_tok_model": t.tok_model,
-                "draft_tok_model": d.tok_model,
-            },
-            llama_check=True,
-        )
+    return Check(
+        "vocab_type",
+        type_t == type_d,
+        Severity.BLOCKS,
+        f"vocab type {type_t}" + (" on both" if type_t == type_d else f" vs {type_d}"),
+        {
+            "target": type_t,
+            "draft": type_d,
+            "target_id": VOCAB_TYPE_IDS.get(type_t),
+            "draft_id": VOCAB_TYPE_IDS.get(type_d),
+            "target_tok_model": t.tok_model,
+            "draft_tok_model": d.tok_model,
+        },
+        llama_check=True,
     )
-    checks.append(_special_check("bos", t, d, rules))
-    checks.append(_special_check("eos", t, d, rules))
 
-    n_t, n_d = int(t.n_tokens or 0), int(d.n_tokens or 0)
+
+def _vocab_size_check(n_t: int, n_d: int, rules: RuleSet) -> Check:
     diff = abs(n_t - n_d)
     size_ok = diff <= rules.vocab_max_size_difference
-    checks.append(
-        Check(
-            "vocab_size",
-            size_ok,
-            Severity.BLOCKS,
-            f"{n_t} vs {n_d} tokens, difference {diff} "
-            + ("<=" if size_ok else ">")
-            + f" {rules.vocab_max_size_difference}",
-            {
-                "target_n_tokens": n_t,
-                "draft_n_tokens": n_d,
-                "difference": diff,
-                "max_difference": rules.vocab_max_size_difference,
-            },
-            llama_check=True,
-        )
+    return Check(
+        "vocab_size",
+        size_ok,
+        Severity.BLOCKS,
+        f"{n_t} vs {n_d} tokens, difference {diff} "
+        + ("<=" if size_ok else ">")
+        + f" {rules.vocab_max_size_difference}",
+        {
+            "target_n_tokens": n_t,
+            "draft_n_tokens": n_d,
+            "difference": diff,
+            "max_difference": rules.vocab_max_size_difference,
+        },
+        llama_check=True,
     )
 
+
+def _token_text_check(
+    t: ModelFacts, d: ModelFacts, vt: VocabLike | None, vd: VocabLike | None, rules: RuleSet
+) -> tuple[Check, int | None]:
+    """The token-text rule, and the first id whose texts differ (None: identical)."""
     start = rules.vocab_check_start_token_id
-    stop = min(n_t, n_d)
+    stop = min(int(t.n_tokens or 0), int(d.n_tokens or 0))
     first: int | None = None
     if vt is not None and vd is not None:
         strip_t = dna_strip_start(vt.tokens) if t.tok_model == "hybriddna" else None
@@ -244,33 +240,41 @@ def vocab_checks(
         first = first_text_difference(vt.tokens, vd.tokens, start, strip_t, strip_d)
     elif (vt is None) != (vd is None) and stop > start:
         first = start  # one side has token texts, the other only dummies ("")
-    text_values: dict[str, Any] = {"start_id": start, "stop_id": stop, "first_differing_id": first}
+    values: dict[str, Any] = {"start_id": start, "stop_id": stop, "first_differing_id": first}
     if first is not None:
-        text_values["target_text"] = vt.tokens[first] if vt is not None else ""
-        text_values["draft_text"] = vd.tokens[first] if vd is not None else ""
+        values["target_text"] = vt.tokens[first] if vt is not None else ""
+        values["draft_text"] = vd.tokens[first] if vd is not None else ""
         msg = (
-            f"token {first} differs: target {text_values['target_text']!r}, "
-            f"draft {text_values['draft_text']!r}"
+            f"token {first} differs: target {values['target_text']!r}, "
+            f"draft {values['draft_text']!r}"
         )
     else:
         msg = f"token texts identical for ids {start}..{max(stop - 1, start)}"
-    checks.append(
-        Check("token_text", first is None, Severity.BLOCKS, msg, text_values, llama_check=True)
-    )
+    check = Check("token_text", first is None, Severity.BLOCKS, msg, values, llama_check=True)
+    return check, first
 
+
+def vocab_checks(
+    t: ModelFacts, d: ModelFacts, vt: VocabLike | None, vd: VocabLike | None, rules: RuleSet
+) -> VocabOutcome:
+    """common_speculative_are_compatible, every check evaluated (llama.cpp stops at the first)."""
+    n_t, n_d = int(t.n_tokens or 0), int(d.n_tokens or 0)
+    text_check, first = _token_text_check(t, d, vt, vd, rules)
+    checks = (
+        _vocab_type_check(t, d),
+        _special_check("bos", t, d, rules),
+        _special_check("eos", t, d, rules),
+        _vocab_size_check(n_t, n_d, rules),
+        text_check,
+    )
     extra: ExtraTokens | None = None
     # Classify the extra ids only when the size rule can let them through (or nearly): the
     # question is whether llama.cpp's accepted pair is safe, and it bounds the work.
-    if (
-        n_t != n_d
-        and diff <= 4 * rules.vocab_max_size_difference
-        and vt is not None
-        and vd is not None
-    ):
+    near = abs(n_t - n_d) <= 4 * rules.vocab_max_size_difference
+    if n_t != n_d and near and vt is not None and vd is not None:
         big, side = (vt, "target") if n_t > n_d else (vd, "draft")
-        extra = extra_tokens(big.tokens, big.token_types, stop, side)
-    accepts = all(c.passed for c in checks)
-    return VocabOutcome(tuple(checks), accepts, first, extra)
+        extra = extra_tokens(big.tokens, big.token_types, min(n_t, n_d), side)
+    return VocabOutcome(checks, all(c.passed for c in checks), first, extra)
 
 
 def extra_tokens_check(outcome: VocabOutcome) -> Check | None:

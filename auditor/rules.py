@@ -25,20 +25,12 @@ change but do not number it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from specreg.terms import (
-    DEFAULT_TYPE_OF,
-    DIALECT_DRAFT_MAX,
-    DRAFT_MODEL_TYPES,
-    NGRAM_TYPES,
-    Method,
-)
-
-PINNED_BUILD = 11434
-# The draft-model types whose GGUF is a head bound to one target (`draft-eagle3` -> eagle3).
-_DRAFT_SIMPLE = DEFAULT_TYPE_OF[Method.DRAFT]
-BOUND_DRAFT_KINDS = tuple(t.removeprefix("draft-") for t in DRAFT_MODEL_TYPES if t != _DRAFT_SIMPLE)
+from specreg import llamacpp
+from specreg.llamacpp import PINNED_BUILD as PINNED_BUILD
+from specreg.llamacpp import REFERENCE_HOST_BUILD, Dialect, Flag
+from specreg.terms import DIALECT_DRAFT_MAX, SPEC_DRAFT_SIMPLE
 
 
 @dataclass(frozen=True)
@@ -47,6 +39,8 @@ class RuleSet:
 
     since_build: int
     label: str
+    dialect: Dialect = llamacpp.SPEC_TYPE
+    """Its flags and the speculative types its server takes (specreg.llamacpp)."""
     # common_speculative_are_compatible
     vocab_max_size_difference: int = 128
     vocab_check_start_token_id: int = 5
@@ -60,83 +54,78 @@ class RuleSet:
     swa_targets_speculate: bool = True
     mla_targets_speculate: bool = True
     vision_targets_speculate: bool = True
-    draft_mtp: bool = True
-    """`--spec-type draft-mtp`: a target's own next-token-prediction layers draft, no file."""
-    bound_draft_kinds: tuple[str, ...] = BOUND_DRAFT_KINDS
-    ngram_spec_types: tuple[str, ...] = NGRAM_TYPES
-    # flags
-    draft_model_flag: str = "-md"
-    draft_max_flag: str = "--spec-draft-n-max"
-    draft_min_flag: str = "--spec-draft-n-min"
-    spec_type_flag: str | None = "--spec-type"
-    """None: the build has no --spec-type; -md alone enables draft-model speculation."""
-    draft_simple_type: str | None = _DRAFT_SIMPLE
     notes: tuple[str, ...] = ()
+
+    @property
+    def draft_mtp(self) -> bool:
+        """`--spec-type draft-mtp`: a target's own next-token-prediction layers draft, no file."""
+        return self.dialect.draft_mtp
+
+    @property
+    def bound_draft_kinds(self) -> tuple[str, ...]:
+        return self.dialect.bound_draft_kinds
+
+    @property
+    def ngram_spec_types(self) -> tuple[str, ...]:
+        return self.dialect.ngram_types
+
+    @property
+    def draft_model_flag(self) -> str:
+        return Flag.DRAFT_MODEL
+
+    @property
+    def spec_type_flag(self) -> str | None:
+        """None: the build has no --spec-type; -md alone enables draft-model speculation."""
+        return self.dialect.spec_type
+
+    @property
+    def draft_simple_type(self) -> str | None:
+        return SPEC_DRAFT_SIMPLE if self.dialect.spec_type else None
 
     @property
     def draft_flags(self) -> tuple[str, ...]:
         """The flags that turn on draft-model speculation for a draft file."""
-        if self.spec_type_flag and self.draft_simple_type:
-            return (self.spec_type_flag, self.draft_simple_type, self.draft_model_flag)
-        return (self.draft_model_flag,)
+        return self.dialect.draft_flags
 
     def spec_type_flags(self, spec_type: str) -> tuple[str, ...]:
-        return (self.spec_type_flag, spec_type) if self.spec_type_flag else ()
+        return self.dialect.spec_type_flags(spec_type)
 
+
+# What the builds before the 2026 ones share: BOS/EOS ids compared even when not added, and
+# no speculation on recurrent, sliding-window or vision targets.
+_BEFORE_2026 = RuleSet(
+    since_build=0,
+    label="",
+    dialect=llamacpp.DRAFT_MAX,
+    special_ids_only_when_added=False,
+    recurrent_targets_speculate=False,
+    swa_targets_speculate=False,
+    vision_targets_speculate=False,
+)
 
 RULESETS: tuple[RuleSet, ...] = (
-    RuleSet(
+    replace(
+        _BEFORE_2026,
         since_build=0,
         label="examples/speculative (2023-2024)",
+        dialect=llamacpp.DRAFT_N,
         vocab_max_size_difference=100,
-        special_ids_only_when_added=False,
-        recurrent_targets_speculate=False,
-        swa_targets_speculate=False,
         mla_targets_speculate=False,
-        vision_targets_speculate=False,
-        draft_mtp=False,
-        bound_draft_kinds=(),
-        ngram_spec_types=(),
-        draft_max_flag="--draft",
-        draft_min_flag="--draft-min",
-        spec_type_flag=None,
-        draft_simple_type=None,
         notes=(
             "approximate: the end of this range (size limit 100 -> 128) is dated, not numbered",
         ),
     ),
-    RuleSet(
+    replace(
+        _BEFORE_2026,
         since_build=4000,
         label="common/speculative, size limit 128 (late 2024 on)",
-        special_ids_only_when_added=False,
-        recurrent_targets_speculate=False,
-        swa_targets_speculate=False,
-        mla_targets_speculate=True,
-        vision_targets_speculate=False,
-        draft_mtp=False,
-        bound_draft_kinds=(),
-        ngram_spec_types=(),
-        draft_max_flag="--draft-max",
-        draft_min_flag="--draft-min",
-        spec_type_flag=None,
-        draft_simple_type=None,
         notes=("approximate start build",),
     ),
-    RuleSet(
+    replace(
+        _BEFORE_2026,
         since_build=6000,
         label="server translates between vocabularies (reference host: build 7371)",
-        special_ids_only_when_added=False,
         server_translates_vocab=True,
-        recurrent_targets_speculate=False,
-        swa_targets_speculate=False,
-        vision_targets_speculate=False,
-        draft_mtp=False,
-        bound_draft_kinds=(),
-        ngram_spec_types=(),
-        draft_max_flag="--draft-max",
-        draft_min_flag="--draft-min",
-        spec_type_flag=None,
-        draft_simple_type=None,
         notes=(
             "approximate start build; build 7371 (the reference host's) is inside this range",
             "llama-speculative / llama-speculative-simple still refuse incompatible vocabs",
@@ -162,7 +151,7 @@ def rules_for_build(build: int | None = None) -> RuleSet:
 
 
 PINNED_RULES = rules_for_build(PINNED_BUILD)
-REFERENCE_HOST_RULES = rules_for_build(7371)
+REFERENCE_HOST_RULES = rules_for_build(REFERENCE_HOST_BUILD)
 
 
 def rules_for_version(version: str, dialect: str | None = None) -> RuleSet:

@@ -10,6 +10,7 @@ never reported.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -74,15 +75,20 @@ def first_text_difference(
     start: int = 5,
     strip_tgt: int | None = None,
     strip_dft: int | None = None,
+    *,
+    by_token: bool = False,
 ) -> int | None:
     """The first id in [start, min(n_tgt, n_dft)) whose llama.cpp texts differ, or None.
 
     `strip_*`: where the hybriddna loader starts rewriting texts (see `dna_strip_start`).
+    `by_token`: token by token, as the C++ loop does (`naive_first_text_difference`), instead
+    of comparing whole regions of the texts' bytes first.
     """
-    if strip_tgt != strip_dft:
-        # Equal bytes no longer mean equal texts: only the token loop is exact.
-        return naive_first_text_difference(tgt, dft, start, strip_tgt, strip_dft)
     stop = min(len(tgt), len(dft))
+    # With different strips equal bytes no longer mean equal texts: only the token loop is exact.
+    if by_token or strip_tgt != strip_dft:
+        differ = (i for i in range(start, stop) if _texts_differ(tgt, dft, i, strip_tgt, strip_dft))
+        return next(differ, None)
     i = start
     while i < stop:
         ra = tgt.region(i, stop)
@@ -95,24 +101,20 @@ def first_text_difference(
         rel = tgt.offsets[i : stop + 1] - tgt.offsets[i]
         j = i + int(np.searchsorted(rel, p, side="right")) - 1
         j = min(max(j, i), stop - 1)
-        if llama_text(tgt, j, strip_tgt) != llama_text(dft, j, strip_dft):
+        if _texts_differ(tgt, dft, j, strip_tgt, strip_dft):
             return j
         i = j + 1
     return None
 
 
-def naive_first_text_difference(
-    tgt: StringArray,
-    dft: StringArray,
-    start: int = 5,
-    strip_tgt: int | None = None,
-    strip_dft: int | None = None,
-) -> int | None:
-    """Token by token, as the C++ loop does; the benchmark's and the tests' reference."""
-    for i in range(start, min(len(tgt), len(dft))):
-        if llama_text(tgt, i, strip_tgt) != llama_text(dft, i, strip_dft):
-            return i
-    return None
+def _texts_differ(
+    tgt: StringArray, dft: StringArray, i: int, strip_tgt: int | None, strip_dft: int | None
+) -> bool:
+    return llama_text(tgt, i, strip_tgt) != llama_text(dft, i, strip_dft)
+
+
+# Token by token, as the C++ loop does; the benchmark's and the tests' reference.
+naive_first_text_difference = functools.partial(first_text_difference, by_token=True)
 
 
 def is_padding(text: bytes, token_type: int | None) -> bool:

@@ -39,6 +39,7 @@ from specreg.host.facts import detect_host_facts
 from specreg.host.machine import detect_host
 from specreg.llama.config import Config
 from specreg.llama.install import find_llama
+from specreg.llama.models import ensure_synthetic_models, ensure_test_models
 from specreg.llama.perplexity import LogitsCache
 from specreg.quality.agreement import measure_agreement, plan_agreement
 from specreg.quality.kld import Measuring
@@ -53,8 +54,6 @@ from specreg.runner.measure import measure
 from specreg.runner.workload import TASKS, Workload, task_prompts
 from specreg.samples.model_files import models_dir
 from specreg.samples.qwen_pair import ensure_qwen_pair
-from specreg.samples.small_models import ensure_test_models
-from specreg.samples.synthetic import ensure_synthetic_models
 from specreg.terms import Method
 
 

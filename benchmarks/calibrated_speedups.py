@@ -35,6 +35,7 @@ from specreg.host.facts import detect_host_facts
 from specreg.host.machine import Host, detect_host
 from specreg.llama.config import Config
 from specreg.llama.install import LlamaInstall, find_llama
+from specreg.llama.models import ensure_test_models
 from specreg.recommender.advisor import open_advisor
 from specreg.recommender.recommend import Option
 from specreg.registry.calibration import latest_calibration
@@ -44,7 +45,6 @@ from specreg.runner import runs
 from specreg.runner.calibrate import calibrate_target
 from specreg.runner.workload import load_workload
 from specreg.samples.model_files import SmallModel
-from specreg.samples.small_models import ensure_test_models
 from specreg.terms import Method
 
 TOLERANCE = 0.25

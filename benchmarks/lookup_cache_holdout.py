@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     from specreg.llama.install import find_llama
-    from specreg.samples.small_models import ensure_test_models
+    from specreg.llama.models import ensure_test_models
 
     install = find_llama()
     models = ensure_test_models(install.binary("llama-quantize"))

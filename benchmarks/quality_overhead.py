@@ -21,10 +21,10 @@ from pathlib import Path
 
 from specreg.host.machine import detect_host
 from specreg.llama.install import find_llama
+from specreg.llama.models import ensure_test_models
 from specreg.llama.perplexity import LogitsCache
 from specreg.quality.kld import Measuring, measure_quality, plan_quality, quality_texts
 from specreg.registry.db import opened
-from specreg.samples.small_models import ensure_test_models
 
 
 def main() -> None:

@@ -46,11 +46,11 @@ from specreg.home import logs_dir
 from specreg.host.machine import detect_host
 from specreg.llama.config import Config, server_command
 from specreg.llama.install import find_llama
+from specreg.llama.models import ensure_test_models
 from specreg.llama.server import Completion, LlamaServer
 from specreg.runner.measure import measure
 from specreg.runner.protocol import Figures
 from specreg.runner.workload import Prompt, Workload
-from specreg.samples.small_models import ensure_test_models
 
 FIRST_NAMES = ["Ana", "Bram", "Chen", "Dalia", "Emil", "Farah", "Goran", "Hana", "Ivo", "Jun",
                "Kofi", "Lena", "Marek", "Nia", "Oskar", "Priya", "Quinn", "Rosa", "Sven", "Tomo",
@@ -101,13 +101,14 @@ def replaying_protocol(
     install, host, config: Config, target, workload: Workload, n_predict: int, repeats: int
 ) -> list[list[Completion]]:  # type: ignore[no-untyped-def]
     """The runner before protocol v2: one server, warm-up of the first prompt, repeats in turn."""
-    command = server_command(config, target, None, install.dialect, host, server=install.server)
-    i = command.index("--host")
+    command = server_command(
+        config, target, None, install.dialect, host, server=install.server, port=None
+    )
     body = {"n_predict": n_predict, "cache_prompt": False, "return_tokens": True,
             **config.request_fields()}  # fmt: skip
     log = logs_dir() / "benchmark-replay.log"
     per_repeat: list[list[Completion]] = []
-    with LlamaServer(command[:i] + command[i + 4 :], env=host.env(), log_path=log) as server:
+    with LlamaServer(command, env=host.env(), log_path=log) as server:
         server.complete({**body, "prompt": workload.prompts[0].text, "n_predict": 8})
         for _ in range(repeats):
             per_repeat.append(

@@ -14,10 +14,10 @@ import time
 from specreg.host.machine import detect_host
 from specreg.llama.config import Config
 from specreg.llama.install import find_llama
+from specreg.llama.models import ensure_test_models
 from specreg.runner.measure import measure
 from specreg.runner.verify import judge
 from specreg.runner.workload import load_workload
-from specreg.samples.small_models import ensure_test_models
 
 
 def main() -> None:

@@ -51,8 +51,8 @@ import httpx
 
 from specreg.llama.process import free_port
 from specreg.llama.server import LlamaServer
+from specreg.llamacpp import keeps_state
 from specreg.samples.qwen_pair import ensure_qwen_pair
-from specreg.terms import keeps_state
 
 CTX = 4096
 

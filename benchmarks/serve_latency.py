@@ -35,8 +35,8 @@ import httpx
 
 from specreg.host.cpu import cpu_ticks_total
 from specreg.llama.install import find_llama
+from specreg.llama.models import ensure_test_models
 from specreg.llama.process import free_port
-from specreg.samples.small_models import ensure_test_models
 from specreg.serve.memory import resident
 
 ONE = ("--pin", "default=none")

@@ -234,8 +234,9 @@ class Bench:
     home_seed: Path
 
     def llama_server(self, slots: int, speculative: bool) -> Process:
-        argv = [str(self.bin_dir / "llama-server"), "-m", str(self.model), "-t", str(self.threads),
-                "-c", str(CTX * slots), "-np", str(slots), "--port", "{port}", "--metrics"]  # fmt: skip
+        argv = [str(self.bin_dir / "llama-server"), "-m", str(self.model),
+                "-t", str(self.threads), "-c", str(CTX * slots), "-np", str(slots),
+                "--port", "{port}", "--metrics"]  # fmt: skip
         if speculative:
             kind, _, k = self.spec.partition(":")
             argv += ["--spec-type", kind]

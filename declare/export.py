@@ -18,6 +18,7 @@ import shlex
 from specreg.declare import EXPORT_FORMATS
 from specreg.declare.launch import DIALECT_LEGACY, Launch, LaunchPlan
 from specreg.errors import UsageError, param
+from specreg.llamacpp import SERVER_PORT_DEFAULT, ServerFlag
 from specreg.registry.text import is_odd
 from specreg.text import BIDI, is_terminal_safe, sh_join, sh_quote, terminal_safe
 
@@ -31,7 +32,7 @@ class ExportError(UsageError):
 def port_for(fmt: str) -> str | None:
     """The port a format's launches listen on: llama-swap assigns it (its `${PORT}` macro), a
     models-preset router gives each model its own, a plain script uses llama-server's 8080."""
-    return {"llama-swap": "${PORT}", "models-preset": None}.get(fmt, "8080")
+    return {"llama-swap": "${PORT}", "models-preset": None}.get(fmt, str(SERVER_PORT_DEFAULT))
 
 
 def render(plan: LaunchPlan, fmt: str) -> str:
@@ -163,7 +164,7 @@ def render_models_preset(plan: LaunchPlan) -> str:
             )
         out.append(f"[{launch.name}]")
         for f in launch.flags:
-            if f.preset_key == "port":  # the router assigns ports to its model instances
+            if f.flag == ServerFlag.PORT:  # the router assigns ports to its model instances
                 continue
             if not _INI_IDENT.match(f.preset_key):
                 raise ExportError(f"{f.flag} has no key usable in a preset")

@@ -18,20 +18,26 @@ import duckdb
 from specreg.declare import DIALECT_CURRENT, DIALECT_LEGACY, deps
 from specreg.declare.spec import DRAFT_MODEL_TYPES, PinnedConfig, RoleDecl, Spec
 from specreg.errors import UsageError
+from specreg.llamacpp import (
+    DIALECTS,
+    LONG_NAMES,
+    DraftFlag,
+    ServerFlag,
+    SpecFlag,
+    Tool,
+)
+from specreg.llamacpp import Flag as CommonFlag
 from specreg.registry.queries import get_model, model_fs_paths
+from specreg.terms import SPEC_DRAFT_SIMPLE
 
 # What a draft config runs with when draft_max is not declared, stated rather than implied
 # (`--spec-draft-n-max` defaults to 3 in the pinned build, `--draft-max` to 16 in older ones).
-DEFAULT_DRAFT_MAX = {DIALECT_CURRENT: 3, DIALECT_LEGACY: 16}
-# models-preset keys: llama.cpp accepts any spelling without dashes; the long one reads best.
-PRESET_KEYS = {
-    "-m": "model",
-    "-t": "threads",
-    "-c": "ctx-size",
-    "-md": "spec-draft-model",
-    "-td": "spec-draft-threads",
-    "-np": "parallel",
+DEFAULT_DRAFT_MAX = {
+    name: DIALECTS[deps.DIALECT_NAMES[name]].k_default[SPEC_DRAFT_SIMPLE]
+    for name in (DIALECT_CURRENT, DIALECT_LEGACY)
 }
+# models-preset keys: llama.cpp accepts any spelling without dashes; the long one reads best.
+PRESET_KEYS = {short: long.lstrip("-") for short, long in LONG_NAMES.items()}
 
 
 @dataclass(frozen=True)
@@ -236,15 +242,15 @@ def _launch(
     path, why = _model_path(con, spec, role.target)
     if path is None:
         raise _Skip(f"target: {why}")
-    origins: dict[str, str] = {"-m": f"{role.target_where} -> {why}"}
+    origins: dict[str, str] = {CommonFlag.MODEL: f"{role.target_where} -> {why}"}
 
     types = [t for t in cfg.spec_types if t != "none"]
     if "spec_type" in cfg.lines:
-        origins["--spec-type"] = str(cfg.field_where("spec_type"))
+        origins[SpecFlag.TYPE] = str(cfg.field_where("spec_type"))
     else:
-        origins["--spec-type"] = (
-            f"implied by {cfg.field_where('draft')}: -md needs "
-            f"--spec-type draft-simple in this dialect"
+        origins[SpecFlag.TYPE] = (
+            f"implied by {cfg.field_where('draft')}: {CommonFlag.DRAFT_MODEL} needs "
+            f"{SpecFlag.TYPE} {SPEC_DRAFT_SIMPLE} in this dialect"
         )
     draft_path = None
     k = cfg.draft_max
@@ -252,16 +258,18 @@ def _launch(
         draft_path, dwhy = _model_path(con, spec, cfg.draft)
         if draft_path is None:
             raise _Skip(f"draft: {dwhy}")
-        origins["--spec-draft-model"] = origins["-md"] = f"{cfg.field_where('draft')} -> {dwhy}"
+        draft_where = f"{cfg.field_where('draft')} -> {dwhy}"
+        origins[SpecFlag.DRAFT_MODEL] = origins[CommonFlag.DRAFT_MODEL] = draft_where
         if k is None:
             k = DEFAULT_DRAFT_MAX[dialect]
             origins["k"] = f"not declared: llama.cpp's {dialect}-dialect default, stated explicitly"
     if "k" not in origins:
         origins["k"] = str(cfg.field_where("draft_max"))
-    for f in ("--spec-draft-n-max", "--draft-max", "--spec-ngram-mod-n-max"):
+    for f in (SpecFlag.DRAFT_N_MAX, DraftFlag.N_MAX, SpecFlag.NGRAM_MOD_N_MAX):
         origins[f] = origins["k"]
-    origins["--spec-ngram-mod-n-min"] = "specreg.runner: a quarter of draft_max"
-    origins["--spec-draft-p-min"] = origins["--draft-p-min"] = str(cfg.field_where("draft_p_min"))
+    origins[SpecFlag.NGRAM_MOD_N_MIN] = "specreg.runner: a quarter of draft_max"
+    p_min_where = str(cfg.field_where("draft_p_min"))
+    origins[SpecFlag.DRAFT_P_MIN] = origins[DraftFlag.P_MIN] = p_min_where
 
     expert_key = None
     if cfg.experts is not None:
@@ -270,14 +278,16 @@ def _launch(
         expert_key = disk.expert_used_key if disk else None
         if not expert_key:
             raise _Skip(f"experts: {role.target} has no expert_used_count key in its GGUF")
-        origins["--override-kv"] = f"{cfg.field_where('experts')}; key {expert_key} from the GGUF"
+        origins[CommonFlag.OVERRIDE_KV] = (
+            f"{cfg.field_where('experts')}; key {expert_key} from the GGUF"
+        )
 
     host = detect_host()
     if spec.llama.threads is not None:
         host = replace(host, physical_cores=spec.llama.threads)
-        origins["-t"] = str(spec.llama.field_where("threads"))
+        origins[CommonFlag.THREADS] = str(spec.llama.field_where("threads"))
     else:
-        origins["-t"] = f"not declared: physical cores of this host ({host.threads})"
+        origins[CommonFlag.THREADS] = f"not declared: physical cores of this host ({host.threads})"
     if len(types) > 1 and dialect == DIALECT_LEGACY:
         raise _Skip(
             f"{', '.join(types)}: this llama.cpp's server predates --spec-type and runs only a "
@@ -286,7 +296,8 @@ def _launch(
     cache_path = None
     if cfg.lookup_cache is not None:
         cache_path, cache_why = _lookup_cache(con, spec, role, cfg)
-        origins["--lookup-cache-static"] = f"{cfg.field_where('lookup_cache')} -> {cache_why}"
+        cache_where = f"{cfg.field_where('lookup_cache')} -> {cache_why}"
+        origins[CommonFlag.LOOKUP_CACHE_STATIC] = cache_where
     try:
         config = Config(
             spec_type=",".join(types) or "none",  # a stack, in the order llama.cpp tries it
@@ -299,10 +310,10 @@ def _launch(
         argv = server_argv(config, path, draft_path, deps.DIALECT_NAMES[dialect], host)
     except UsageError as err:
         raise _Skip(str(err)) from err
-    origins["-c"] = f"not declared: specreg.runner's default context ({config.ctx})"
+    origins[CommonFlag.CTX] = f"not declared: specreg.runner's default context ({config.ctx})"
     if port is not None:
-        argv += ["--port", port]
-        origins["--port"] = (
+        argv += [ServerFlag.PORT, port]
+        origins[ServerFlag.PORT] = (
             "llama-swap's ${PORT} macro: it assigns the port"
             if port == "${PORT}"
             else "export: llama-server's usual port; arguments after it override it"
@@ -317,9 +328,9 @@ def _launch(
         )
         for f, v in _pairs(argv)
     )
-    binary = "llama-server"
+    binary: str = Tool.SERVER
     if spec.llama.bin_dir:
-        binary = str(spec.resolve_path(spec.llama.bin_dir) / "llama-server")
+        binary = str(spec.resolve_path(spec.llama.bin_dir) / Tool.SERVER)
     prefix: tuple[Flag, ...] = ()
     if spec.llama.numa:
         where = str(spec.llama.field_where("numa"))

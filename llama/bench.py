@@ -24,11 +24,12 @@ from specreg.host.cpu import CpuWatch
 from specreg.host.machine import Host
 from specreg.llama.install import LlamaInstall
 from specreg.llama.process import ServerFailed, classify_exit, exit_how, llama_message, spawn
+from specreg.llamacpp import BenchFlag, Flag, Tool
 from specreg.registry.calibration import KIND_BATCH, KIND_GEN
 
 log = logging.getLogger(__name__)
 
-BENCH = "llama-bench"
+BENCH = Tool.BENCH
 # A test is disturbed when other processes used more than this share of all CPUs during it
 # (and at least MIN_FOREIGN_S: /proc/stat counts in 10 ms ticks).
 CONTENDED_SHARE = 0.05
@@ -66,19 +67,12 @@ def bench_argv(
     return [
         *host.launch_prefix(),
         str(install.binary(BENCH)),
-        "-m",
-        str(model),
-        "-t",
-        str(threads),
-        "-r",
-        str(repetitions),
-        "-p",
-        ",".join(str(n) for n in batch_sizes) or "0",
-        "-n",
-        str(gen_tokens),
-        "-o",
-        "jsonl",
-    ]
+        Flag.MODEL, str(model), Flag.THREADS, str(threads),
+        BenchFlag.REPETITIONS, str(repetitions),
+        BenchFlag.N_PROMPT, ",".join(str(n) for n in batch_sizes) or "0",
+        BenchFlag.N_GEN, str(gen_tokens),
+        BenchFlag.OUTPUT, "jsonl",
+    ]  # fmt: skip
 
 
 def parse_test(row: dict[str, Any]) -> tuple[str, int, tuple[float, ...]]:

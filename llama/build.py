@@ -29,6 +29,7 @@ from specreg.errors import LlamaError, param
 from specreg.home import cache_dir
 from specreg.host.machine import detect_host, read_cpuinfo
 from specreg.llama.proof import GATE_BINARY, PROOF_BINARIES, Proof, prove
+from specreg.llamacpp import Tool
 from specreg.samples.probe_model import ensure_probe_model
 from specreg.sources import LLAMA_SDIST_VERSION, llama_source_dir
 
@@ -36,20 +37,21 @@ log = logging.getLogger(__name__)
 
 # The binaries the runner and the tests use. `llama-common` is the helper library that
 # `libllama` users (the auditor's harness) link against.
+COMMON_LIBRARY = "llama-common"
 BUILD_TARGETS: tuple[str, ...] = (
-    "llama-common",
-    "llama-server",
-    "llama-quantize",
-    "llama-speculative-simple",
-    "llama-speculative",
-    "llama-lookup",
-    "llama-completion",
-    "llama-perplexity",  # KL divergence / same-top agreement (quality, draft agreement)
-    "llama-bench",  # batch-size cost curve (host calibration)
-    "llama-lookup-create",  # static n-gram caches from the user's workload
+    COMMON_LIBRARY,
+    Tool.SERVER,
+    Tool.QUANTIZE,
+    Tool.SPECULATIVE_SIMPLE,
+    Tool.SPECULATIVE,
+    Tool.LOOKUP,
+    Tool.COMPLETION,
+    Tool.PERPLEXITY,  # KL divergence / same-top agreement (quality, draft agreement)
+    Tool.BENCH,  # batch-size cost curve (host calibration)
+    Tool.LOOKUP_CREATE,  # static n-gram caches from the user's workload
     GATE_BINARY,  # the first proof: needs only ggml and libllama, so it is built first
 )
-BINARIES: tuple[str, ...] = tuple(t for t in BUILD_TARGETS if t != "llama-common")
+BINARIES: tuple[str, ...] = tuple(t for t in BUILD_TARGETS if t != COMMON_LIBRARY)
 
 # Offline, CPU-only. LLAMA_USE_PREBUILT_UI defaults to ON and would download the web UI at
 # build time; LLAMA_CURL is deprecated but still warns when unset.

@@ -9,19 +9,34 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specreg.errors import UsageError, param
 from specreg.host.machine import Host
 from specreg.llama.spec_stats import STATS_VERBOSITY
-from specreg.stacks import K_FLAG, Stack, parse_stack
-
-# The vocabulary is specreg.terms'; these names are importable from here too.
-from specreg.terms import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, SPEC_DRAFT_SIMPLE, SPEC_MTP
+from specreg.llamacpp import (
+    DIALECTS,
+    K_FLAG,
+    SERVER_HOST_DEFAULT,
+    SERVER_PORT_DEFAULT,
+    Dialect,
+    Flag,
+    ServerFlag,
+    SpecFlag,
+    Tool,
+)
+from specreg.stacks import Stack, parse_stack
 from specreg.terms import DRAFT_MODEL_TYPES as DRAFT_MODEL_TYPES
 from specreg.terms import NGRAM_TYPES as NGRAM_TYPES
+
+# The vocabulary is specreg.terms'; these names are importable from here too.
+from specreg.terms import SPEC_MTP
 from specreg.terms import SPEC_NONE as SPEC_NONE
 from specreg.terms import SPEC_TYPES as SPEC_TYPES
+
+if TYPE_CHECKING:  # a Config is read without a build or a server: keep its import light
+    from specreg.llama.install import LlamaInstall
+    from specreg.llama.server import LlamaServer
 
 DEFAULT_CTX = 4096
 DEFAULT_SEED = 42
@@ -142,50 +157,46 @@ class Config:
         return {"temperature": self.temperature, "seed": self.seed}
 
 
-def _spec_type_flags(config: Config, draft_path: Path | None) -> list[str]:
+def _spec_flags(config: Config, draft_path: Path | None, dialect: Dialect) -> list[str]:
+    """The speculative part of the argv, spelled in `dialect`."""
     if not config.speculative:
         return []
     stack = config.stack
-    flags = ["--spec-type", stack.spelled]
+    if any(t not in dialect.server_spec_types for t in stack.types):
+        raise UsageError(
+            f"{config.spec_type} is not available in this llama.cpp's server (it predates "
+            f"{SpecFlag.TYPE}): use a draft model, or llama.cpp from 2026 or later"
+        )
+    flags = list(dialect.spec_type_flags(stack.spelled))
     if stack.needs_draft_file or stack.has(SPEC_MTP) and draft_path is not None:
-        flags += ["--spec-draft-model", str(draft_path)]
+        flags += [dialect.draft_model, str(draft_path)]
     for spec_type in stack.types:
-        k, flag = config.k_of(spec_type), K_FLAG.get(spec_type)
+        k, flag = config.k_of(spec_type), dialect.k_flag.get(spec_type)
         if spec_type == "ngram-mod" and k is not None:
             own_min = config.k_min is not None and stack.primary == spec_type
             k_min = config.k_min if own_min and config.k_min is not None else max(1, k // 4)
-            flags += ["--spec-ngram-mod-n-max", str(k), "--spec-ngram-mod-n-min", str(k_min)]
+            flags += [SpecFlag.NGRAM_MOD_N_MAX, str(k), SpecFlag.NGRAM_MOD_N_MIN, str(k_min)]
         elif k is not None and flag is not None:
             flags += [flag, str(k)]
-    if config.k_min is not None and stack.model_drafter is not None:
-        flags += ["--spec-draft-n-min", str(config.k_min)]
-    if config.p_min is not None:
-        flags += ["--spec-draft-p-min", f"{config.p_min:g}"]
+    if config.k_min is not None and stack.model_drafter is not None and dialect.draft_n_min:
+        flags += [dialect.draft_n_min, str(config.k_min)]
+    if config.p_min is not None and dialect.draft_p_min:
+        flags += [dialect.draft_p_min, f"{config.p_min:g}"]
     if config.draft_threads is not None:
-        flags += ["--spec-draft-threads", str(config.draft_threads)]
+        flags += [dialect.draft_threads, str(config.draft_threads)]
     if config.lookup_cache is not None:
-        flags += ["--lookup-cache-static", config.lookup_cache]
+        flags += [Flag.LOOKUP_CACHE_STATIC, config.lookup_cache]
     return flags
 
 
-def _draft_max_flags(config: Config, draft_path: Path | None) -> list[str]:
-    if not config.speculative:
+def expert_flags(config: Config, missing_key: str) -> list[str]:
+    """`--override-kv` for `config.experts` (nothing without it); `missing_key`: the usage
+    error's tail when the target's expert-count key is unknown."""
+    if config.experts is None:
         return []
-    if config.spec_type != SPEC_DRAFT_SIMPLE:
-        raise UsageError(
-            f"{config.spec_type} is not available in this llama.cpp's server (it predates "
-            "--spec-type): use a draft model, or llama.cpp from 2026 or later"
-        )
-    flags = ["-md", str(draft_path)]
-    if config.k is not None:
-        flags += ["--draft-max", str(config.k)]
-    if config.k_min is not None:
-        flags += ["--draft-min", str(config.k_min)]
-    if config.p_min is not None:
-        flags += ["--draft-p-min", f"{config.p_min:g}"]
-    if config.draft_threads is not None:
-        flags += ["-td", str(config.draft_threads)]
-    return flags
+    if not config.expert_key:
+        raise UsageError(f"{param('experts')} needs the target's expert-count key{missing_key}")
+    return [Flag.OVERRIDE_KV, f"{config.expert_key}=int:{config.experts}"]
 
 
 def server_argv(
@@ -198,23 +209,14 @@ def server_argv(
     """llama-server flags for `config` (no binary, address or port): reusable in any command."""
     if config.needs_draft and draft_path is None:
         raise UsageError(f"{config.spec_type} needs a draft model: pass {param('draft', 'PATH')}")
-    threads = config.threads or host.threads
-    argv = ["-m", str(target_path), "-t", str(threads), "-c", str(config.ctx)]
-    if dialect == DIALECT_SPEC_TYPE:
-        argv += _spec_type_flags(config, draft_path)
-    elif dialect == DIALECT_DRAFT_MAX:
-        argv += _draft_max_flags(config, draft_path)
-    else:
+    if dialect not in DIALECTS:
         raise UsageError(f"unknown llama.cpp flag dialect {dialect!r}")
-    if config.experts is not None:
-        if not config.expert_key:
-            raise UsageError(
-                f"{param('experts')} needs the target's expert-count key; the target is not a "
-                "MoE model "
-                "in the registry (run `specreg scan` on it)"
-            )
-        argv += ["--override-kv", f"{config.expert_key}=int:{config.experts}"]
-    return argv
+    threads = config.threads or host.threads
+    argv = [Flag.MODEL, str(target_path), Flag.THREADS, str(threads), Flag.CTX, str(config.ctx)]
+    argv += _spec_flags(config, draft_path, DIALECTS[dialect])
+    return argv + expert_flags(
+        config, "; the target is not a MoE model in the registry (run `specreg scan` on it)"
+    )
 
 
 def server_command(
@@ -224,32 +226,53 @@ def server_command(
     dialect: str,
     host: Host,
     *,
-    server: Path | str = "llama-server",
-    port: int = 8080,
+    server: Path | str = Tool.SERVER,
+    port: int | None = SERVER_PORT_DEFAULT,
     measuring: bool = True,
 ) -> list[str]:
     """The full command line a user would type: NUMA prefix, binary, address, flags.
-    `measuring=False`: the command to show a user, without the log verbosity a measurement
-    reads its figures from."""
+    `port=None`: without --host/--port, which `LlamaServer` chooses when it starts the
+    command. `measuring=False`: the command to show a user, without the log verbosity a
+    measurement reads its figures from."""
+    address: list[str] = []
+    if port is not None:  # llama-server's default address, stated in the command
+        address = [ServerFlag.HOST, SERVER_HOST_DEFAULT, ServerFlag.PORT, str(port)]
     return [
         *host.launch_prefix(),
         str(server),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
+        *address,
         # One slot: the runner sends one request at a time, and every slot costs KV memory.
-        "-np",
+        ServerFlag.PARALLEL,
         "1",
-        "--metrics",
+        ServerFlag.METRICS,
         # llama.cpp logs an applied override ("validate_override: Using metadata override")
         # and the n_expert_used it loaded only from verbosity 4 (~30 more lines a request),
         # so the run's log can show that --experts reached the model.
         # A stack's per-type statistics are logged at the same verbosity (runner/spec_stats.py).
         *(
-            ["-lv", str(STATS_VERBOSITY)]
+            [Flag.VERBOSITY, str(STATS_VERBOSITY)]
             if measuring and (config.experts is not None or config.stack.stacked)
             else []
         ),
         *server_argv(config, target_path, draft_path, dialect, host),
     ]
+
+
+def server_for(
+    config: Config,
+    target_path: Path,
+    draft_path: Path | None,
+    install: LlamaInstall,
+    host: Host,
+    *,
+    log_path: Path,
+    **options: Any,
+) -> LlamaServer:
+    """A llama-server of `install` running `config` (not started: enter it, and it picks its
+    port and stops with the block). `options` are `LlamaServer`'s (timeouts, append_log)."""
+    from specreg.llama.server import LlamaServer
+
+    command = server_command(
+        config, target_path, draft_path, install.dialect, host, server=install.server, port=None
+    )
+    return LlamaServer(command, env=host.env(), log_path=log_path, **options)

@@ -11,23 +11,26 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from specreg.errors import LlamaError
 from specreg.host.machine import Host
 from specreg.llama.build import BuildInfo, cached_build
+from specreg.llamacpp import DRAFT_MAX, SPEC_TYPE, Flag, Tool
 
 # The dialects are specreg.terms' vocabulary, importable from here too.
 from specreg.terms import DIALECT_DRAFT_MAX as DIALECT_DRAFT_MAX
 from specreg.terms import DIALECT_SPEC_TYPE as DIALECT_SPEC_TYPE
 from specreg.terms import DIALECTS as DIALECTS
-from specreg.terms import SPEC_DRAFT_SIMPLE, SPEC_NONE
 
 ENV_LLAMA_BIN = "SPECREG_LLAMA_BIN"
-SERVER = "llama-server"
+SERVER = Tool.SERVER
 HELP_TIMEOUT_S = 30.0
+
+T = TypeVar("T")
 
 NOT_FOUND_HINT = (
     "pass --llama-bin DIR, set SPECREG_LLAMA_BIN, put llama-server on PATH, or run "
@@ -63,7 +66,7 @@ class LlamaInstall:
         types = [t for t in spec_type.split(",") if t] or ["none"]
         if self.dialect == DIALECT_SPEC_TYPE:
             return all(t in self.spec_types for t in types)
-        return len(types) == 1 and types[0] in (SPEC_NONE, SPEC_DRAFT_SIMPLE)
+        return len(types) == 1 and types[0] in DRAFT_MAX.server_spec_types
 
 
 @dataclass(frozen=True)
@@ -135,23 +138,35 @@ def run_text(cmd: list[str]) -> tuple[int, str]:
     return proc.returncode, (proc.stdout or "") + (proc.stderr or "")
 
 
+def read_help(binary: Path, parse: Callable[[str], T | None], refusal: Callable[[str], str]) -> T:
+    """What `parse` reads from `binary --help`; a `LlamaError` with `refusal` of the tool's
+    last line when it reads nothing."""
+    rc, help_text = run_text([str(binary), Flag.HELP])
+    parsed = parse(help_text)
+    if parsed is None:
+        raise LlamaError(refusal(last_line(help_text, rc)))
+    return parsed
+
+
 def last_line(output: str, rc: int) -> str:
     """What a tool said last (for error messages), or its exit code when it said nothing."""
     return (output.strip().splitlines() or [f"exit code {rc}"])[-1][:120]
 
 
 def parse_dialect(help_text: str) -> tuple[str, tuple[str, ...]] | None:
-    """(dialect, spec types) from `llama-server --help`, or None for an unknown dialect."""
-    if re.search(r"(^|[\s,])--spec-type\b", help_text, re.M):
+    """(dialect, spec types) from `llama-server --help`, or None for an unknown dialect: the
+    dialect whose marker flag the help lists (specreg.llamacpp), newest first."""
+    marker = re.escape(SPEC_TYPE.marker)
+    if re.search(rf"(^|[\s,]){marker}\b", help_text, re.M):
         types: tuple[str, ...] = ()
         for line in help_text.splitlines():
-            if "--spec-type" in line:
-                m = re.search(r"--spec-type\s+\[?([a-z0-9,|\-]+)", line)
+            if SPEC_TYPE.marker in line:
+                m = re.search(rf"{marker}\s+\[?([a-z0-9,|\-]+)", line)
                 if m:
                     types = tuple(t for t in re.split(r"[,|]", m.group(1)) if t)
                 break
-        return DIALECT_SPEC_TYPE, types or (SPEC_NONE, SPEC_DRAFT_SIMPLE)
-    if re.search(r"(^|[\s,])--draft-max\b", help_text, re.M):
+        return DIALECT_SPEC_TYPE, types or DRAFT_MAX.server_spec_types
+    if re.search(rf"(^|[\s,]){re.escape(DRAFT_MAX.marker)}\b", help_text, re.M):
         return DIALECT_DRAFT_MAX, ()
     return None
 
@@ -177,16 +192,16 @@ def probe_install(bin_dir: Path, source: str) -> LlamaInstall:
     server = bin_dir / SERVER
     if not server.is_file() or not os.access(server, os.X_OK):
         raise LlamaError(f"no executable {SERVER} in {bin_dir} (from {source}); {NOT_FOUND_HINT}")
-    rc, help_text = run_text([str(server), "--help"])
-    parsed = parse_dialect(help_text)
-    if parsed is None:
-        raise LlamaError(
-            f"{server} speaks an unknown flag dialect (neither --spec-type nor --draft-max in "
-            f"its --help; it said: {last_line(help_text, rc)}): use llama.cpp from 2024-12 or "
+    dialect, types = read_help(
+        server,
+        parse_dialect,
+        lambda said: (
+            f"{server} speaks an unknown flag dialect (neither {SPEC_TYPE.marker} nor "
+            f"{DRAFT_MAX.marker} in its --help; it said: {said}): use llama.cpp from 2024-12 or "
             "later"
-        )
-    dialect, types = parsed
-    _, version_text = run_text([str(server), "--version"])
+        ),
+    )
+    _, version_text = run_text([str(server), Flag.VERSION])
     binaries = tuple(
         sorted(p.name for p in bin_dir.glob("llama-*") if p.is_file() and os.access(p, os.X_OK))
     )

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -120,16 +120,10 @@ class Answer:
     ids: tuple[int, ...]
 
 
-def answer_positions(
-    tokens: np.ndarray,
-    answers: Sequence[Answer],
-    *,
-    piece: int = ANSWER_PIECE,
-    slack: int = ANSWER_SLACK,
-) -> np.ndarray:
+def answer_positions(tokens: np.ndarray, answers: Sequence[Answer], **search: int) -> np.ndarray:
     """True at each of `tokens` that belongs to an answer, found by the answer's own ids
-    (`answer_index` says which)."""
-    return answer_index(tokens, answers, piece=piece, slack=slack) >= 0
+    (`answer_index` says which, and takes the same `piece` and `slack`)."""
+    return answer_index(tokens, answers, **search) >= 0
 
 
 def answer_index(
@@ -280,6 +274,76 @@ def _check_same_tokens(base: LogitsHeader, other: LogitsHeader) -> int:
     return n_chunk
 
 
+@dataclass(frozen=True)
+class _Rows:
+    """Per scored row: whether both top tokens agree, KL(base || other), the target's chance
+    of accepting the draft's top token, the draft's top probability, and each model's
+    negative log-likelihood of the text's next token."""
+
+    same: np.ndarray
+    kld: np.ndarray
+    accept: np.ndarray
+    conf: np.ndarray
+    nll_base: np.ndarray
+    nll_other: np.ndarray
+
+    def kept(self, keep: np.ndarray) -> _Rows:
+        return _Rows(*(getattr(self, f.name)[keep] for f in fields(self)))
+
+
+def _row_figures(base: LogitsHeader, other: LogitsHeader, n_rows: int, temperature: float) -> _Rows:
+    """Every scored row's figures, decoded `ROWS_PER_BLOCK` rows at a time."""
+    shared = min(base.n_vocab, other.n_vocab)
+    rows_b, rows_o = base.rows(), other.rows()
+    next_tok = base.next_tokens()[:n_rows]
+    out = _Rows(np.zeros(n_rows, dtype=bool), *(np.zeros(n_rows) for _ in range(5)))
+    for start in range(0, n_rows, ROWS_PER_BLOCK):
+        stop = min(n_rows, start + ROWS_PER_BLOCK)
+        lb = decode_rows(rows_b[start:stop], base.n_vocab)
+        lo = decode_rows(rows_o[start:stop], other.n_vocab)
+        top_b, top_o = lb.argmax(axis=1), lo.argmax(axis=1)
+        out.same[start:stop] = top_b == top_o
+        out.conf[start:stop] = np.exp(lo.max(axis=1))
+        # The target can only accept a draft token it has; a token past its vocabulary is
+        # never accepted.
+        in_base = top_o < base.n_vocab
+        idx = np.minimum(top_o, base.n_vocab - 1)
+        if temperature > 0:
+            p_t = _temperature_probs(lb, temperature)
+            out.accept[start:stop] = np.where(in_base, p_t[np.arange(stop - start), idx], 0.0)
+        else:
+            out.accept[start:stop] = out.same[start:stop]
+        sb, so = _renormalised(lb[:, :shared]), _renormalised(lo[:, :shared])
+        pb = _probs(sb)
+        out.kld[start:stop] = (pb * np.where(pb > 0, sb - so, 0.0)).sum(axis=1)
+        tok = next_tok[start:stop]
+        rows = np.arange(stop - start)
+        out.nll_base[start:stop] = -lb[rows, np.minimum(tok, base.n_vocab - 1)]
+        out.nll_other[start:stop] = -lo[rows, np.minimum(tok, other.n_vocab - 1)]
+    return out
+
+
+def _selection(
+    base: LogitsHeader,
+    n_rows: int,
+    answers: Sequence[Answer] | None,
+    spans: Sequence[tuple[int, int]] | None,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(the rows to keep, or None for all; with answers, the answer each row predicts a token
+    of, -1 for none)."""
+    keep = owner = None
+    if answers is not None:
+        owner = answer_index(base.tokens, answers)[base.next_positions()[:n_rows]]
+        keep = owner >= 0
+    if spans is not None:
+        inside = np.zeros(len(base.tokens), dtype=bool)
+        for start, end in spans:
+            inside[max(start, 0) : max(end, 0)] = True
+        in_spans = inside[base.next_positions()[:n_rows]]
+        keep = in_spans if keep is None else keep & in_spans
+    return keep, owner
+
+
 def compare(
     base_path: Path,
     other_path: Path,
@@ -291,67 +355,20 @@ def compare(
     with `answers`, only at the rows that predict an answer's token (what speculation drafts);
     with `spans` (token places, [start, end)), only at the rows that predict a token in one."""
     base, other = read_header(base_path), read_header(other_path)
-    n_chunk = _check_same_tokens(base, other)
-    n_rows = n_chunk * scored_per_chunk(base.n_ctx)
-    keep = None
-    owner = None  # with answers: the answer each row predicts a token of, -1 for none
-    if answers is not None:
-        owner = answer_index(base.tokens, answers)[base.next_positions()[:n_rows]]
-        keep = owner >= 0
-    if spans is not None:
-        inside = np.zeros(len(base.tokens), dtype=bool)
-        for start, end in spans:
-            inside[max(start, 0) : max(end, 0)] = True
-        in_spans = inside[base.next_positions()[:n_rows]]
-        keep = in_spans if keep is None else keep & in_spans
-    shared = min(base.n_vocab, other.n_vocab)
-    rows_b, rows_o = base.rows(), other.rows()
-    next_tok = base.next_tokens()[:n_rows]
-    same = np.zeros(n_rows, dtype=bool)
-    kld = np.zeros(n_rows)
-    accept = np.zeros(n_rows)
-    conf = np.zeros(n_rows)
-    nll_b = np.zeros(n_rows)
-    nll_o = np.zeros(n_rows)
-    for start in range(0, n_rows, ROWS_PER_BLOCK):
-        stop = min(n_rows, start + ROWS_PER_BLOCK)
-        lb = decode_rows(rows_b[start:stop], base.n_vocab)
-        lo = decode_rows(rows_o[start:stop], other.n_vocab)
-        top_b, top_o = lb.argmax(axis=1), lo.argmax(axis=1)
-        same[start:stop] = top_b == top_o
-        conf[start:stop] = np.exp(lo.max(axis=1))
-        # The target can only accept a draft token it has; a token past its vocabulary is
-        # never accepted.
-        in_base = top_o < base.n_vocab
-        idx = np.minimum(top_o, base.n_vocab - 1)
-        if temperature > 0:
-            p_t = _temperature_probs(lb, temperature)
-            accept[start:stop] = np.where(in_base, p_t[np.arange(stop - start), idx], 0.0)
-        else:
-            accept[start:stop] = same[start:stop]
-        sb, so = _renormalised(lb[:, :shared]), _renormalised(lo[:, :shared])
-        pb = _probs(sb)
-        kld[start:stop] = (pb * np.where(pb > 0, sb - so, 0.0)).sum(axis=1)
-        tok = next_tok[start:stop]
-        rows = np.arange(stop - start)
-        nll_b[start:stop] = -lb[rows, np.minimum(tok, base.n_vocab - 1)]
-        nll_o[start:stop] = -lo[rows, np.minimum(tok, other.n_vocab - 1)]
+    n_rows = _check_same_tokens(base, other) * scored_per_chunk(base.n_ctx)
+    keep, owner = _selection(base, n_rows, answers, spans)
+    rows = _row_figures(base, other, n_rows, temperature)
     traces: tuple[DraftTrace, ...] = ()
     if owner is not None and answers is not None:
         traces = tuple(
-            DraftTrace(
-                tuple(bool(x) for x in same[rows]), tuple(float(x) for x in conf[rows]), start=1
-            )
-            for rows in (np.nonzero(owner == n)[0] for n in range(len(answers)))
+            DraftTrace(tuple(map(bool, rows.same[at])), tuple(map(float, rows.conf[at])), start=1)
+            for at in (np.nonzero(owner == n)[0] for n in range(len(answers)))
         )
     if keep is not None:
-        same, kld, accept, conf, nll_b, nll_o = (
-            x[keep] for x in (same, kld, accept, conf, nll_b, nll_o)
-        )
-        n_rows = int(keep.sum())
-    p_same = float(same.mean()) if n_rows else math.nan
+        rows, n_rows = rows.kept(keep), int(keep.sum())
+    p_same = float(rows.same.mean()) if n_rows else math.nan
     same_unc = math.sqrt(p_same * (1 - p_same) / (n_rows - 1)) if n_rows > 1 else math.nan
-    kld_mean, kld_unc = mean_and_uncertainty(kld)
+    kld_mean, kld_unc = mean_and_uncertainty(rows.kld)
     return Comparison(
         n_tokens=n_rows,
         n_vocab_base=base.n_vocab,
@@ -360,12 +377,12 @@ def compare(
         same_top_unc=same_unc,
         mean_kld=kld_mean,
         mean_kld_unc=kld_unc,
-        kld_percentiles=percentiles(kld),
-        ppl_base=float(np.exp(nll_b.mean())) if n_rows else math.nan,
-        ppl_other=float(np.exp(nll_o.mean())) if n_rows else math.nan,
+        kld_percentiles=percentiles(rows.kld),
+        ppl_base=float(np.exp(rows.nll_base.mean())) if n_rows else math.nan,
+        ppl_other=float(np.exp(rows.nll_other.mean())) if n_rows else math.nan,
         temperature=temperature,
-        accept=float(accept.mean()) if n_rows else math.nan,
-        confidence=confidence_curve(conf, same),
+        accept=float(rows.accept.mean()) if n_rows else math.nan,
+        confidence=confidence_curve(rows.conf, rows.same),
         traces=traces,
     )
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from specreg.errors import UsageError, param
 from specreg.home import cache_dir, logs_dir
@@ -45,10 +46,11 @@ from specreg.llama.process import (
     llama_message,
     run_tool,
 )
+from specreg.llamacpp import Flag, PerplexityFlag, Tool
 
 log = logging.getLogger(__name__)
 
-PERPLEXITY = "llama-perplexity"
+PERPLEXITY = Tool.PERPLEXITY
 DEFAULT_CTX = 128  # chunk length: scores 63 tokens per chunk, the second half of each
 DEFAULT_TIMEOUT_S = 900.0
 # A saved-logits file larger than this is refused unless the caller raises the limit.
@@ -61,14 +63,17 @@ MIN_TOKENS_FOR_STATISTICS = 100
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|nan|inf)"
 _PM = rf"({_NUM})\s*±\s*({_NUM})"
+# The summary's figures (each with its uncertainty), by the `KldStats` field they fill; those
+# printed in % are kept as shares.
 _FINAL = {
     "ppl": re.compile(rf"^Mean PPL\(Q\)\s*:\s*{_PM}", re.M),
     "ppl_base": re.compile(rf"^Mean PPL\(base\)\s*:\s*{_PM}", re.M),
     "ln_ppl_ratio": re.compile(rf"^Mean ln\(PPL\(Q\)/PPL\(base\)\)\s*:\s*{_PM}", re.M),
-    "kld": re.compile(rf"^Mean\s+KLD:\s*{_PM}", re.M),
+    "mean_kld": re.compile(rf"^Mean\s+KLD:\s*{_PM}", re.M),
     "rms_dp": re.compile(rf"^RMS Δp\s*:\s*{_PM}\s*%", re.M),
     "same_top": re.compile(rf"^Same top p:\s*{_PM}\s*%", re.M),
 }
+_PERCENT = ("rms_dp", "same_top")
 _PERCENTILES = {
     "max": "Maximum",
     "p999": r"99\.9%",
@@ -150,29 +155,19 @@ def _float(text: str) -> float:
 
 def parse_kld(stdout: str) -> KldStats | None:
     """The statistics from `--kl-divergence` output, or None if it printed none."""
-    found = {name: rx.search(stdout) for name, rx in _FINAL.items()}
-    if all(found.values()):
-        pair = {k: (_float(m.group(1)), _float(m.group(2))) for k, m in found.items() if m}
+    figures: dict[str, Any] = {}
+    for name, rx in _FINAL.items():
+        m = rx.search(stdout)
+        if m is not None:
+            scale = 100 if name in _PERCENT else 1
+            figures[name], figures[f"{name}_unc"] = _float(m[1]) / scale, _float(m[2]) / scale
+    if len(figures) == 2 * len(_FINAL):
         pct = {}
         for name, label in _PERCENTILES.items():
             m = re.search(rf"^\s*{label}\s+KLD:\s*({_NUM})", stdout, re.M)
             if m:
                 pct[name] = _float(m.group(1))
-        return KldStats(
-            mean_kld=pair["kld"][0],
-            mean_kld_unc=pair["kld"][1],
-            same_top=pair["same_top"][0] / 100,
-            same_top_unc=pair["same_top"][1] / 100,
-            ppl=pair["ppl"][0],
-            ppl_unc=pair["ppl"][1],
-            ln_ppl_ratio=pair["ln_ppl_ratio"][0],
-            ln_ppl_ratio_unc=pair["ln_ppl_ratio"][1],
-            rms_dp=pair["rms_dp"][0] / 100,
-            rms_dp_unc=pair["rms_dp"][1] / 100,
-            ppl_base=pair["ppl_base"][0],
-            ppl_base_unc=pair["ppl_base"][1],
-            percentiles=pct,
-        )
+        return KldStats(**figures, percentiles=pct)
     rows = _CHUNK_ROW.findall(stdout)
     if not rows:
         return None
@@ -278,7 +273,7 @@ class KldRun:
 def override_flags(overrides: Sequence[str]) -> list[str]:
     out: list[str] = []
     for kv in overrides:
-        out += ["--override-kv", kv]
+        out += [Flag.OVERRIDE_KV, kv]
     return out
 
 
@@ -312,8 +307,8 @@ class Perplexity:
         return [
             *self.host.launch_prefix(),
             str(self.binary),
-            "-m", str(model), "-f", str(text_file), "-c", str(ctx),
-            "-t", str(self.threads), *extra,
+            Flag.MODEL, str(model), Flag.PROMPT_FILE, str(text_file), Flag.CTX, str(ctx),
+            Flag.THREADS, str(self.threads), *extra,
         ]  # fmt: skip
 
     def _run(self, argv: list[str]) -> tuple[int, str, str, float]:
@@ -339,9 +334,9 @@ class Perplexity:
         `PerplexityFailed` with llama.cpp's line."""
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".part")
-        extra = ["--kl-divergence-base", str(tmp), *override_flags(overrides)]
+        extra = [PerplexityFlag.KLD_BASE, str(tmp), *override_flags(overrides)]
         if chunks is not None:
-            extra += ["--chunks", str(chunks)]
+            extra += [PerplexityFlag.CHUNKS, str(chunks)]
         argv = self.command(model, text_file, ctx, extra)
         try:
             rc, stdout, log_text, wall = self._run(argv)
@@ -370,7 +365,7 @@ class Perplexity:
         one vocabulary: a differing one is refused here, before llama-perplexity prints
         numbers that mean nothing."""
         header = read_header(base)
-        extra = ["--kl-divergence-base", str(base), "--kl-divergence", *override_flags(overrides)]
+        extra = [PerplexityFlag.KLD_BASE, str(base), PerplexityFlag.KLD, *override_flags(overrides)]
         argv = self.command(model, text_file, header.n_ctx, extra)
         rc, stdout, log_text, wall = self._run(argv)
         text = stdout + "\n" + log_text

@@ -27,6 +27,7 @@ from typing import Any
 from specreg.errors import LlamaError
 from specreg.host.cpu import cpu_ticks_total
 from specreg.isa import SIGILL_REMEDY
+from specreg.llamacpp import SERVER_HOST_DEFAULT
 
 # Soft failure: the server keeps serving, but without speculation.
 SPEC_INIT_FAILED = re.compile(r"failed to initialize speculative decoding[^\n]*")
@@ -212,9 +213,13 @@ def classify_exit(log_text: str, returncode: int | None) -> str:
     return "crash"
 
 
+# The one address specreg's llama-server processes listen on: llama-server's own default.
+LOCALHOST = SERVER_HOST_DEFAULT
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((LOCALHOST, 0))
         return int(sock.getsockname()[1])
 
 

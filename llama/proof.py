@@ -20,19 +20,15 @@ from typing import Any
 
 from specreg.llama.process import ServerFailed, exit_how, killed_by, llama_message, run_tool
 from specreg.llama.server import LlamaServer
+from specreg.llamacpp import BenchFlag, Flag, PerplexityFlag, ServerFlag, Tool
 
 log = logging.getLogger(__name__)
 
 # The binaries proved after a build, in the order they run; the cheap gate first, built
 # before the rest (it needs only ggml and libllama), so a build that dies is known minutes
 # sooner.
-GATE_BINARY = "llama-simple"
-PROOF_BINARIES: tuple[str, ...] = (
-    "llama-server",
-    "llama-bench",
-    "llama-perplexity",
-    "llama-completion",
-)
+GATE_BINARY = Tool.SIMPLE
+PROOF_BINARIES: tuple[str, ...] = (Tool.SERVER, Tool.BENCH, Tool.PERPLEXITY, Tool.COMPLETION)
 PROBE_TIMEOUT_S = 120.0
 PROBE_TOKENS = 4
 # A prompt of a few dozen tokens: prompt processing takes ggml's batched (AMX) kernels.
@@ -145,8 +141,8 @@ def _tool(bin_dir: Path, name: str, args: list[str], env: dict[str, str], log_pa
 def _server(bin_dir: Path, model: Path, threads: int, env: dict[str, str], log_path: Path) -> Probe:
     # Two slots: the pinned build's AMX path died at warm-up with SIGILL with two, SIGSEGV
     # with one; a prompt of a few dozen tokens runs the batched kernels too.
-    command = [str(bin_dir / "llama-server"), "-m", str(model), "-t", str(threads)]
-    command += ["-np", "2", "-c", "1024"]
+    command = [str(bin_dir / Tool.SERVER), Flag.MODEL, str(model), Flag.THREADS, str(threads)]
+    command += [ServerFlag.PARALLEL, "2", Flag.CTX, "1024"]
     server = LlamaServer(
         command, env=env, log_path=log_path, startup_timeout=PROBE_TIMEOUT_S, append_log=True
     )
@@ -159,38 +155,34 @@ def _server(bin_dir: Path, model: Path, threads: int, env: dict[str, str], log_p
     except ServerFailed as err:
         seconds = time.monotonic() - start
         timed_out = err.kind == "timeout"
-        return Probe("llama-server", err.returncode, seconds, err.llama_message, timed_out)
-    return Probe("llama-server", 0, time.monotonic() - start, "")
+        return Probe(Tool.SERVER, err.returncode, seconds, err.llama_message, timed_out)
+    return Probe(Tool.SERVER, 0, time.monotonic() - start, "")
 
 
 def _probes(
     bin_dir: Path, model: Path, threads: int, env: dict[str, str], log_path: Path, text: Path
 ) -> dict[str, Callable[[], Probe]]:
-    t = str(threads)
-    return {
-        GATE_BINARY: lambda: _tool(
-            bin_dir, GATE_BINARY, ["-m", str(model), "-n", str(PROBE_TOKENS), PROBE_PROMPT],
-            env, log_path,
-        ),
-        "llama-server": lambda: _server(bin_dir, model, threads, env, log_path),
-        "llama-bench": lambda: _tool(
-            bin_dir, "llama-bench",
-            ["-m", str(model), "-t", t, "-r", "1", "-p", "32", "-n", str(PROBE_TOKENS),
-             "-o", "jsonl"],
-            env, log_path,
-        ),
-        "llama-perplexity": lambda: _tool(
-            bin_dir, "llama-perplexity",
-            ["-m", str(model), "-f", str(text), "-c", "128", "--chunks", "1", "-t", t],
-            env, log_path,
-        ),
-        "llama-completion": lambda: _tool(
-            bin_dir, "llama-completion",
-            ["-m", str(model), "-p", PROBE_PROMPT, "-n", str(PROBE_TOKENS), "-t", t,
-             "-no-cnv", "--temp", "0", "-c", "512"],
-            env, log_path,
-        ),
+    t, m, n = str(threads), [Flag.MODEL, str(model)], [Flag.N_PREDICT, str(PROBE_TOKENS)]
+    args = {
+        GATE_BINARY: [*m, *n, PROBE_PROMPT],
+        Tool.BENCH: [*m, Flag.THREADS, t, BenchFlag.REPETITIONS, "1", BenchFlag.N_PROMPT, "32",
+                     BenchFlag.N_GEN, str(PROBE_TOKENS), BenchFlag.OUTPUT, "jsonl"],
+        Tool.PERPLEXITY: [*m, Flag.PROMPT_FILE, str(text), Flag.CTX, "128",
+                          PerplexityFlag.CHUNKS, "1", Flag.THREADS, t],
+        Tool.COMPLETION: [*m, Flag.PROMPT, PROBE_PROMPT, *n, Flag.THREADS, t,
+                          Flag.NO_CONVERSATION, Flag.TEMP, "0", Flag.CTX, "512"],
     }  # fmt: skip
+
+    def tool(name: str) -> Callable[[], Probe]:
+        return lambda: _tool(bin_dir, name, args[name], env, log_path)
+
+    return {
+        GATE_BINARY: tool(GATE_BINARY),
+        Tool.SERVER: lambda: _server(bin_dir, model, threads, env, log_path),
+        Tool.BENCH: tool(Tool.BENCH),
+        Tool.PERPLEXITY: tool(Tool.PERPLEXITY),
+        Tool.COMPLETION: tool(Tool.COMPLETION),
+    }
 
 
 def prove(

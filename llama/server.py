@@ -25,6 +25,7 @@ from typing import Any
 
 from specreg.host.cpu import CpuWatch
 from specreg.llama.process import (
+    LOCALHOST,
     SPEC_INIT_FAILED,
     ServerFailed,
     classify_exit,
@@ -34,6 +35,7 @@ from specreg.llama.process import (
     spawn,
 )
 from specreg.llama.spec_stats import TypeFigures
+from specreg.llamacpp import ServerFlag
 from specreg.terms import STARTUP_TIMEOUT_S as STARTUP_TIMEOUT_S
 
 log = logging.getLogger(__name__)
@@ -173,7 +175,8 @@ class LlamaServer:
         last: ServerFailed | None = None
         for _ in range(PORT_ATTEMPTS):
             self.port = free_port()
-            self.argv = [*self.command, "--host", "127.0.0.1", "--port", str(self.port)]
+            address = [ServerFlag.HOST, LOCALHOST, ServerFlag.PORT, str(self.port)]
+            self.argv = [*self.command, *address]
             try:
                 self._spawn_and_wait()
                 return
@@ -185,7 +188,7 @@ class LlamaServer:
         assert last is not None
         raise ServerFailed(
             "port",
-            f"llama-server could not bind 127.0.0.1 in {PORT_ATTEMPTS} attempts",
+            f"llama-server could not bind {LOCALHOST} in {PORT_ATTEMPTS} attempts",
             last.llama_message,
             self.log_path,
         )
@@ -260,7 +263,7 @@ class LlamaServer:
     ) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}",
+            f"http://{LOCALHOST}:{self.port}{path}",
             data=data,
             method=method,
             headers={"Content-Type": "application/json"},

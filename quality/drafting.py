@@ -18,22 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from specreg.drafttrace import DraftTrace
-from specreg.llama.config import Config, server_command
+from specreg.llama.config import Config, server_for
 from specreg.llama.logits import Answer, confidence_curve
 from specreg.llama.server import LlamaServer
 from specreg.quality.kld import Measuring
 
 # The draft's context: a task prompt and its answer, with room to spare.
 DRAFT_CTX = 4096
-
-
-def _command(m: Measuring, draft: Path) -> list[str]:
-    command = server_command(
-        Config(threads=m.threads, ctx=DRAFT_CTX), draft, None, m.install.dialect, m.host,
-        server=m.install.server,
-    )  # fmt: skip
-    i = command.index("--host")  # LlamaServer picks the address and port
-    return command[:i] + command[i + 4 :]
 
 
 def guess(server: LlamaServer, prompt: str, answer: Sequence[int]) -> DraftTrace:
@@ -64,7 +55,8 @@ def draft_traces(
     """One trace per answer, and each prompt's token ids (the draft's tokenizer is the
     target's: llama.cpp speculates with no other), from one llama-server of `draft`.
     Raises `ServerFailed`."""
-    with LlamaServer(_command(m, draft), env=m.host.env(), log_path=log_path) as server:
+    config = Config(threads=m.threads, ctx=DRAFT_CTX)
+    with server_for(config, draft, None, m.install, m.host, log_path=log_path) as server:
         pairs = list(zip(prompts, answers, strict=True))
         traces = tuple(guess(server, prompt, a.ids) for prompt, a in pairs)
         return traces, tuple(tokens(server, prompt) for prompt, _ in pairs)

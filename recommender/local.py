@@ -24,13 +24,14 @@ from typing import Any
 import duckdb
 
 from specreg.host.facts import HostFacts
+from specreg.llamacpp import NGRAM_CACHE_DRAFT_MAX
 from specreg.recommender.calibrated import Calibration, load_calibration
 from specreg.recommender.features import ConfigFacts
 from specreg.recommender.prior import Observation
 from specreg.registry.queries import ModelRecord, get_model
 from specreg.registry.run_store import STATUS_OK, RunRecord, list_runs
 from specreg.stacks import NGRAM_CACHE, StackError, stack_of
-from specreg.terms import DEFAULT_TYPE_OF, NGRAM_CACHE_DRAFT_MAX, Method, arch_family
+from specreg.terms import DEFAULT_TYPE_OF, Method, arch_family
 
 # The n-gram match length the model scores lookup candidates with: the prior's lookup rows
 # were measured with n = 3..5 (4 the most common). This is a feature value, not the flag

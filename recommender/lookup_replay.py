@@ -28,11 +28,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specreg.drafttrace import DraftTrace
+from specreg.llamacpp import NGRAM_PARAMS
 
 # The pinned build's ngram-mod (common/common.h, common_params_speculative_ngram_mod).
-N_MATCH_DEFAULT = 24
-N_MAX_DEFAULT = 64  # what a stack's ngram-mod drafts with: its K flags go to its primary type
-N_MIN_DEFAULT = 48
+_NGRAM_MOD = NGRAM_PARAMS["ngram-mod"]
+N_MATCH_DEFAULT = _NGRAM_MOD["n_match"].default
+# What a stack's ngram-mod drafts with: its K flags go to its primary type.
+N_MAX_DEFAULT = _NGRAM_MOD["n_max"].default
+N_MIN_DEFAULT = _NGRAM_MOD["n_min"].default
 ADD_EVERY = 32  # new tokens before the n-grams since the last addition are added
 LOW_ACCEPTANCE = 0.25
 LOW_STREAK = 5

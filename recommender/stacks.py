@@ -8,7 +8,7 @@ Two kinds of configuration go beyond one llama.cpp type per method:
   lookup-cache build` for the task in the target's tokenizer family (a cache is never offered to
   another family). It drafts with llama.cpp's prompt-lookup algorithm (`common_ngram_cache_draft`,
   what the prior's lookup rows ran, with and without fewer experts) and at most 8 tokens
-  (terms.NGRAM_CACHE_DRAFT_MAX).
+  (llamacpp.NGRAM_CACHE_DRAFT_MAX).
 
 The speed model scores each as its method (a draft model; n-gram lookup) at its K, so without
 runs of its own a stack predicts what its method alone does, and a cache what the prior's lookup
@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from specreg.llamacpp import NGRAM_CACHE_DRAFT_MAX
 from specreg.recommender.features import ConfigFacts
 from specreg.registry.lookup_caches import LookupCache
 from specreg.stacks import NGRAM_CACHE, Stack
-from specreg.terms import DEFAULT_TYPE_OF, NGRAM_CACHE_DRAFT_MAX, Method
+from specreg.terms import DEFAULT_TYPE_OF, Method
 
 # What recommend stacks in front of a draft model: the n-gram type it proposes anyway.
 DRAFT_STACK = f"{DEFAULT_TYPE_OF[Method.NGRAM]},{DEFAULT_TYPE_OF[Method.DRAFT]}"

@@ -383,7 +383,7 @@ def m007_quality(con: duckdb.DuckDBPyConnection) -> None:
 def m005_measurement_protocol(con: duckdb.DuckDBPyConnection) -> None:
     """Runs say how their samples were taken and whether they can be trusted; runs recorded
     before (protocol v1) that replayed prompts to a method that keeps state are marked."""
-    from specreg.terms import keeps_state
+    from specreg.llamacpp import keeps_state
 
     for column, kind in (
         ("regime", "VARCHAR"),  # first-encounter | warm | replay

@@ -26,8 +26,9 @@ from typing import Any
 import duckdb
 
 from specreg.errors import UsageError
+from specreg.llamacpp import keeps_state
 from specreg.registry.sql import transaction
-from specreg.terms import REGIME_WARM, keeps_state
+from specreg.terms import REGIME_WARM
 
 RUNS = "runs"
 RUN_PROMPTS = "run_prompts"

@@ -27,6 +27,7 @@ from jinja2 import Environment, FileSystemBytecodeCache, PackageLoader, StrictUn
 from markupsafe import Markup
 
 from specreg.auditor import not_a_draft
+from specreg.llamacpp import Flag, Tool
 from specreg.registry.queries import human_bytes, human_count
 from specreg.reports import gather, plots
 from specreg.reports.data import (
@@ -297,7 +298,7 @@ def _bounded(value: Any) -> Any:
 
 def server_command(target_path: str | None, flags: Sequence[str]) -> str:
     """The llama-server line for a target and a draft's flags, quoted for a POSIX shell."""
-    line = shlex.join(["llama-server", "-m", target_path or "TARGET.gguf", *flags])
+    line = shlex.join([Tool.SERVER, Flag.MODEL, target_path or "TARGET.gguf", *flags])
     return _Clipped(clip(line, COMMAND_MAX_CHARS))
 
 

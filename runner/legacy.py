@@ -22,8 +22,8 @@ from pathlib import Path
 
 from specreg.errors import LlamaError, UsageError, param
 from specreg.host.machine import Host
-from specreg.llama.config import Config
-from specreg.llama.install import LlamaInstall, last_line, run_text
+from specreg.llama.config import Config, expert_flags
+from specreg.llama.install import LlamaInstall, read_help
 from specreg.llama.process import (
     ServerFailed,
     ToolOutput,
@@ -34,6 +34,7 @@ from specreg.llama.process import (
     strip_log_prefix,
 )
 from specreg.llama.server import Completion
+from specreg.llamacpp import SPELLINGS, DraftFlag, Flag, SpecFlag, Tool
 from specreg.runner.measurement import Measurement, RunStart, interrupted, prompt_result
 from specreg.runner.protocol import Engine, Sampler, SamplingInterrupted, collect, plan_protocol
 from specreg.runner.workload import Workload
@@ -47,8 +48,8 @@ from specreg.terms import ENGINES as ENGINES
 
 log = logging.getLogger(__name__)
 
-SPECULATIVE = "llama-speculative"
-LOOKUP = "llama-lookup"
+SPECULATIVE = Tool.SPECULATIVE
+LOOKUP = Tool.LOOKUP
 LEGACY_TOOLS = (SPECULATIVE, LOOKUP)
 
 # Stands for the per-prompt temporary file in the recorded command line.
@@ -190,20 +191,25 @@ class LegacyFlags:
 
 
 def parse_legacy_flags(help_text: str) -> LegacyFlags | None:
-    def has(flag: str) -> bool:
+    """The spelling of the newest dialect whose K flag the help lists (specreg.llamacpp's
+    `SPELLINGS`); before --spec-type, the optional knobs only where the help lists them."""
+
+    def has(flag: str | None) -> bool:
+        if flag is None:
+            return False
         # Removed flags stay in the help text ("the argument has been removed"): ignore them.
         for line in help_text.splitlines():
             if re.search(rf"(^|[\s,]){re.escape(flag)}\b(?!-)", line) and "removed" not in line:
                 return True
         return False
 
-    if has("--spec-draft-n-max"):
-        return LegacyFlags("--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min")
-    p_min = "--draft-p-min" if has("--draft-p-min") else None
-    if has("--draft-max"):
-        return LegacyFlags("--draft-max", "--draft-min" if has("--draft-min") else None, p_min)
-    if has("--draft"):
-        return LegacyFlags("--draft", None, p_min)
+    for d in SPELLINGS:
+        if not has(d.draft_n_max):
+            continue
+        if d.spec_type:
+            return LegacyFlags(d.draft_n_max, d.draft_n_min, d.draft_p_min)
+        n_min = d.draft_n_min if has(d.draft_n_min) else None
+        return LegacyFlags(d.draft_n_max, n_min, d.draft_p_min if has(d.draft_p_min) else None)
     return None
 
 
@@ -214,15 +220,15 @@ def legacy_flags(binary: Path) -> LegacyFlags:
     """The flag spelling of `binary`, probed once per file version."""
     key = (str(binary), binary.stat().st_mtime_ns if binary.exists() else 0)
     if key not in _FLAGS_CACHE:
-        rc, help_text = run_text([str(binary), "--help"])
-        flags = parse_legacy_flags(help_text)
-        if flags is None:
-            raise LlamaError(
-                f"{binary} has no draft-length flag (--spec-draft-n-max, --draft-max or --draft) "
-                f"in its --help (it said: {last_line(help_text, rc)}): use llama.cpp from 2024 "
-                "or later"
-            )
-        _FLAGS_CACHE[key] = flags
+        _FLAGS_CACHE[key] = read_help(
+            binary,
+            parse_legacy_flags,
+            lambda said: (
+                f"{binary} has no draft-length flag ({SpecFlag.DRAFT_N_MAX}, {DraftFlag.N_MAX} "
+                f"or {DraftFlag.N}) in its --help (it said: {said}): use llama.cpp from 2024 or "
+                "later"
+            ),
+        )
     return _FLAGS_CACHE[key]
 
 
@@ -237,13 +243,13 @@ def legacy_argv(
     host: Host,
 ) -> list[str]:
     """Flags for `tool` (no binary): one generation of `prompt_file` under `config`."""
-    argv = ["-m", str(target)]
+    argv = [Flag.MODEL, str(target)]
     if tool == SPECULATIVE:
         if draft is None:
             raise UsageError(
                 f"{config.spec_type} needs a draft model: pass {param('draft', 'PATH')}"
             )
-        argv += ["-md", str(draft)]
+        argv += [Flag.DRAFT_MODEL, str(draft)]
     if config.k is not None:
         argv += [flags.n_max, str(config.k)]
     if config.k_min is not None and flags.n_min:
@@ -251,20 +257,14 @@ def legacy_argv(
     if config.p_min is not None and flags.p_min:
         argv += [flags.p_min, f"{config.p_min:g}"]
     if config.draft_threads is not None and tool == SPECULATIVE:
-        argv += ["-td", str(config.draft_threads)]
+        argv += [Flag.DRAFT_THREADS, str(config.draft_threads)]
     if config.lookup_cache is not None and tool == LOOKUP:
-        argv += ["--lookup-cache-static", config.lookup_cache]
-    argv += ["-f", str(prompt_file), "-n", str(n_predict)]
-    argv += ["--temp", f"{config.temperature:g}", "--seed", str(config.seed)]
-    argv += ["-t", str(config.threads or host.threads), "-c", str(config.ctx)]
-    if config.experts is not None:
-        if not config.expert_key:
-            raise UsageError(
-                f"{param('experts')} needs the target's expert-count key (run `specreg scan`)"
-            )
-        # The legacy tools apply the override to the draft too.
-        argv += ["--override-kv", f"{config.expert_key}=int:{config.experts}"]
-    return argv
+        argv += [Flag.LOOKUP_CACHE_STATIC, config.lookup_cache]
+    argv += [Flag.PROMPT_FILE, str(prompt_file), Flag.N_PREDICT, str(n_predict)]
+    argv += [Flag.TEMP, f"{config.temperature:g}", Flag.SEED, str(config.seed)]
+    argv += [Flag.THREADS, str(config.threads or host.threads), Flag.CTX, str(config.ctx)]
+    # The legacy tools apply the override to the draft too.
+    return argv + expert_flags(config, " (run `specreg scan`)")
 
 
 def failure_of(name: str, result: ToolOutput, log_path: Path) -> ServerFailed | None:

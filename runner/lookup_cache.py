@@ -35,6 +35,7 @@ from specreg.home import logs_dir, specreg_home
 from specreg.host.machine import Host
 from specreg.llama.install import LlamaInstall
 from specreg.llama.process import llama_message, run_tool
+from specreg.llamacpp import Flag, Tool
 from specreg.registry.lookup_caches import (
     SOURCE_FILE,
     SOURCE_RUN,
@@ -51,7 +52,7 @@ from specreg.terms import TASKS, canonical_task
 
 log = logging.getLogger(__name__)
 
-LOOKUP_CREATE = "llama-lookup-create"
+LOOKUP_CREATE = Tool.LOOKUP_CREATE
 NGRAM_MAX = 4  # LLAMA_NGRAM_MAX (common/ngram-cache.h): ids per n-gram key
 NGRAM_STATIC = 2  # LLAMA_NGRAM_STATIC: llama-lookup-create keys on 2-grams
 TOKEN_NULL = -1  # LLAMA_TOKEN_NULL: an unused id of a key
@@ -307,8 +308,9 @@ def build_cache(
         corpus_file.write_text(corpus, encoding="utf-8", errors="surrogatepass")
         built = Path(tmp) / "cache.lcs"
         argv = [
-            *host.launch_prefix(), str(binary), "-m", str(req.model_path), "-f", str(corpus_file),
-            "-lcs", str(built), "-c", str(CREATE_CTX), "-t", str(req.threads or host.threads),
+            *host.launch_prefix(), str(binary), Flag.MODEL, str(req.model_path),
+            Flag.PROMPT_FILE, str(corpus_file), Flag.LOOKUP_CACHE_STATIC_SHORT, str(built),
+            Flag.CTX, str(CREATE_CTX), Flag.THREADS, str(req.threads or host.threads),
         ]  # fmt: skip
         result = run_tool(argv, env=host.env(), log_path=log_path, timeout=BUILD_TIMEOUT_S)
         if result.returncode != 0 or not built.is_file():
@@ -319,7 +321,7 @@ def build_cache(
         facts = read_cache_file(built, model.n_tokens)
         os.replace(built, final)  # the temporary folder is inside out_dir: one file system
     shown = [a if a not in (str(corpus_file), str(built)) else "CORPUS.txt" for a in argv]
-    shown[shown.index("-lcs") + 1] = str(final)
+    shown[shown.index(Flag.LOOKUP_CACHE_STATIC_SHORT) + 1] = str(final)
     data = final.read_bytes()
     cache = LookupCache(
         name=req.name,

@@ -30,6 +30,7 @@ from specreg.llama.server import (
     Completion,
     LlamaServer,
 )
+from specreg.llamacpp import Tool
 from specreg.runner import legacy
 from specreg.runner.measurement import (
     Measurement,
@@ -293,13 +294,13 @@ def _measure(
         warmup=warmup, warm_first=warm_first, built_from=built_from,
     )  # fmt: skip
     start = RunStart.now(
-        "llama-server", config=config, target=target, draft=draft, install=install, host=host,
+        Tool.SERVER, config=config, target=target, draft=draft, install=install, host=host,
         workload=workload, n_predict=n_predict, repeats=protocol.repeats, engine=ENGINE_SERVER,
     )  # fmt: skip
-    command = server_command(config, target, draft, install.dialect, host, server=install.server)
-    # --host/--port are chosen by LlamaServer; drop the placeholders from the rendered command.
-    i = command.index("--host")
-    command = command[:i] + command[i + 4 :]
+    # No --host/--port: LlamaServer chooses them.
+    command = server_command(
+        config, target, draft, install.dialect, host, server=install.server, port=None
+    )
     server_engine = ServerEngine(
         command,
         config,

@@ -1,7 +1,7 @@
 """The measurement protocol, written once for every engine: what a timed sample may have seen.
 
 llama-server keeps some speculative state from one request to the next
-(`specreg.terms.CROSS_REQUEST_STATE`: ngram-mod's n-gram pool, ngram-cache's per-slot cache).
+(`specreg.llamacpp.CROSS_REQUEST_STATE`: ngram-mod's n-gram pool, ngram-cache's per-slot cache).
 A sample timed on a server that has already answered its own prompt measures that memory, not
 the method: on SmolLM2, ngram-mod drafts nothing for a code prompt on first encounter and
 accepts 53 of 53 drafted tokens when the prompt comes again. So every engine (llama-server in
@@ -49,14 +49,9 @@ from specreg.host import progress
 from specreg.host.load import DEFAULT_NOISE_FLOOR, LoadPolicy, current_policy, wait_quiet
 from specreg.host.machine import Host
 from specreg.llama.server import Completion
+from specreg.llamacpp import CROSS_REQUEST_STATE, REQUEST_STATE, keeps_state
 from specreg.runner.workload import Prompt, Workload
-from specreg.terms import (
-    CROSS_REQUEST_STATE,
-    REGIME_FIRST,
-    REGIME_WARM,
-    REQUEST_STATE,
-    keeps_state,
-)
+from specreg.terms import REGIME_FIRST, REGIME_WARM
 
 log = logging.getLogger(__name__)
 

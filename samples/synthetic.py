@@ -35,11 +35,12 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.constants import ExpertGatingFuncType, LlamaFileType, TokenType
 
-from specreg.samples.model_files import SmallModel, install_atomic, quantize
+from specreg.samples.model_files import SmallModel, install_atomic
 
 log = logging.getLogger(__name__)
 
-# The self-speculative draft made from each synthetic target with llama-quantize.
+# The self-speculative draft made from each synthetic target with llama-quantize
+# (specreg.llama.models).
 SYNTHETIC_DRAFT_QUANT = "Q8_0"
 # Word pieces the chain walks through: a leading-space marker and lowercase letters.
 _WORD_PIECE = re.compile(r"^Ġ[a-z]{3,}$")
@@ -86,6 +87,8 @@ class MoeSpec:
 # A GLM-4.5-style MoE (sigmoid router, one shared expert) with one NextN block: the
 # smallest thing the pinned llama.cpp runs with --spec-type draft-mtp.
 MTP_SPEC = MoeSpec(arch="glm4moe", n_expert_shared=1, nextn_layers=1)
+# The synthetic MoE target the tests and benchmarks use.
+MOE_SPEC = MoeSpec()
 
 
 @dataclass(frozen=True)
@@ -320,18 +323,3 @@ def ensure_synthetic_model(dest: Path, tokenizer_source: Path, spec: MoeSpec) ->
         log.info("writing synthetic %s model %s", spec.arch, out)
         write_moe_gguf(out, tokenizer_source, spec)
     return SmallModel(spec.family, "F16", out, out.stat().st_size)
-
-
-def ensure_synthetic_models(
-    dest: Path,
-    tokenizer_source: Path,
-    quantize_bin: Path,
-    spec: MoeSpec = MoeSpec(),
-    mtp_spec: MoeSpec = MTP_SPEC,
-) -> SyntheticModels:
-    """Write the synthetic MoE and MTP models (once) next to the other small models, and
-    the MoE's Q8_0 self-draft."""
-    moe = ensure_synthetic_model(dest, tokenizer_source, spec)
-    draft = quantize(quantize_bin, moe, SYNTHETIC_DRAFT_QUANT)
-    mtp = ensure_synthetic_model(dest, tokenizer_source, mtp_spec)
-    return SyntheticModels(moe, draft, mtp, spec, mtp_spec)

@@ -2,7 +2,7 @@
 all of its target's traffic, not only the requests the policy sent it.
 
 llama.cpp's ngram-mod keeps one n-gram pool per llama-server process and adds every prompt it
-processes to it (`common_speculative_begin`; see specreg.terms.CROSS_REQUEST_STATE). A server
+processes to it (`common_speculative_begin`; see specreg.llamacpp.CROSS_REQUEST_STATE). A server
 that serves a whole stream drafts from earlier prompts and answers; under the adaptive policy
 the same configuration serves only the requests routed to it, so its pool, and the evidence the
 policy gathers about it, would depend on the routing. A candidate that got few requests would
@@ -31,8 +31,8 @@ from typing import Any
 
 import aiohttp
 
+from specreg.llamacpp import POOLED_STATE_TYPES
 from specreg.stacks import parse_stack
-from specreg.terms import POOLED_STATE_TYPES
 
 log = logging.getLogger(__name__)
 

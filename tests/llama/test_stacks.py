@@ -8,11 +8,11 @@ import re
 import pytest
 
 from specreg.errors import UsageError
+from specreg.llamacpp import NGRAM_CACHE_DRAFT_MAX
 from specreg.sources import llama_source_dir
 from specreg.stacks import K_FLAG, Stack, StackError, parse_stack, reordered, stack_of
 from specreg.terms import (
     MODEL_DRAFTER_TYPES,
-    NGRAM_CACHE_DRAFT_MAX,
     SPEC_PRIORITY,
     SPEC_TYPES,
     Method,

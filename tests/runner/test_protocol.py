@@ -13,6 +13,7 @@ import pytest
 from specreg.errors import UsageError
 from specreg.host.machine import Host
 from specreg.llama.server import Completion
+from specreg.llamacpp import CROSS_REQUEST_STATE, REQUEST_STATE, keeps_state
 from specreg.runner.protocol import (
     ISOLATION_FRESH,
     ISOLATION_PROCESS,
@@ -30,7 +31,7 @@ from specreg.runner.protocol import (
     warmup_text,
 )
 from specreg.runner.workload import Prompt, Workload
-from specreg.terms import CROSS_REQUEST_STATE, REQUEST_STATE, SPEC_TYPES, keeps_state
+from specreg.terms import SPEC_TYPES
 
 HOST = Host("h", "cpu", 2, 2, 2**34, 1, None, "Linux")
 N = 16

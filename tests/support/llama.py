@@ -76,7 +76,7 @@ def llama_bin(llama_install: LlamaInstall) -> Path:
 @pytest.fixture(scope="session")
 def small_models(llama_install: LlamaInstall) -> SmallModels:
     """SmolLM2-135M (Q4_1) and Gemma 3 270M (Q4_K_M) with Q8_0/Q4_0 self-drafts."""
-    from specreg.samples.small_models import ensure_test_models
+    from specreg.llama.models import ensure_test_models
 
     try:
         return ensure_test_models(llama_install.binary("llama-quantize"))
@@ -88,8 +88,8 @@ def small_models(llama_install: LlamaInstall) -> SmallModels:
 @pytest.fixture(scope="session")
 def synthetic_models(llama_install: LlamaInstall, small_models: SmallModels) -> SyntheticModels:
     """A tiny real qwen3moe (8 experts, 2 used, SmolLM2's tokenizer) and its Q8_0 draft."""
+    from specreg.llama.models import ensure_synthetic_models
     from specreg.samples.model_files import models_dir
-    from specreg.samples.synthetic import ensure_synthetic_models
 
     try:
         return ensure_synthetic_models(
