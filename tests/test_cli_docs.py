@@ -266,3 +266,32 @@ def test_the_readme_walk_through_runs(tmp_path: Path) -> None:
             )
         checked.append(_resolve(calls[0])[0])
     assert {"specreg demo", "specreg scan", "specreg models", "specreg drafts"} <= set(checked)
+
+
+# -- links -----------------------------------------------------------------------------------
+
+
+def _headings(page: Path) -> set[str]:
+    """GitHub's anchors for the headings of a markdown page (not those inside code blocks)."""
+    prose = _FENCE.sub("", page.read_text(encoding="utf-8"))
+    titles = [line.lstrip("#").strip() for line in prose.splitlines() if line.startswith("#")]
+    return {re.sub(r"[^\w\- ]", "", t.lower()).replace(" ", "-") for t in titles}
+
+
+PAGES = [README, *sorted((REPO / "docs").rglob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_every_link_resolves(page: Path) -> None:
+    """A relative link from the README or docs/ names a file that exists and, into a page, one
+    of its headings: moving a section or a report cannot leave a link behind."""
+    prose = _FENCE.sub("", page.read_text(encoding="utf-8"))
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = page.parent / path if path else page
+        if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in _headings(dest)):
+            broken.append(target)
+    assert not broken, f"{page.relative_to(REPO)} links to what is not there: {broken}"
