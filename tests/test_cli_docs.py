@@ -4,9 +4,10 @@ docs/cli.md, the command reference, is generated from the commands by scripts/cl
 must be what that script renders today, and, read back, name every command and every option,
 each of which exists (both directions, so a broken generator cannot hide a command either).
 The README shows commands rather than documenting them: every `specreg ...` line in its code
-blocks must name a real command with real options, and the demo walk-through (demo, scan,
-models, drafts) is run on a fresh home, its shown output checked against what the commands print
-on a terminal of the same width."""
+blocks (and in the guide pages', and every `specreg ...` or `--option` span of their prose) must
+name a real command with real options, and the demo walk-through (demo, scan, models, drafts) is
+run on a fresh home, its shown output checked against what the commands print on a terminal of
+the same width. Every relative link of the README and docs/ resolves."""
 
 from __future__ import annotations
 
@@ -144,17 +145,17 @@ CHEAP = {"demo", "scan", "models", "drafts"}
 COLUMNS = 100  # the terminal width the README's excerpts were taken at
 
 
-def code_blocks() -> list[tuple[str, str]]:
-    """(language, body) of every fenced block of the README."""
-    return _FENCE.findall(README.read_text(encoding="utf-8"))
+def code_blocks(page: Path = README) -> list[tuple[str, str]]:
+    """(language, body) of every fenced block of a page."""
+    return _FENCE.findall(page.read_text(encoding="utf-8"))
 
 
-def shown_commands() -> list[tuple[str, list[str]]]:
-    """(command line, the output the README shows after it) for every command line in the
-    README's shell blocks: every line of an `sh` block, the `$ ` lines of a `console` block
+def shown_commands(page: Path = README) -> list[tuple[str, list[str]]]:
+    """(command line, the output the page shows after it) for every command line in the
+    page's shell blocks: every line of an `sh` block, the `$ ` lines of a `console` block
     (a trailing backslash continues a line)."""
     out: list[tuple[str, list[str]]] = []
-    for language, body in code_blocks():
+    for language, body in code_blocks(page):
         if language not in ("sh", "console"):
             continue
         lines = iter(body.replace("\\\n", " ").splitlines())
@@ -192,22 +193,26 @@ def _resolve(words: list[str]) -> tuple[str, list[str]]:
         if sub is None:
             if command.invoke_without_command:
                 break  # `specreg runs RUN_ID`: an argument of the group itself
-            pytest.fail(f"the README runs `{ctx.command_path} {rest[0]}`, which does not exist")
+            pytest.fail(f"the docs show `{ctx.command_path} {rest[0]}`, which does not exist")
         ctx = _context(sub, rest[0], ctx)
         command, rest = sub, rest[1:]
     options = [w.split("=", 1)[0] for w in rest if w.startswith("-") and w != "-"]
     return ctx.command_path, options
 
 
-def inline_commands() -> list[str]:
-    """`specreg ...` code spans in the README's prose."""
-    prose = _FENCE.sub("", README.read_text(encoding="utf-8"))
-    return re.findall(r"`(specreg [^`]+)`", prose)
+def inline_commands(page: Path) -> list[str]:
+    """`specreg ...` code spans in a page's prose, optional parts unbracketed
+    (`specreg propose [--adopt]` names --adopt)."""
+    prose = _FENCE.sub("", page.read_text(encoding="utf-8"))
+    return [re.sub(r"[\[\]]", " ", span) for span in re.findall(r"`(specreg [^`]+)`", prose)]
 
 
+# The pages written by hand that show or name commands (docs/measurements/ are dated reports).
+WRITTEN = [README, *(REPO / "docs" / f"{name}.md" for name in ("guide", "serving", "architecture"))]
 README_CALLS = [
-    call
-    for line in [line for line, _ in shown_commands()] + inline_commands()
+    (page.relative_to(REPO), call)
+    for page in WRITTEN
+    for line in [line for line, _ in shown_commands(page)] + inline_commands(page)
     for call in specreg_calls(line)
 ]
 
@@ -222,15 +227,30 @@ def test_the_readme_shows_the_set_up_and_the_test_command() -> None:
 
 
 def test_the_readme_commands_are_found() -> None:
-    paths = {_resolve(call)[0] for call in README_CALLS}
+    paths = {_resolve(call)[0] for page, call in README_CALLS if page == Path("README.md")}
     assert {"specreg demo", "specreg scan", "specreg models"} <= paths
 
 
-@pytest.mark.parametrize("call", README_CALLS, ids=[" ".join(c)[:60] for c in README_CALLS])
-def test_every_readme_command_and_option_exists(call: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("page", "call"), README_CALLS, ids=[f"{p}: {' '.join(c)[:50]}" for p, c in README_CALLS]
+)
+def test_every_shown_command_and_option_exists(page: Path, call: list[str]) -> None:
+    """Every `specreg ...` the README and the guide pages show or name: the command exists and
+    takes every option given."""
     path, options = _resolve(call)
     unknown = sorted(set(options) - _accepted(COMMANDS[path]))
-    assert not unknown, f"the README gives `{path}` {unknown}, which it does not accept"
+    assert not unknown, f"{page} gives `{path}` {unknown}, which it does not accept"
+
+
+ALL_OPTIONS = set().union(*(_accepted(command) for command in COMMANDS.values()))
+
+
+@pytest.mark.parametrize("page", WRITTEN, ids=[str(p.relative_to(REPO)) for p in WRITTEN])
+def test_every_option_named_in_prose_exists(page: Path) -> None:
+    """An option the prose names on its own (`--policy speed`) is one some command takes."""
+    prose = _FENCE.sub("", page.read_text(encoding="utf-8"))
+    unknown = sorted(set(re.findall(r"`(--[A-Za-z][\w-]*)", prose)) - ALL_OPTIONS)
+    assert not unknown, f"{page.relative_to(REPO)} names {unknown}, which no command takes"
 
 
 def _norm(line: str, timings: bool = False) -> str:
