@@ -86,7 +86,7 @@ class ServeOptions:
     traffic_every: int = TRAFFIC_CACHE_EVERY  # requests of a task per traffic cache (0: none)
     # adaptive: backends with pooled n-gram state read the traffic sent elsewhere (serve.pooled);
     # off by default: the catch-up's prompt processing cost 50-75 % of the generation seconds
-    # on the 2-core host's streams (docs/adaptive-serving.md)
+    # on the 2-core host's streams (docs/measurements/adaptive-serving.md)
     share_state: bool = False
     max_queue: int = DEFAULT_MAX_QUEUE  # requests that may wait for cores
     keys: frozenset[str] = frozenset()  # API keys clients must send; empty: none asked
