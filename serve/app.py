@@ -442,11 +442,19 @@ class Service:
 
     def _retry_after(self, call: _Call, why: str, *, recorded: bool = False) -> Pick | None:
         """After a candidate failed: retire it (adaptive policy) and name the current best to
-        retry on, or None (fixed policy, or nothing else to try). The failed attempt is
-        recorded as a failed run with the reason it was retired."""
-        if not self.router.adaptive:
-            return None
+        retry on; under the fixed policy, another lossless backend of the target that is
+        running, else the same configuration once its process has been started again. None
+        when there is nothing to try. The failed attempt is recorded as a failed run with the
+        reason."""
         backend = call.backend
+        if not self.router.adaptive:
+            others = self.alternatives(call.target, call.cls.task, backend)
+            again = others[0] if others else backend.name
+            if backend.failure and again == backend.name:
+                return None  # given up (or it dies by SIGILL): the same process would fail too
+            if not recorded:
+                call.record(None, 502, why, "unavailable")
+            return Pick(again, REASON_RETRY, again)
         done = self.router.retire(backend.name, f"failed: {why}")
         if done:
             backend.failure = backend.failure or f"retired: {why}"

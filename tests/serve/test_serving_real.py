@@ -316,19 +316,19 @@ def test_sigkill_of_specreg_leaves_no_llama_server(
     assert wait_gone(pids) == []  # Linux's death signal, set by the runner's spawn
 
 
-def test_a_crashed_backend_gives_502_naming_it_and_is_restarted(
+def test_a_crashed_backend_is_restarted_and_its_unstreamed_request_retried_elsewhere(
     tmp_path: Path, llama_install: LlamaInstall, small_models: SmallModels
 ) -> None:
-    s = start_serve(tmp_path, llama_install, small_models.smollm2.path)
+    s = start_serve(tmp_path, llama_install, small_models.smollm2.path, "--policy", "fixed")
     try:
         backend = next(b for b in s.backends() if "plain" in b["name"])
 
         async def crash() -> httpx.Response:
-            async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
+            async with httpx.AsyncClient(base_url=s.url, timeout=300) as client:
                 request = asyncio.ensure_future(
                     client.post(
                         "/v1/completions",
-                        json=LONG,
+                        json={**LONG, "max_tokens": 400},
                         headers={"X-Specreg-Task": "prose"},
                     )
                 )
@@ -337,12 +337,12 @@ def test_a_crashed_backend_gives_502_naming_it_and_is_restarted(
                 return await request
 
         got = asyncio.run(crash())
-        assert got.status_code == 502
-        message = got.json()["error"]["message"]
-        assert message.startswith(f"backend {backend['name']} crashed during the request: ")
-        assert "llama-server was killed by signal 11" in message
-        assert "llama.cpp's last message: " in message
-        assert got.headers["x-specreg-backend"] == backend["name"]
+        # nothing had gone out to the client: the request was sent again, once, to the
+        # target's other (lossless) backend
+        assert got.status_code == 200, got.text
+        assert got.headers["x-specreg-policy"] == "retry"
+        assert got.headers["x-specreg-backend"] != backend["name"]
+        assert got.json()["choices"][0]["text"]
 
         deadline = time.monotonic() + 60
         while httpx.get(f"{s.url}/health", timeout=5).status_code != 200:
@@ -375,6 +375,21 @@ def test_a_crashed_backend_gives_502_naming_it_and_is_restarted(
         pids = s.pids()
         stop_serve(s)
         assert wait_gone(pids, timeout=5) == []
+    # both attempts are in the registry: the crash (how the process died, its log) and the retry
+    from specreg.registry.db import opened
+    from specreg.registry.run_store import list_runs
+
+    with opened(Path(os.environ["SPECREG_HOME"]) / "registry.duckdb") as con:
+        runs = list_runs(con)
+    retried = [r for r in runs if (r.config.get("serve") or {}).get("attempt") == 2]
+    assert retried and retried[0].status == "ok"
+    assert any(
+        f"backend {backend['name']} crashed during the request: llama-server was killed by "
+        "signal 11"
+        in (r.error or "")
+        and r.status == "failed"
+        for r in runs
+    )
 
 
 def _ticks(pid: int) -> int:
@@ -432,3 +447,47 @@ def test_two_configurations_of_one_target_never_decode_on_the_same_cores_at_once
         if all(u >= 0.1 * hz * 0.25 for u in used):  # each burnt over 10 % of a core
             both += 1
     assert both <= max(2, len(samples) // 10), (both, len(samples))
+
+
+def test_a_hundred_clients_against_a_bounded_queue_get_an_answer_or_a_503_each(
+    tmp_path: Path, llama_install: LlamaInstall, small_models: SmallModels
+) -> None:
+    """Every request is answered or refused with 503 and Retry-After (none lost), and each is
+    recorded once: the registry holds exactly one run per request."""
+    s = start_serve(tmp_path, llama_install, small_models.smollm2.path, "--queue", "6",
+                    "--parallel", "2", "--policy", "fixed")  # fmt: skip
+
+    async def one(client: httpx.AsyncClient, i: int) -> httpx.Response:
+        return await client.post(
+            "/v1/completions",
+            json={"prompt": f"{PROSE} Number {i}.", "max_tokens": 8, "temperature": 0},
+        )
+
+    async def all_of_them() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(base_url=s.url, timeout=300, limits=limits) as client:
+            return list(await asyncio.gather(*(one(client, i) for i in range(100))))
+
+    try:
+        answers = asyncio.run(all_of_them())
+        status = httpx.get(f"{s.url}/v1/specreg/status", timeout=10).json()
+    finally:
+        pids = s.pids()
+        assert stop_serve(s) == 0
+        assert wait_gone(pids, timeout=5) == []
+    codes = [r.status_code for r in answers]
+    assert set(codes) <= {200, 503} and codes.count(200) >= 8 and codes.count(503) >= 1, codes
+    for r in answers:
+        if r.status_code == 503:
+            assert int(r.headers["retry-after"]) >= 1
+            assert r.json()["error"]["message"].startswith("the server is at capacity: 6 ")
+    assert status["cores"]["rejected"] == codes.count(503)
+    assert status["cores"]["overlapping_grants"] == 0
+    from specreg.registry.db import opened
+    from specreg.registry.run_store import list_runs
+
+    with opened(Path(os.environ["SPECREG_HOME"]) / "registry.duckdb") as con:
+        runs = [r for r in list_runs(con) if r.kind == "serve"]
+    assert len(runs) == 100
+    assert sum(r.status == "ok" for r in runs) == codes.count(200)
+    assert sum(r.error_kind == "capacity" for r in runs) == codes.count(503)
