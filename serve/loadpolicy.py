@@ -6,7 +6,7 @@ Speculation pays where a step is memory-bound (a pass over K + 1 tokens costs ab
 and stops paying once batching has made the step compute-bound: on the reference host's
 notes, MTP measured +27 % for one stream and -46 % at four. So the choice depends on the load.
 
-`LoadPolicy` keeps one `TaskPolicy` per load level (1, 2, 4, 8, 16 requests on the cores). The
+`LoadPolicy` keeps one `TaskPolicy` per load level (1, 2, 4, ... 64 requests on the cores). The
 level of one request is its priors' and its evidence's: a request that decoded beside three
 others is evidence for level 4, in full, and for no other level. Level 1 is the policy of a
 quiet server (the recommender's prediction as the prior, the other tasks' evidence, K moving
@@ -41,7 +41,7 @@ from specreg.serve.policy import (
     TaskPolicy,
 )
 
-LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16)
+LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 # How far a level's prior may sit from what the load model says, beyond level 1's own
 # uncertainty (log units): the model is a roofline, not a measurement.
 LOAD_SIGMA = 0.25
@@ -54,7 +54,9 @@ PassCost = Callable[[float], float]
 
 
 def level_of(load: int) -> int:
-    """The load level a number of requests on the cores falls in (1, 2, 3-4, 5-8, 9+)."""
+    """The load level a number of requests on the cores falls in (1, 2, 3-4, 5-8, ... 33+).
+    Levels a factor of two apart: a level mixing loads further apart would hold a
+    configuration's evidence at one load against another's at a heavier one."""
     for level in LEVELS:
         if load <= level:
             return level
@@ -73,7 +75,8 @@ class LoadModel:
     """A configuration's per-request speed at load L relative to alone (log units).
 
     `cost`: the pass cost curve; `measured`: per-request speed ratios measured by
-    `specreg capacity`, keyed by (candidate kind, level), which win where present."""
+    `specreg capacity`, keyed by (candidate key, level) or (candidate kind, level), which win
+    where present (a key before a kind)."""
 
     cost: PassCost
     measured: Mapping[tuple[str, int], float] = field(default_factory=dict)
@@ -90,7 +93,7 @@ class LoadModel:
         """log(per-request speed at `level` / speed alone)."""
         if level <= 1:
             return 0.0
-        got = self.measured.get((c.kind, level))
+        got = self.measured.get((c.key, level), self.measured.get((c.kind, level)))
         if got is not None and got > 0:
             return math.log(got)
         n = 1.0 + self.drafted(c)
