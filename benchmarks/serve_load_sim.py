@@ -19,8 +19,9 @@ A load pattern (single requests, then bursts of 2, 4, 8, 16 and 32 at once, repe
 through serve's own load-aware policy (specreg.serve.loadpolicy over specreg.serve.policy; a
 burst's first request takes the cores on the policy's choice and the rest join it, as serve's
 scheduler has them), whose candidates are the four (layout, configuration) pairs; its load
-model is the capacity curve above, its priors the single-stream figures. Each request's decode speed is the
-environment's, with log-normal scatter (sigma 0.1). The score is the time to serve the pattern.
+model is the capacity curve above, its priors the single-stream figures. Each request's decode
+speed is the environment's, with log-normal scatter (sigma 0.1). The score is the time to serve
+the pattern.
 
 Printed for a few of the sweeps' speedups (lowest, quartiles, highest): the layout and
 configuration chosen at each load (the policy's best posterior after the run), the time
