@@ -143,20 +143,63 @@ def import_registry(
     src = read_yaml(source)
     cx = _Ctx(source)
     rd = src.get("runtime_defaults") or CommentedMap()
+    base = _base_root(cx, rd, base_path)
+    llama = _llama_section(cx, rd)
+    roles_src = src.get("roles") or CommentedMap()
+    # 1. resolve every model path, scan what exists, identify each file by fingerprint
+    paths = _model_paths(roles_src, base)
+    existing = sorted({os.path.dirname(p) for p in paths.values() if p.exists()})
+    if existing:
+        deps.scan(con, [Path(d) for d in existing])
+    models, role_model = _models(con, cx, roles_src, paths)
+    # 2. roles (drafts, tier D, are models only)
+    roles = _roles(cx, roles_src, role_model)
+    # 3. sections that restate role facts: report agreement and, loudly, disagreement
+    _cross_check(cx, src, roles)
+    for sec in src:
+        if sec in ("runtime_defaults", "roles", "server_mode", "optimized_params"):
+            continue
+        cx.bad(src, sec, str(sec), SECTION_REASONS.get(str(sec), "not part of specreg.yaml v1"))
 
+    doc = CommentedMap()
+    doc["version"] = SPEC_VERSION
+    if llama:
+        doc["llama"] = llama
+    roots = [str(base)] + sorted(
+        {str(p.parent) for p in paths.values() if p.exists() and not _is_under(p, base)}
+    )
+    doc["roots"] = CommentedSeq(roots)
+    doc["models"] = models
+    doc["roles"] = roles
+    when = dt.date.today().isoformat()
+    doc.yaml_set_start_comment(
+        f"specreg.yaml imported from {source} on {when}.\n"
+        f"{len(cx.unmapped)} source entries were not mapped; `specreg import` listed each with "
+        "its reason."
+    )
+    validate(doc, out_path)
+    return ImportResult(source, doc, tuple(cx.mapped), tuple(cx.unmapped), len(models), len(roles))
+
+
+def _base_root(cx: _Ctx, rd: CommentedMap, base_path: Path | None) -> Path:
+    """The folder relative model paths start from: `base_path`, else the source's
+    model_base_path, else the source's folder."""
     base = base_path
     if base is None and rd.get("model_base_path"):
         base = Path(str(rd["model_base_path"])).expanduser()
         if not base.is_absolute():
-            base = source.parent / base
+            base = cx.source.parent / base
         cx.ok(rd, "model_base_path", "runtime_defaults.model_base_path", "roots[0]")
-    base = (base or source.parent).resolve()
+    return (base or cx.source.parent).resolve()
 
+
+def _llama_section(cx: _Ctx, rd: CommentedMap) -> CommentedMap:
+    """specreg.yaml's `llama` from the source's runtime_defaults; the rest reported unmapped."""
     llama = CommentedMap()
     binaries = rd.get("binaries") or {}
     if binaries.get("base_dir"):
         bdir = Path(str(binaries["base_dir"])).expanduser()
-        llama["bin_dir"] = str(bdir if bdir.is_absolute() else (source.parent / bdir).resolve())
+        llama["bin_dir"] = str(bdir if bdir.is_absolute() else (cx.source.parent / bdir).resolve())
         cx.ok(binaries, "base_dir", "runtime_defaults.binaries.base_dir", "llama.bin_dir")
     if isinstance(rd.get("threads"), int):
         llama["threads"] = rd["threads"]
@@ -183,9 +226,11 @@ def import_registry(
             "draft_quantization": "a default quant is a guess; read from each GGUF instead",
         }.get(str(k), "server and timeout defaults are not part of specreg.yaml v1")
         cx.bad(rd, k, f"runtime_defaults.{k}", reason)
+    return llama
 
-    roles_src = src.get("roles") or CommentedMap()
-    # 1. resolve every model path, scan what exists, identify each file by fingerprint
+
+def _model_paths(roles_src: CommentedMap, base: Path) -> dict[str, Path]:
+    """Each role's model file (relative paths under `base`), by role id."""
     paths: dict[str, Path] = {}
     for rid in roles_src:
         role = roles_src[rid]
@@ -194,43 +239,24 @@ def import_registry(
             continue
         p = Path(str(model["path"])).expanduser()
         paths[str(rid)] = p if p.is_absolute() else base / p
-    existing = sorted({os.path.dirname(p) for p in paths.values() if p.exists()})
-    if existing:
-        deps.scan(con, [Path(d) for d in existing])
+    return paths
 
+
+def _models(
+    con: duckdb.DuckDBPyConnection, cx: _Ctx, roles_src: CommentedMap, paths: dict[str, Path]
+) -> tuple[CommentedMap, dict[str, str]]:
+    """specreg.yaml's `models` (keyed by fingerprint, one alias each) and the alias of each
+    importable role's model, by role id; roles whose model is not on disk are reported."""
     models = CommentedMap()
     role_model: dict[str, str] = {}  # role id -> alias of its model
     alias_of: dict[str, str] = {}  # model_id -> alias
     for rid in roles_src:
         role = roles_src[rid]
         dotted = f"roles.{rid}"
-        if not isinstance(role, dict):
-            cx.bad(roles_src, rid, dotted, "expected a mapping")
-            continue
-        if role.get("deprecated"):
-            cx.bad(roles_src, rid, dotted, "deprecated role: not imported")
-            continue
-        model = role.get("model")
-        if not isinstance(model, dict) or not model.get("path"):
-            cx.bad(roles_src, rid, f"{dotted}.model", "no model.path: nothing to identify")
-            continue
-        p = paths[str(rid)]
-        if not p.exists():
-            cx.bad(
-                model, "path", f"{dotted}.model.path", f"no file at {p}: the model is not on disk"
-            )
-            cx.bad(roles_src, rid, dotted, "role not imported: its model is not on disk")
-            continue
-        disk = deps.model_at_path(con, p)
+        disk = _role_model_on_disk(con, cx, roles_src, rid, paths)
         if disk is None:
-            cx.bad(
-                model,
-                "path",
-                f"{dotted}.model.path",
-                f"{p} is not a readable GGUF (see `specreg scan {p.parent}`)",
-            )
-            cx.bad(roles_src, rid, dotted, "role not imported: its model could not be read")
             continue
+        model, p = role["model"], paths[str(rid)]
         _check_facts(cx, model, dotted, disk)
         if disk.model_id not in alias_of:
             alias = _alias(str(model.get("name") or p.stem), disk.model_id, alias_of)
@@ -240,14 +266,54 @@ def import_registry(
             entry["aliases"] = CommentedSeq([alias])
             models[disk.model_id] = entry
             models.yaml_add_eol_comment(
-                f"from {source.name}:{key_line(roles_src, rid)} ({rid})", disk.model_id
+                f"from {cx.source.name}:{key_line(roles_src, rid)} ({rid})", disk.model_id
             )
         role_model[str(rid)] = alias_of[disk.model_id]
         if "name" in model:
             cx.ok(model, "name", f"{dotted}.model.name", f"alias {alias_of[disk.model_id]}")
         cx.ok(model, "path", f"{dotted}.model.path", f"models.{disk.model_id}")
+    return models, role_model
 
-    # 2. roles (drafts, tier D, are models only)
+
+def _role_model_on_disk(
+    con: duckdb.DuckDBPyConnection,
+    cx: _Ctx,
+    roles_src: CommentedMap,
+    rid: Any,
+    paths: dict[str, Path],
+) -> DiskModel | None:
+    """The scanned model file of role `rid`; None, reported, when the role has none to import."""
+    role = roles_src[rid]
+    dotted = f"roles.{rid}"
+    if not isinstance(role, dict):
+        cx.bad(roles_src, rid, dotted, "expected a mapping")
+        return None
+    if role.get("deprecated"):
+        cx.bad(roles_src, rid, dotted, "deprecated role: not imported")
+        return None
+    model = role.get("model")
+    if not isinstance(model, dict) or not model.get("path"):
+        cx.bad(roles_src, rid, f"{dotted}.model", "no model.path: nothing to identify")
+        return None
+    p = paths[str(rid)]
+    if not p.exists():
+        cx.bad(model, "path", f"{dotted}.model.path", f"no file at {p}: the model is not on disk")
+        cx.bad(roles_src, rid, dotted, "role not imported: its model is not on disk")
+        return None
+    disk = deps.model_at_path(con, p)
+    if disk is None:
+        cx.bad(
+            model,
+            "path",
+            f"{dotted}.model.path",
+            f"{p} is not a readable GGUF (see `specreg scan {p.parent}`)",
+        )
+        cx.bad(roles_src, rid, dotted, "role not imported: its model could not be read")
+    return disk
+
+
+def _roles(cx: _Ctx, roles_src: CommentedMap, role_model: dict[str, str]) -> CommentedMap:
+    """specreg.yaml's `roles`: a binding and a pinned configuration per imported role."""
     roles = CommentedMap()
     for rid in roles_src:
         rid_s = str(rid)
@@ -260,34 +326,9 @@ def import_registry(
         if out is not None:
             roles[rid_s] = out
             roles.yaml_set_comment_before_after_key(
-                rid_s, before=f"from {source.name}:{key_line(roles_src, rid)}", indent=2
+                rid_s, before=f"from {cx.source.name}:{key_line(roles_src, rid)}", indent=2
             )
-
-    # 3. sections that restate role facts: report agreement and, loudly, disagreement
-    _cross_check(cx, src, roles)
-    for sec in src:
-        if sec in ("runtime_defaults", "roles", "server_mode", "optimized_params"):
-            continue
-        cx.bad(src, sec, str(sec), SECTION_REASONS.get(str(sec), "not part of specreg.yaml v1"))
-
-    doc = CommentedMap()
-    doc["version"] = SPEC_VERSION
-    if llama:
-        doc["llama"] = llama
-    roots = [str(base)] + sorted(
-        {str(p.parent) for p in paths.values() if p.exists() and not _is_under(p, base)}
-    )
-    doc["roots"] = CommentedSeq(roots)
-    doc["models"] = models
-    doc["roles"] = roles
-    when = dt.date.today().isoformat()
-    doc.yaml_set_start_comment(
-        f"specreg.yaml imported from {source} on {when}.\n"
-        f"{len(cx.unmapped)} source entries were not mapped; `specreg import` listed each with "
-        "its reason."
-    )
-    validate(doc, out_path)
-    return ImportResult(source, doc, tuple(cx.mapped), tuple(cx.unmapped), len(models), len(roles))
+    return roles
 
 
 def _is_under(p: Path, base: Path) -> bool:

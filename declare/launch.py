@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
@@ -29,6 +29,9 @@ from specreg.llamacpp import (
 from specreg.llamacpp import Flag as CommonFlag
 from specreg.registry.queries import get_model, model_fs_paths
 from specreg.terms import SPEC_DRAFT_SIMPLE
+
+if TYPE_CHECKING:
+    from specreg.host.machine import Host
 
 # What a draft config runs with when draft_max is not declared, stated rather than implied
 # (`--spec-draft-n-max` defaults to 3 in the pinned build, `--draft-max` to 16 in older ones).
@@ -244,40 +247,11 @@ def _launch(
         raise _Skip(f"target: {why}")
     origins: dict[str, str] = {CommonFlag.MODEL: f"{role.target_where} -> {why}"}
 
-    types = [t for t in cfg.spec_types if t != "none"]
-    if "spec_type" in cfg.lines:
-        origins[SpecFlag.TYPE] = str(cfg.field_where("spec_type"))
-    else:
-        origins[SpecFlag.TYPE] = (
-            f"implied by {cfg.field_where('draft')}: {CommonFlag.DRAFT_MODEL} needs "
-            f"{SpecFlag.TYPE} {SPEC_DRAFT_SIMPLE} in this dialect"
-        )
-    draft_path = None
-    k = cfg.draft_max
-    if cfg.draft is not None and any(t in DRAFT_MODEL_TYPES for t in types):
-        draft_path, dwhy = _model_path(con, spec, cfg.draft)
-        if draft_path is None:
-            raise _Skip(f"draft: {dwhy}")
-        draft_where = f"{cfg.field_where('draft')} -> {dwhy}"
-        origins[SpecFlag.DRAFT_MODEL] = origins[CommonFlag.DRAFT_MODEL] = draft_where
-        if k is None:
-            k = DEFAULT_DRAFT_MAX[dialect]
-            origins["k"] = f"not declared: llama.cpp's {dialect}-dialect default, stated explicitly"
-    if "k" not in origins:
-        origins["k"] = str(cfg.field_where("draft_max"))
-    for f in (SpecFlag.DRAFT_N_MAX, DraftFlag.N_MAX, SpecFlag.NGRAM_MOD_N_MAX):
-        origins[f] = origins["k"]
-    origins[SpecFlag.NGRAM_MOD_N_MIN] = "specreg.runner: a quarter of draft_max"
-    p_min_where = str(cfg.field_where("draft_p_min"))
-    origins[SpecFlag.DRAFT_P_MIN] = origins[DraftFlag.P_MIN] = p_min_where
+    types, draft_path, k = _speculation(con, spec, cfg, dialect, origins)
 
     expert_key = None
     if cfg.experts is not None:
-        target = spec.model(role.target)
-        disk = deps.model_by_id(con, target.id) if target else None
-        expert_key = disk.expert_used_key if disk else None
-        if not expert_key:
-            raise _Skip(f"experts: {role.target} has no expert_used_count key in its GGUF")
+        expert_key = _expert_key(con, spec, role)
         origins[CommonFlag.OVERRIDE_KV] = (
             f"{cfg.field_where('experts')}; key {expert_key} from the GGUF"
         )
@@ -331,11 +305,63 @@ def _launch(
     binary: str = Tool.SERVER
     if spec.llama.bin_dir:
         binary = str(spec.resolve_path(spec.llama.bin_dir) / Tool.SERVER)
-    prefix: tuple[Flag, ...] = ()
+    return Launch(role.name, cfg.task, binary, _prefix(spec, host), flags, dialect, cfg.member)
+
+
+def _speculation(
+    con: duckdb.DuckDBPyConnection,
+    spec: Spec,
+    cfg: PinnedConfig,
+    dialect: str,
+    origins: dict[str, str],
+) -> tuple[list[str], Path | None, int | None]:
+    """The pinned configuration's speculative types, draft model file and K, with the origin
+    of each flag they become (in `origins`)."""
+    types = [t for t in cfg.spec_types if t != "none"]
+    if "spec_type" in cfg.lines:
+        origins[SpecFlag.TYPE] = str(cfg.field_where("spec_type"))
+    else:
+        origins[SpecFlag.TYPE] = (
+            f"implied by {cfg.field_where('draft')}: {CommonFlag.DRAFT_MODEL} needs "
+            f"{SpecFlag.TYPE} {SPEC_DRAFT_SIMPLE} in this dialect"
+        )
+    draft_path = None
+    k = cfg.draft_max
+    if cfg.draft is not None and any(t in DRAFT_MODEL_TYPES for t in types):
+        draft_path, dwhy = _model_path(con, spec, cfg.draft)
+        if draft_path is None:
+            raise _Skip(f"draft: {dwhy}")
+        draft_where = f"{cfg.field_where('draft')} -> {dwhy}"
+        origins[SpecFlag.DRAFT_MODEL] = origins[CommonFlag.DRAFT_MODEL] = draft_where
+        if k is None:
+            k = DEFAULT_DRAFT_MAX[dialect]
+            origins["k"] = f"not declared: llama.cpp's {dialect}-dialect default, stated explicitly"
+    if "k" not in origins:
+        origins["k"] = str(cfg.field_where("draft_max"))
+    for f in (SpecFlag.DRAFT_N_MAX, DraftFlag.N_MAX, SpecFlag.NGRAM_MOD_N_MAX):
+        origins[f] = origins["k"]
+    origins[SpecFlag.NGRAM_MOD_N_MIN] = "specreg.runner: a quarter of draft_max"
+    p_min_where = str(cfg.field_where("draft_p_min"))
+    origins[SpecFlag.DRAFT_P_MIN] = origins[DraftFlag.P_MIN] = p_min_where
+    return types, draft_path, k
+
+
+def _expert_key(con: duckdb.DuckDBPyConnection, spec: Spec, role: RoleDecl) -> str:
+    """The GGUF key that sets the target's experts per token (`--override-kv`)."""
+    target = spec.model(role.target)
+    disk = deps.model_by_id(con, target.id) if target else None
+    expert_key = disk.expert_used_key if disk else None
+    if not expert_key:
+        raise _Skip(f"experts: {role.target} has no expert_used_count key in its GGUF")
+    return expert_key
+
+
+def _prefix(spec: Spec, host: Host) -> tuple[Flag, ...]:
+    """What goes before llama-server: the declared numactl policy, else this host's."""
     if spec.llama.numa:
         where = str(spec.llama.field_where("numa"))
-        prefix = (Flag("numactl", None, where, ""), Flag(f"--{spec.llama.numa}", None, where, ""))
-    elif host.launch_prefix():
+        return (Flag("numactl", None, where, ""), Flag(f"--{spec.llama.numa}", None, where, ""))
+    if host.launch_prefix():
         why_numa = f"this host has {host.numa_nodes} NUMA nodes (specreg.runner)"
-        prefix = tuple(Flag(a, None, why_numa, "") for a in host.launch_prefix())
-    return Launch(role.name, cfg.task, binary, prefix, flags, dialect, cfg.member)
+        return tuple(Flag(a, None, why_numa, "") for a in host.launch_prefix())
+    return ()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,9 +113,38 @@ def make_plan(
     """Findings of every kind; `env` locates the declared stores (default: os.environ)."""
     disk = deps.list_models(con)
     by_id = {m.model_id: m for m in disk}
-    findings: list[Finding] = []
-    declared = {m.id for m in spec.models}
+    findings = _declared_findings(con, spec, by_id)
+    findings += _undeclared_findings(spec, disk, env)
+    for role in spec.roles:
+        findings += _role_findings(con, spec, role, by_id, disk)
+    for b in beaten_configs(con, spec):
+        findings.append(
+            Finding(
+                "config-beaten",
+                f"roles.{b.role.name}.configs.{b.config.task}",
+                f"{b.role.name}/{b.config.task}: pinned {b.pinned_tokens_per_s:.2f} tok/s "
+                f"({b.pinned_source}) is beaten by {describe(spec, b.best)} at "
+                f"{b.best.tokens_per_s:.2f} tok/s (+{b.gain * 100:.1f} %, "
+                f"{len(b.best.runs)} run(s)); `specreg propose` writes the change",
+                b.config.where,
+                tuple(r.run_id for r in b.best.runs),
+            )
+        )
+    return Plan(
+        spec.path,
+        tuple(findings),
+        len(spec.models),
+        sum(1 for d in disk if d.status != "gone"),
+        len(spec.roles),
+    )
 
+
+def _declared_findings(
+    con: duckdb.DuckDBPyConnection, spec: Spec, by_id: Mapping[str, DiskModel]
+) -> list[Finding]:
+    """Declared models whose split set is incomplete, whose file is now another model, or
+    that are not on disk."""
+    findings: list[Finding] = []
     for m in spec.models:
         d = by_id.get(m.id)
         if d is not None and d.status == "incomplete":
@@ -151,8 +180,16 @@ def make_plan(
                         m.where,
                     )
                 )
+    return findings
 
+
+def _undeclared_findings(
+    spec: Spec, disk: Sequence[DiskModel], env: Mapping[str, str] | None
+) -> list[Finding]:
+    """Models on disk under the declared roots (not excluded) that specreg.yaml lacks."""
+    declared = {m.id for m in spec.models}
     roots = [Path(os.path.realpath(r.path)) for r in scan_roots(spec, env)]
+    findings: list[Finding] = []
     for d in disk:
         if d.status == "gone" or d.model_id in declared:
             continue
@@ -169,31 +206,7 @@ def make_plan(
                 (d.path,),
             )
         )
-
-    for role in spec.roles:
-        findings += _role_findings(con, spec, role, by_id, disk)
-
-    for b in beaten_configs(con, spec):
-        findings.append(
-            Finding(
-                "config-beaten",
-                f"roles.{b.role.name}.configs.{b.config.task}",
-                f"{b.role.name}/{b.config.task}: pinned {b.pinned_tokens_per_s:.2f} tok/s "
-                f"({b.pinned_source}) is beaten by {describe(spec, b.best)} at "
-                f"{b.best.tokens_per_s:.2f} tok/s (+{b.gain * 100:.1f} %, "
-                f"{len(b.best.runs)} run(s)); `specreg propose` writes the change",
-                b.config.where,
-                tuple(r.run_id for r in b.best.runs),
-            )
-        )
-
-    return Plan(
-        spec.path,
-        tuple(findings),
-        len(spec.models),
-        sum(1 for d in disk if d.status != "gone"),
-        len(spec.roles),
-    )
+    return findings
 
 
 def _role_findings(

@@ -31,7 +31,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -55,13 +55,14 @@ from specreg.llama.perplexity import (
 )
 from specreg.llama.process import ServerFailed
 from specreg.quality.drafting import DRAFT_CTX, draft_traces, summary
-from specreg.quality.kld import Measuring, TextSource, failure_fields, stats_fields
+from specreg.quality.kld import Measuring, TextSource, record_failure, record_kld
 from specreg.registry.quality_store import (
     METHOD_DRAFTED,
     METHOD_KLD,
     METHOD_SAVED,
     PURPOSE_AGREEMENT,
     TEXT_GENERATED,
+    QualityRecord,
     record_quality,
 )
 from specreg.registry.queries import ModelRecord
@@ -484,7 +485,7 @@ def measure_agreement(
         gen = target_text(m, t, target_path, task, n_predict, layout)
         texts.append(gen)
         if on_server:  # the target's answers are all the draft needs
-            points.extend(_one_draft_on_server(con, m, tool, t, target_path, d, gen)
+            points.extend(_one_draft_on_server(con, m, tool, _Pairing(t, target_path, d, gen))
                           for d in plan.drafts)  # fmt: skip
             continue
         ctx = gen.ctx or fit_ctx(gen.n_tokens, m.ctx)
@@ -496,11 +497,10 @@ def measure_agreement(
                 tool, key, gen.text.path, t.n_tokens or 0, max_bytes=m.max_logits_bytes,
                 notify=m.notify,
             )  # fmt: skip
-        for d in plan.drafts:
-            points.append(
-                _one_draft(con, m, tool, t, target_path, d, gen, base.path, ctx,
-                           plan.temperature, scored)
-            )  # fmt: skip
+        scoring = _Scoring(base.path, ctx, plan.temperature, scored)
+        points.extend(
+            _one_draft(con, m, tool, _Pairing(t, target_path, d, gen), scoring) for d in plan.drafts
+        )
     return AgreementResult(
         target=os.fspath(target_path),
         target_id=t.model_id,
@@ -511,89 +511,121 @@ def measure_agreement(
     )
 
 
+@dataclass(frozen=True)
+class _Pairing:
+    """One draft against the target on one of the target's texts."""
+
+    target: ModelRecord
+    target_path: Path
+    draft: ModelRecord
+    gen: GeneratedText
+
+    @property
+    def draft_name(self) -> str:
+        return Path(self.draft.path).name
+
+    def record_fields(self) -> dict[str, Any]:
+        """The columns of a quality record that say which pair it compared on which text."""
+        return {
+            "base_model_id": self.target.model_id,
+            "base_path": os.fspath(self.target_path),
+            "model_id": self.draft.model_id,
+            "model_path": self.draft.path,
+            "n_vocab_base": self.target.n_tokens,
+            "n_vocab_model": self.draft.n_tokens,
+            **self.gen.text.record_fields(),
+        }
+
+
+@dataclass(frozen=True)
+class _Scoring:
+    """How a draft's logits are scored: against the target's saved logits (`base`) at `ctx`,
+    at `temperature`, over the answers or the whole text (`scored_on`)."""
+
+    base: Path
+    ctx: int
+    temperature: float
+    scored_on: str = SCORED_ANSWERS
+
+
 def _one_draft(
-    con: duckdb.DuckDBPyConnection,
-    m: Measuring,
-    tool: Perplexity,
-    t: ModelRecord,
-    target_path: Path,
-    d: ModelRecord,
-    gen: GeneratedText,
-    base: Path,
-    ctx: int,
-    temperature: float,
-    scored_on: str = SCORED_ANSWERS,
+    con: duckdb.DuckDBPyConnection, m: Measuring, tool: Perplexity, pair: _Pairing, how: _Scoring
 ) -> AgreementPoint:
     """One draft's agreement on one text. Scored on answers (and they are known): over their
     tokens, the draft's logits saved and compared per position; else over the whole text
     (a chunked layout's prompts and answers, never its filler), by llama-perplexity itself
     where it can."""
-    text = gen.text
-    answers = gen.answers if scored_on == SCORED_ANSWERS else ()
+    t, d, gen, text = pair.target, pair.draft, pair.gen, pair.gen.text
+    answers = gen.answers if how.scored_on == SCORED_ANSWERS else ()
     same_vocab = (t.n_tokens or 0) == (d.n_tokens or 0)
-    method = METHOD_KLD if same_vocab and temperature == 0 and not answers else METHOD_SAVED
+    kld = same_vocab and how.temperature == 0 and not answers
+    method = METHOD_KLD if kld else METHOD_SAVED
     t0 = time.monotonic()
     rec = m.base_record(
         tool,
         PURPOSE_AGREEMENT,
         config={
-            "ctx": ctx,
+            "ctx": how.ctx,
             "chunks": m.chunks,
             "threads": tool.threads,
-            "temperature": temperature,
+            "temperature": how.temperature,
         },
-        base_model_id=t.model_id,
-        base_path=os.fspath(target_path),
-        model_id=d.model_id,
-        model_path=d.path,
-        task=text.task,
-        text_name=text.name,
-        text_sha256=text.sha256,
-        text_source=text.source,
-        ctx=ctx,
+        **pair.record_fields(),
+        ctx=how.ctx,
         n_chunks=m.chunks,
         method=method,
-        n_vocab_base=t.n_tokens,
-        n_vocab_model=d.n_tokens,
-        temperature=temperature,
+        temperature=how.temperature,
     )
-    name = Path(d.path).name
-
-    def point(mid: int, **kw: Any) -> AgreementPoint:
-        fields: dict[str, Any] = dict(
-            draft_id=d.model_id, draft_name=name, draft_path=d.path, task=text.task or "",
-            measurement_id=mid, method=method, n_tokens=None, same_top=None, same_top_unc=None,
-            mean_kld=None, mean_kld_unc=None, accept=None, n_vocab_target=t.n_tokens,
-            n_vocab_draft=d.n_tokens, seconds=time.monotonic() - t0,
-        )  # fmt: skip
-        fields.update(kw)
-        return AgreementPoint(**fields)
-
-    m.say(f"agreement of {name} with {target_path.name} on {text.name} ({method})")
+    point = _point_maker(pair, method, t0)
+    m.say(f"agreement of {pair.draft_name} with {pair.target_path.name} on {text.name} ({method})")
     try:
-        if method == METHOD_KLD:
-            with measurement_lock(f"agreement of {name} on {text.name}"):
-                run = tool.kl_divergence(Path(d.path), text.path, base)
+        if kld:
+            with measurement_lock(f"agreement of {pair.draft_name} on {text.name}"):
+                run = tool.kl_divergence(Path(d.path), text.path, how.base)
             s = run.stats
-            mid = record_quality(
-                con,
-                replace(
-                    rec, status="ok", seconds=time.monotonic() - t0, n_tokens=run.n_tokens,
-                    n_chunks=run.n_chunks, argv=run.argv, accept=s.same_top, **stats_fields(s),
-                ),
-            )  # fmt: skip
+            mid, _ = record_kld(con, rec, t0, run, accept=s.same_top)
             return point(
                 mid, n_tokens=run.n_tokens, same_top=s.same_top, same_top_unc=s.same_top_unc,
                 mean_kld=s.mean_kld, mean_kld_unc=s.mean_kld_unc, accept=s.same_top,
                 text_same_top=s.same_top,
             )  # fmt: skip
         whole, on_answers, argv = _saved_comparison(
-            m, tool, d, text, base, temperature, answers, gen.spans
+            m, tool, d, text, how.base, how.temperature, answers, gen.spans
         )
     except (PerplexityFailed, UsageError) as err:
-        seconds = time.monotonic() - t0
-        mid = record_quality(con, replace(rec, seconds=seconds, **failure_fields(err)))
-        return point(mid, error=str(err))
+        return point(record_failure(con, rec, t0, err)[0], error=str(err))
+    return _saved_point(con, rec, t0, (whole, on_answers, argv), point)
+
+
+def _point_maker(pair: _Pairing, method: str, t0: float) -> Callable[..., AgreementPoint]:
+    """The agreement point of `pair` by `method` begun at `t0`, from its measurement id and
+    what was measured (nothing measured by default)."""
+
+    def point(mid: int, **kw: Any) -> AgreementPoint:
+        d = pair.draft
+        fields: dict[str, Any] = dict(
+            draft_id=d.model_id, draft_name=pair.draft_name, draft_path=d.path,
+            task=pair.gen.text.task or "", measurement_id=mid, method=method, n_tokens=None,
+            same_top=None, same_top_unc=None, mean_kld=None, mean_kld_unc=None, accept=None,
+            n_vocab_target=pair.target.n_tokens, n_vocab_draft=d.n_tokens,
+            seconds=time.monotonic() - t0,
+        )  # fmt: skip
+        fields.update(kw)
+        return AgreementPoint(**fields)
+
+    return point
+
+
+def _saved_point(
+    con: duckdb.DuckDBPyConnection,
+    rec: QualityRecord,
+    t0: float,
+    compared: tuple[Comparison, Comparison | None, tuple[str, ...]],
+    point: Callable[..., AgreementPoint],
+) -> AgreementPoint:
+    """Record the comparison of saved logits (`_saved_comparison`: over the whole text, over
+    the answers, the argv): on the answers where enough of their tokens were scored."""
+    whole, on_answers, argv = compared
     use_answers = on_answers is not None and on_answers.n_tokens >= MIN_ANSWER_ROWS
     c = on_answers if use_answers and on_answers is not None else whole
     scored = SCORED_ANSWERS if use_answers else SCORED_TEXT
@@ -622,26 +654,18 @@ def _one_draft(
 
 
 def _one_draft_on_server(
-    con: duckdb.DuckDBPyConnection,
-    m: Measuring,
-    tool: Perplexity,
-    t: ModelRecord,
-    target_path: Path,
-    d: ModelRecord,
-    gen: GeneratedText,
+    con: duckdb.DuckDBPyConnection, m: Measuring, tool: Perplexity, pair: _Pairing
 ) -> AgreementPoint:
     """One draft's greedy guesses at every answer token of one text, on llama-server
     (`quality.drafting`), recorded with the guesses themselves."""
-    text, name = gen.text, Path(d.path).name
+    t, target_path, d, gen = pair.target, pair.target_path, pair.draft, pair.gen
+    text, name = gen.text, pair.draft_name
     t0 = time.monotonic()
     log_path = tool.log_path.with_name(f"agree-{os.getpid()}-{time.monotonic_ns()}.log")
     rec = m.base_record(
         tool, PURPOSE_AGREEMENT,
         config={"threads": m.threads, "temperature": 0.0, "ctx": DRAFT_CTX},
-        base_model_id=t.model_id, base_path=os.fspath(target_path), model_id=d.model_id,
-        model_path=d.path, task=text.task, text_name=text.name, text_sha256=text.sha256,
-        text_source=text.source, ctx=DRAFT_CTX, method=METHOD_DRAFTED,
-        n_vocab_base=t.n_tokens, n_vocab_model=d.n_tokens, temperature=0.0,
+        **pair.record_fields(), ctx=DRAFT_CTX, method=METHOD_DRAFTED, temperature=0.0,
         log_path=os.fspath(log_path),
     )  # fmt: skip
     m.say(f"agreement of {name} with {target_path.name} on {text.name} ({METHOD_DRAFTED})")
@@ -656,8 +680,7 @@ def _one_draft_on_server(
         with measurement_lock(f"agreement of {name} on {text.name}"):
             traces, prompt_ids = draft_traces(m, Path(d.path), gen.prompts, gen.answers, log_path)
     except (ServerFailed, UsageError) as err:
-        seconds = time.monotonic() - t0
-        mid = record_quality(con, replace(rec, seconds=seconds, **failure_fields(err)))
+        mid, seconds = record_failure(con, rec, t0, err)
         return AgreementPoint(
             **common, measurement_id=mid, n_tokens=None, same_top=None, same_top_unc=None,
             accept=None, seconds=seconds, error=str(err),

@@ -35,6 +35,7 @@ from specreg.llama.perplexity import (
     DEFAULT_CTX,
     DEFAULT_MAX_LOGITS_BYTES,
     DEFAULT_TIMEOUT_S,
+    KldRun,
     KldStats,
     LogitsCache,
     Perplexity,
@@ -70,6 +71,15 @@ class TextSource:
     path: Path
     sha256: str
     source: str  # shipped | user | generated
+
+    def record_fields(self) -> dict[str, Any]:
+        """The columns of a quality record that say which text it scored."""
+        return {
+            "task": self.task,
+            "text_name": self.name,
+            "text_sha256": self.sha256,
+            "text_source": self.source,
+        }
 
 
 def _sha256_file(path: Path) -> str:
@@ -351,6 +361,26 @@ def failure_fields(err: ServerFailed | UsageError) -> dict[str, Any]:
     return {"error_kind": "usage", "error": str(err)}
 
 
+def record_failure(
+    con: duckdb.DuckDBPyConnection, rec: QualityRecord, t0: float, err: ServerFailed | UsageError
+) -> tuple[int, float]:
+    """Record a measurement begun at `t0` that failed with `err`: its id and its seconds."""
+    seconds = time.monotonic() - t0
+    return record_quality(con, replace(rec, seconds=seconds, **failure_fields(err))), seconds
+
+
+def record_kld(
+    con: duckdb.DuckDBPyConnection, rec: QualityRecord, t0: float, run: KldRun, **more: Any
+) -> tuple[int, float]:
+    """Record a `--kl-divergence` run begun at `t0` (with `more` columns): its id, seconds."""
+    seconds = time.monotonic() - t0
+    done = replace(
+        rec, status="ok", seconds=seconds, n_tokens=run.n_tokens, n_chunks=run.n_chunks,
+        argv=run.argv, **stats_fields(run.stats), **more,
+    )  # fmt: skip
+    return record_quality(con, done), seconds
+
+
 def measure_quality(
     con: duckdb.DuckDBPyConnection,
     m: Measuring,
@@ -360,8 +390,6 @@ def measure_quality(
     """Score the planned lossy configuration against its reference on every text and record
     each measurement. llama.cpp failures are recorded and returned, never raised."""
     tool = m.tool()
-    cache = m.logits_cache()
-    ref_vocab = plan.reference.n_tokens or 0
     config = {
         "experts": plan.experts,
         "expert_key": plan.expert_key,
@@ -371,67 +399,8 @@ def measure_quality(
         "chunks": m.chunks,
         "threads": tool.threads,
     }
-    points = []
-    for text in texts:
-        t0 = time.monotonic()
-        rec = m.base_record(
-            tool,
-            PURPOSE_QUALITY,
-            config=config,
-            base_model_id=plan.reference.model_id,
-            base_path=os.fspath(plan.reference_path),
-            model_id=plan.target.model_id,
-            model_path=os.fspath(plan.target_path),
-            experts=plan.experts,
-            expert_key=plan.expert_key,
-            task=text.task,
-            text_name=text.name,
-            text_sha256=text.sha256,
-            text_source=text.source,
-            n_chunks=m.chunks,
-            method=METHOD_KLD,
-            n_vocab_base=plan.reference.n_tokens,
-            n_vocab_model=plan.target.n_tokens,
-        )
-        key = logits_key(
-            plan.reference_path, plan.reference.model_id, text.name, text.sha256, tool.build,
-            m.ctx, m.chunks,
-        )  # fmt: skip
-        cached = False
-        try:
-            # its turn on the host (host/load.py): untimed, but it loads every core
-            with measurement_lock(f"quality of {plan.label} on {text.name}"):
-                base = cache.ensure(
-                    tool, key, text.path, ref_vocab, max_bytes=m.max_logits_bytes,
-                    notify=m.notify,
-                )  # fmt: skip
-                cached = base.cached
-                m.say(f"scoring {plan.label} against {plan.reference_path.name} on {text.name}")
-                run = tool.kl_divergence(
-                    plan.target_path, text.path, base.path, overrides=plan.overrides
-                )
-        except PerplexityFailed as err:
-            seconds = time.monotonic() - t0
-            mid = record_quality(con, replace(rec, seconds=seconds, **failure_fields(err)))
-            points.append(QualityPoint(text, mid, None, None, m.ctx, cached, seconds, str(err)))
-            continue
-        seconds = time.monotonic() - t0
-        mid = record_quality(
-            con,
-            replace(
-                rec,
-                status="ok",
-                seconds=seconds,
-                n_tokens=run.n_tokens,
-                n_chunks=run.n_chunks,
-                ctx=run.ctx,
-                argv=run.argv,
-                **stats_fields(run.stats),
-            ),
-        )
-        points.append(
-            QualityPoint(text, mid, run.stats, run.n_tokens, run.ctx, base.cached, seconds)
-        )
+    cache = m.logits_cache()
+    points = [_quality_point(con, m, tool, cache, plan, text, config) for text in texts]
     return QualityResult(
         target=os.fspath(plan.target_path),
         target_id=plan.target.model_id,
@@ -444,3 +413,54 @@ def measure_quality(
         llama_version=m.install.version,
         points=tuple(points),
     )
+
+
+def _quality_point(
+    con: duckdb.DuckDBPyConnection,
+    m: Measuring,
+    tool: Perplexity,
+    cache: LogitsCache,
+    plan: QualityPlan,
+    text: TextSource,
+    config: dict[str, Any],
+) -> QualityPoint:
+    """The planned configuration scored against its reference on one text, recorded."""
+    t0 = time.monotonic()
+    rec = m.base_record(
+        tool,
+        PURPOSE_QUALITY,
+        config=config,
+        base_model_id=plan.reference.model_id,
+        base_path=os.fspath(plan.reference_path),
+        model_id=plan.target.model_id,
+        model_path=os.fspath(plan.target_path),
+        experts=plan.experts,
+        expert_key=plan.expert_key,
+        **text.record_fields(),
+        n_chunks=m.chunks,
+        method=METHOD_KLD,
+        n_vocab_base=plan.reference.n_tokens,
+        n_vocab_model=plan.target.n_tokens,
+    )
+    key = logits_key(
+        plan.reference_path, plan.reference.model_id, text.name, text.sha256, tool.build,
+        m.ctx, m.chunks,
+    )  # fmt: skip
+    cached = False
+    try:
+        # its turn on the host (host/load.py): untimed, but it loads every core
+        with measurement_lock(f"quality of {plan.label} on {text.name}"):
+            base = cache.ensure(
+                tool, key, text.path, plan.reference.n_tokens or 0,
+                max_bytes=m.max_logits_bytes, notify=m.notify,
+            )  # fmt: skip
+            cached = base.cached
+            m.say(f"scoring {plan.label} against {plan.reference_path.name} on {text.name}")
+            run = tool.kl_divergence(
+                plan.target_path, text.path, base.path, overrides=plan.overrides
+            )
+    except PerplexityFailed as err:
+        mid, seconds = record_failure(con, rec, t0, err)
+        return QualityPoint(text, mid, None, None, m.ctx, cached, seconds, str(err))
+    mid, seconds = record_kld(con, rec, t0, run, ctx=run.ctx)
+    return QualityPoint(text, mid, run.stats, run.n_tokens, run.ctx, base.cached, seconds)

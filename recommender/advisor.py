@@ -17,7 +17,8 @@ from specreg.host.facts import HostFacts
 from specreg.recommender.local import local_observations, other_host_observations
 from specreg.recommender.predictor import SpeedPredictor
 from specreg.recommender.prior import Observation, load_prior
-from specreg.recommender.recommend import Recommendation, recommend
+from specreg.recommender.recommend import recommend
+from specreg.recommender.results import Recommendation
 from specreg.recommender.train import cached_fit, fit, load_trained
 from specreg.terms import POLICY_QUALITY
 

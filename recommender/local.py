@@ -30,7 +30,7 @@ from specreg.recommender.features import ConfigFacts
 from specreg.recommender.prior import Observation
 from specreg.registry.queries import ModelRecord, get_model
 from specreg.registry.run_store import STATUS_OK, RunRecord, list_runs
-from specreg.stacks import NGRAM_CACHE, StackError, stack_of
+from specreg.stacks import NGRAM_CACHE, Stack, StackError, stack_of
 from specreg.terms import DEFAULT_TYPE_OF, Method, arch_family
 
 # The n-gram match length the model scores lookup candidates with: the prior's lookup rows
@@ -163,28 +163,16 @@ def _observations(
     for r in mine:
         if r.spec_type == "none" and r.experts is None and r.target_model_id:
             plain.setdefault(r.target_model_id, []).append(float(r.tokens_per_s or 0))
-    models: dict[str, ModelRecord | None] = {}
-
-    def model(mid: str | None) -> ModelRecord | None:
-        if mid is None:
-            return None
-        if mid not in models:
-            models[mid] = get_model(con, mid)
-        return models[mid]
-
+    known = _Known(con, host)
     out = []
-    calibrations: dict[tuple[str, str | None, int | None], Calibration] = {}
     for r in mine:
         try:
             stack = stack_of(r.spec_type)
         except StackError:  # a type this specreg does not know
             continue
-        method = stack.method
-        t = model(r.target_model_id)
+        t = known.model(r.target_model_id)
         if t is None:
             continue
-        # ngram-cache's K is llama-server's hard-coded draft length
-        k = r.k or (NGRAM_CACHE_DRAFT_MAX if stack.primary == NGRAM_CACHE else 0)
         base_run = by_id.get(r.baseline_run_id) if r.baseline_run_id else None
         if base_run is not None and base_run.tokens_per_s:
             baseline = float(base_run.tokens_per_s)
@@ -193,43 +181,14 @@ def _observations(
         else:
             baseline = math.nan
         draft: dict[str, Any] = {}
-        if method is Method.DRAFT:
-            d = model(r.draft_model_id)
+        if stack.method is Method.DRAFT:
+            d = known.model(r.draft_model_id)
             if d is None:
                 continue
             draft = draft_fields(d, t)
-        # this host's llama-bench curves, as recommend sees them for the same configuration
-        key = (t.model_id, r.draft_model_id, r.threads)
-        if key not in calibrations:
-            drafts = [r.draft_model_id] if r.draft_model_id else []
-            calibrations[key] = load_calibration(
-                con, host.fingerprint, t.model_id, drafts, threads=r.threads
-            )
-        cal = calibrations[key]
-        calibrated = cal.target_fields(k if method is not Method.NONE else None)
-        if r.draft_model_id and method is Method.DRAFT:
-            calibrated.update(cal.draft_fields(r.draft_model_id, k))
-        tf = target_fields(t)
-        config = ConfigFacts(
-            bandwidth_gbs=host.bandwidth_gbs,
-            physical_cores=host.physical_cores,
-            **tf,
-            method=method,
-            k=k,
-            experts=int(r.experts or tf["default_experts"]),
-            temperature=float(r.temperature or 0.0),
-            task=_run_task(r),
-            ngram_n=NGRAM_MATCH_DEFAULT if method is Method.NGRAM else 0,
-            baseline_tps=baseline,
-            **draft,
-            **calibrated,
-            # a stack or another type than the method's default is a K curve of its own
-            stack="" if stack.spelled == DEFAULT_TYPE_OF[method] else stack.spelled,
-            lookup_cache=r.lookup_cache or "",
-        )
         out.append(
             Observation(
-                config=config,
+                config=_run_config(r, stack, t, known, baseline, draft),
                 tps=float(r.tokens_per_s or 0),
                 source=source,
                 row_id=f"run:{r.run_id}",
@@ -240,3 +199,67 @@ def _observations(
             )
         )
     return out
+
+
+class _Known:
+    """The models runs name and the host's calibrations of them, each read once."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, host: HostFacts) -> None:
+        self.con = con
+        self.host = host
+        self._models: dict[str, ModelRecord | None] = {}
+        self._calibrations: dict[tuple[str, str | None, int | None], Calibration] = {}
+
+    def model(self, mid: str | None) -> ModelRecord | None:
+        if mid is None:
+            return None
+        if mid not in self._models:
+            self._models[mid] = get_model(self.con, mid)
+        return self._models[mid]
+
+    def calibration(self, target_id: str, draft_id: str | None, threads: int | None) -> Calibration:
+        """This host's llama-bench curves, as recommend sees them for the same configuration."""
+        key = (target_id, draft_id, threads)
+        if key not in self._calibrations:
+            drafts = [draft_id] if draft_id else []
+            self._calibrations[key] = load_calibration(
+                self.con, self.host.fingerprint, target_id, drafts, threads=threads
+            )
+        return self._calibrations[key]
+
+
+def _run_config(
+    r: RunRecord,
+    stack: Stack,
+    t: ModelRecord,
+    known: _Known,
+    baseline: float,
+    draft: dict[str, Any],
+) -> ConfigFacts:
+    """What run `r` ran (its target `t`, its draft's `draft` fields), as the model's features
+    on the host that ran it, with that host's calibration."""
+    method, host = stack.method, known.host
+    # ngram-cache's K is llama-server's hard-coded draft length
+    k = r.k or (NGRAM_CACHE_DRAFT_MAX if stack.primary == NGRAM_CACHE else 0)
+    cal = known.calibration(t.model_id, r.draft_model_id, r.threads)
+    calibrated = cal.target_fields(k if method is not Method.NONE else None)
+    if r.draft_model_id and method is Method.DRAFT:
+        calibrated.update(cal.draft_fields(r.draft_model_id, k))
+    tf = target_fields(t)
+    return ConfigFacts(
+        bandwidth_gbs=host.bandwidth_gbs,
+        physical_cores=host.physical_cores,
+        **tf,
+        method=method,
+        k=k,
+        experts=int(r.experts or tf["default_experts"]),
+        temperature=float(r.temperature or 0.0),
+        task=_run_task(r),
+        ngram_n=NGRAM_MATCH_DEFAULT if method is Method.NGRAM else 0,
+        baseline_tps=baseline,
+        **draft,
+        **calibrated,
+        # a stack or another type than the method's default is a K curve of its own
+        stack="" if stack.spelled == DEFAULT_TYPE_OF[method] else stack.spelled,
+        lookup_cache=r.lookup_cache or "",
+    )

@@ -20,7 +20,7 @@ self, all randomness comes from `random_state`, so `clone` and grouped cross-val
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -105,6 +105,18 @@ def _sparsity(sid: np.ndarray, has_acc: np.ndarray, n_p: int, n_s: int) -> np.nd
     return jac
 
 
+@dataclass(frozen=True)
+class CostLoss:
+    """How `fit_cost_params` weighs what it fits (`SpeculationRegressor`'s parameters of the
+    same names): the soft-L1 scale, the ridge on acceptance coefficients, the weight of
+    reported acceptance, the shrinkage of per-sweep random effects."""
+
+    robust_scale: float
+    ridge: float
+    acceptance_weight: float
+    series_ridge: float = 1.0
+
+
 def fit_cost_params(
     X: np.ndarray,
     y: np.ndarray,
@@ -112,18 +124,15 @@ def fit_cost_params(
     acc: np.ndarray,
     *,
     start: CostParams,
-    robust_scale: float,
-    ridge: float,
-    acceptance_weight: float,
+    loss: CostLoss,
     series: np.ndarray | None = None,
-    series_ridge: float = 1.0,
 ) -> CostParams:
     """Robust least squares of log tokens/s (and reported acceptance) on the cost model.
 
     `series` (one label per row, "" for none) adds a random effect per measured sweep: a level
     offset (the sweeps' baselines come from a different prompt than their speed tests) and an
     acceptance offset (pairs differ in ways the facts do not show), both pulled to zero by
-    `series_ridge`. They let the shared constants be learned from the shape of each sweep
+    `loss.series_ridge`. They let the shared constants be learned from the shape of each sweep
     over K; predictions for new configurations use the shared constants only.
     """
     lo, hi = _bounds_vectors()
@@ -141,7 +150,7 @@ def fit_cost_params(
     has_acc = np.isfinite(acc)
     k_acc = np.maximum(column(X, "k")[has_acc], 1.0)
     sw = np.sqrt(weight)
-    sw_acc = np.sqrt(weight[has_acc]) * acceptance_weight
+    sw_acc = np.sqrt(weight[has_acc]) * loss.acceptance_weight
     log_y = np.log(y)
 
     def residuals(vec: np.ndarray) -> np.ndarray:
@@ -157,11 +166,11 @@ def fit_cost_params(
         if has_acc.any():
             pred_acc = drafted_acceptance(a[has_acc], k_acc)
             parts.append(sw_acc * (logit(pred_acc) - logit(acc[has_acc])))
-        parts.append(np.sqrt(ridge) * mask * (vec[:n_p] - prior))
+        parts.append(np.sqrt(loss.ridge) * mask * (vec[:n_p] - prior))
         if n_s:
             # levels move freely (protocol differences), acceptance shifts are shrunk
             parts.append(
-                np.sqrt(series_ridge)
+                np.sqrt(loss.series_ridge)
                 * np.concatenate([0.1 * vec[n_p : n_p + n_s], vec[n_p + n_s :]])
             )
         return np.concatenate(parts)
@@ -174,7 +183,7 @@ def fit_cost_params(
         x0,
         bounds=(lo, hi),
         loss="soft_l1",
-        f_scale=robust_scale,
+        f_scale=loss.robust_scale,
         max_nfev=300,
         jac_sparsity=_sparsity(sid, has_acc, n_p, n_s),
     )
@@ -242,11 +251,8 @@ class SpeculationRegressor(RegressorMixin, BaseEstimator):
             w,
             acc,
             start=start,
-            robust_scale=self.robust_scale,
-            ridge=self.ridge,
-            acceptance_weight=self.acceptance_weight,
+            loss=CostLoss(self.robust_scale, self.ridge, self.acceptance_weight, self.series_ridge),
             series=series if self.series_ridge > 0 else None,
-            series_ridge=self.series_ridge,
         )
         if not self.residual or len(y) < 10:
             return params, None

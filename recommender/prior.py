@@ -281,74 +281,74 @@ def _sweep_observations(skipped: list[tuple[str, str]]) -> Iterator[Observation]
             skipped.append((row_id, "copy of another role's figures"))
             continue
         seen.add(key)
-        matches = r["run_model_matches_registry"] == "yes"
-        arch_col = r["target_architecture"] if matches else ""
-        arch = _arch_of_name(run_file)
-        if arch_col == "ssm_moe_hybrid":
-            arch = "qwen3next"
-        target = _target(
-            run_file,
-            None,
-            None,
-            (r["target_quant"] or None) if matches else None,
-            _num(r["target_size_gb"]) if matches else None,
-            arch,
-        )
-        tps = _num(r["speed_test_tps_mean"]) if r["method"] != "baseline" else None
-        if r["method"] in ("baseline", "moe_reduce"):
-            tps = _num(r["baseline_tps"]) if r["method"] == "baseline" else _num(r["moe_only_tps"])
-        baseline = _num(r["baseline_tps"])
-        if target is None or not tps or not baseline:
-            skipped.append((row_id, "missing target facts, speed or baseline"))
+        found = _sweep_observation(row_id, r)
+        if isinstance(found, str):
+            skipped.append((row_id, found))
             continue
-        method = {
-            "baseline": Method.NONE,
-            "moe_reduce": Method.NONE,
-            "draft": Method.DRAFT,
-            "moe_reduce+draft": Method.DRAFT,
-            "lookup": Method.NGRAM,
-            "moe_reduce+lookup": Method.NGRAM,
-        }[r["method"]]
-        default_experts = int(_num(r["target_baseline_experts"]) or _int(target["default_experts"]))
-        experts = int(_num(r["experts"]) or default_experts)
-        draft: dict[str, object] = {}
-        if method is Method.DRAFT:
-            d = _draft(
-                r["draft_model_name"], None, r["draft_quant"] or None, _num(r["draft_size_gb"])
-            )
-            if d is None:
-                skipped.append((row_id, "missing draft facts"))
-                continue
-            same = d["draft_arch_family"] == target["target_arch_family"]
-            draft = {**d, "tok_relation": "identical" if same else "unknown"}
-        k = int(_num(r["K"]) or (PRIOR_NGRAM_K if method is Method.NGRAM else 0))
-        config = ConfigFacts(
-            **_HOST,  # type: ignore[arg-type]
-            **{**target, "default_experts": default_experts},  # type: ignore[arg-type]
-            method=method,
-            k=k,
-            experts=experts,
-            temperature=0.0,
-            task=_role_task(r["model_role"]),
-            ngram_n=int(_num(r["lookup_n"]) or 0),
-            baseline_tps=baseline,
-            **draft,  # type: ignore[arg-type]
-        )
-        series = None
-        if method is Method.DRAFT:
-            series = f"{r['model_role']}|{r['draft_role']}|{r['experts']}"
-        yield Observation(
-            config=config,
-            tps=tps,
-            source="sweep",
-            row_id=row_id,
-            group=_group(run_file),
-            series=series,
-            note=r["config_name"],
-        )
+        yield found
 
 
-_SEED_METHODS = {
+def _sweep_observation(row_id: str, r: dict[str, str]) -> Observation | str:
+    """One row of the sweeps as an observation, or why it is none."""
+    run_file = r["run_model_file"]
+    matches = r["run_model_matches_registry"] == "yes"
+    arch_col = r["target_architecture"] if matches else ""
+    arch = _arch_of_name(run_file)
+    if arch_col == "ssm_moe_hybrid":
+        arch = "qwen3next"
+    target = _target(
+        run_file,
+        None,
+        None,
+        (r["target_quant"] or None) if matches else None,
+        _num(r["target_size_gb"]) if matches else None,
+        arch,
+    )
+    tps = _num(r["speed_test_tps_mean"]) if r["method"] != "baseline" else None
+    if r["method"] in ("baseline", "moe_reduce"):
+        tps = _num(r["baseline_tps"]) if r["method"] == "baseline" else _num(r["moe_only_tps"])
+    baseline = _num(r["baseline_tps"])
+    if target is None or not tps or not baseline:
+        return "missing target facts, speed or baseline"
+    method = _PRIOR_METHODS[r["method"]]
+    default_experts = int(_num(r["target_baseline_experts"]) or _int(target["default_experts"]))
+    experts = int(_num(r["experts"]) or default_experts)
+    draft: dict[str, object] = {}
+    if method is Method.DRAFT:
+        d = _draft(r["draft_model_name"], None, r["draft_quant"] or None, _num(r["draft_size_gb"]))
+        if d is None:
+            return "missing draft facts"
+        same = d["draft_arch_family"] == target["target_arch_family"]
+        draft = {**d, "tok_relation": "identical" if same else "unknown"}
+    k = int(_num(r["K"]) or (PRIOR_NGRAM_K if method is Method.NGRAM else 0))
+    config = ConfigFacts(
+        **_HOST,  # type: ignore[arg-type]
+        **{**target, "default_experts": default_experts},  # type: ignore[arg-type]
+        method=method,
+        k=k,
+        experts=experts,
+        temperature=0.0,
+        task=_role_task(r["model_role"]),
+        ngram_n=int(_num(r["lookup_n"]) or 0),
+        baseline_tps=baseline,
+        **draft,  # type: ignore[arg-type]
+    )
+    series = None
+    if method is Method.DRAFT:
+        series = f"{r['model_role']}|{r['draft_role']}|{r['experts']}"
+    return Observation(
+        config=config,
+        tps=tps,
+        source="sweep",
+        row_id=row_id,
+        group=_group(run_file),
+        series=series,
+        note=r["config_name"],
+    )
+
+
+# The methods of the prior's rows (seeds and sweeps), by the name they are recorded under.
+_PRIOR_METHODS = {
     "baseline": Method.NONE,
     "moe_reduce": Method.NONE,
     "draft": Method.DRAFT,
@@ -374,7 +374,7 @@ def _seed_observations(skipped: list[tuple[str, str]]) -> Iterator[Observation]:
         if _NONSTANDARD.search(notes):
             skipped.append((row_id, "non-standard NUMA or thread setting"))
             continue
-        method = _SEED_METHODS.get(r["method"])
+        method = _PRIOR_METHODS.get(r["method"])
         if method is None or not r["target_model"]:
             skipped.append((row_id, "no target or unknown method"))
             continue

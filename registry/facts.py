@@ -10,13 +10,14 @@ import hashlib
 import json
 import re
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from gguf.constants import Keys, LlamaFileType
 
-from specreg.registry.gguf_header import GGUFHeader, StringArray
+from specreg.registry.gguf_header import GGUFHeader, StringArray, TensorInfo
 from specreg.registry.llama_vocab import TOKEN_NULL, EffectiveVocab, effective_vocab
 from specreg.registry.parts import SPLIT_NAME, PartInfo, VocabBlob
 from specreg.registry.text import path_text
@@ -140,70 +141,58 @@ def model_facts(
     """
     first_path, first = parts[0]
     kv = first.kv
-    arch = kv.get(Keys.General.ARCHITECTURE)
-    arch_s = arch if isinstance(arch, str) else None
-
-    def arch_key(template: str) -> Any:
-        return kv.get(template.format(arch=arch_s)) if arch_s else None
-
-    def as_int(v: Any) -> int | None:
-        return int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else None
-
-    def as_str(v: Any) -> str | None:
-        return v if isinstance(v, str) else None
-
+    arch = _as_str(kv.get(Keys.General.ARCHITECTURE))
     tensors = [t for _, h in parts for t in h.tensors]
-    names = {t.name for t in tensors}
-    n_params = sum(t.n_elements for t in tensors)
-    tensor_bytes = [t.n_bytes for t in tensors]
-    known_bytes = sum(b for b in tensor_bytes if b is not None)
-    type_counts: Counter[str] = Counter(t.type_name for t in tensors)
-    type_params: Counter[str] = Counter()
-    for t in tensors:
-        type_params[t.type_name] += t.n_elements
-
-    expert_count = as_int(arch_key(Keys.LLM.EXPERT_COUNT))
-    expert_used = as_int(arch_key(Keys.LLM.EXPERT_USED_COUNT))
-    is_moe = bool(expert_count and expert_count > 1)
-    n_active = n_params
-    if is_moe and expert_used and expert_count:
-        expert_params = sum(t.n_elements for t in tensors if _EXPERT_TENSOR.search(t.name))
-        n_active = n_params - expert_params + expert_params * expert_used // expert_count
-
-    block_count = as_int(arch_key(Keys.LLM.BLOCK_COUNT))
-    has_mtp = block_count is not None and f"blk.{block_count - 1}.nextn.eh_proj.weight" in names
-    draft_kind = DRAFT_ARCHS.get(arch_s or "")
-    if draft_kind == "dflash" and DSPARK_TENSOR in names:
-        draft_kind = "dspark"
-    binding = {
-        k: _json_value(v) if not isinstance(v, np.ndarray) else v.tolist()
-        for k, v in kv.items()
-        if arch_s in ("eagle3", "dflash")
-        and k.startswith(f"{arch_s}.")
-        or k.startswith("general.base_model.")
-    }
-
-    tokens = kv.get(Keys.Tokenizer.LIST)
-    vocab: EffectiveVocab = effective_vocab(kv)
-    template = kv.get(Keys.Tokenizer.CHAT_TEMPLATE)
-    general_type = as_str(kv.get(Keys.General.TYPE))
-    file_type = as_int(kv.get(Keys.General.FILE_TYPE))
-    ssm_keys = sorted(k for k in kv if arch_s and k.startswith(f"{arch_s}.ssm."))
-
-    def tid(i: int) -> int | None:
-        return None if i == TOKEN_NULL else i
-
     return {
         "path": path_text(str(first_path)),
         "paths": [path_text(str(p)) for p, _ in parts],
         "parts_missing": [path_text(p) for p in missing],
         "gguf_version": first.version,
-        "architecture": arch_s,
-        "name": as_str(kv.get(Keys.General.NAME)),
-        "basename": as_str(kv.get(Keys.General.BASENAME)),
-        "size_label": as_str(kv.get(Keys.General.SIZE_LABEL)),
-        "finetune": as_str(kv.get(Keys.General.FINETUNE)),
-        "organization": as_str(kv.get(Keys.General.ORGANIZATION)),
+        "architecture": arch,
+        "name": _as_str(kv.get(Keys.General.NAME)),
+        "basename": _as_str(kv.get(Keys.General.BASENAME)),
+        "size_label": _as_str(kv.get(Keys.General.SIZE_LABEL)),
+        "finetune": _as_str(kv.get(Keys.General.FINETUNE)),
+        "organization": _as_str(kv.get(Keys.General.ORGANIZATION)),
+        **_weight_facts(kv, arch, tensors),
+        **_architecture_facts(kv, arch, {t.name for t in tensors}),
+        **_draft_facts(kv, arch, {t.name for t in tensors}),
+        **_tokenizer_facts(kv),
+    }
+
+
+def _as_int(v: Any) -> int | None:
+    return int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else None
+
+
+def _as_str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _arch_key(kv: Mapping[str, Any], arch: str | None, template: str) -> Any:
+    """The value of an architecture-scoped key (`{arch}.block_count`), None without arch."""
+    return kv.get(template.format(arch=arch)) if arch else None
+
+
+def _weight_facts(
+    kv: Mapping[str, Any], arch: str | None, tensors: Sequence[TensorInfo]
+) -> dict[str, Any]:
+    """The file type and quant, the parameters (all, and active per token for MoE), the bits
+    per weight and the tensor types."""
+    n_params = sum(t.n_elements for t in tensors)
+    known_bytes = sum(t.n_bytes for t in tensors if t.n_bytes is not None)
+    type_counts: Counter[str] = Counter(t.type_name for t in tensors)
+    type_params: Counter[str] = Counter()
+    for t in tensors:
+        type_params[t.type_name] += t.n_elements
+    expert_count = _as_int(_arch_key(kv, arch, Keys.LLM.EXPERT_COUNT))
+    expert_used = _as_int(_arch_key(kv, arch, Keys.LLM.EXPERT_USED_COUNT))
+    n_active = n_params
+    if expert_count and expert_count > 1 and expert_used:
+        expert_params = sum(t.n_elements for t in tensors if _EXPERT_TENSOR.search(t.name))
+        n_active = n_params - expert_params + expert_params * expert_used // expert_count
+    file_type = _as_int(kv.get(Keys.General.FILE_TYPE))
+    return {
         "file_type": file_type,
         "quant": quant_name(file_type, Counter(type_params)),
         "n_params": n_params,
@@ -211,25 +200,71 @@ def model_facts(
         "bits_per_weight": (8.0 * known_bytes / n_params) if n_params else None,
         "n_tensors": len(tensors),
         "tensor_types": json.dumps(dict(type_counts.most_common())),
+    }
+
+
+def _architecture_facts(kv: Mapping[str, Any], arch: str | None, names: set[str]) -> dict[str, Any]:
+    """Blocks, context, experts, recurrent and hybrid layers, sliding window, MLA, MTP."""
+
+    def arch_int(template: str) -> int | None:
+        return _as_int(_arch_key(kv, arch, template))
+
+    block_count = arch_int(Keys.LLM.BLOCK_COUNT)
+    expert_count = arch_int(Keys.LLM.EXPERT_COUNT)
+    is_moe = bool(expert_count and expert_count > 1)
+    return {
         "block_count": block_count,
-        "context_length": as_int(arch_key(Keys.LLM.CONTEXT_LENGTH)),
-        "embedding_length": as_int(arch_key(Keys.LLM.EMBEDDING_LENGTH)),
+        "context_length": arch_int(Keys.LLM.CONTEXT_LENGTH),
+        "embedding_length": arch_int(Keys.LLM.EMBEDDING_LENGTH),
         "expert_count": expert_count,
-        "expert_used_count": expert_used,
-        "expert_used_key": Keys.LLM.EXPERT_USED_COUNT.format(arch=arch_s) if is_moe else None,
+        "expert_used_count": arch_int(Keys.LLM.EXPERT_USED_COUNT),
+        "expert_used_key": Keys.LLM.EXPERT_USED_COUNT.format(arch=arch) if is_moe else None,
         "is_moe": is_moe,
-        "is_recurrent": arch_s in RECURRENT_ARCHS,
-        "is_hybrid": arch_s in HYBRID_ARCHS,
-        "ssm_keys": ssm_keys,
-        "sliding_window": as_int(arch_key(Keys.Attention.SLIDING_WINDOW)),
-        "uses_mla": arch_key(Keys.Attention.KV_LORA_RANK) is not None,
-        "nextn_predict_layers": as_int(arch_key(Keys.LLM.NEXTN_PREDICT_LAYERS)),
-        "has_mtp_tensors": has_mtp,
+        "is_recurrent": arch in RECURRENT_ARCHS,
+        "is_hybrid": arch in HYBRID_ARCHS,
+        "ssm_keys": sorted(k for k in kv if arch and k.startswith(f"{arch}.ssm.")),
+        "sliding_window": arch_int(Keys.Attention.SLIDING_WINDOW),
+        "uses_mla": _arch_key(kv, arch, Keys.Attention.KV_LORA_RANK) is not None,
+        "nextn_predict_layers": arch_int(Keys.LLM.NEXTN_PREDICT_LAYERS),
+        "has_mtp_tensors": block_count is not None
+        and f"blk.{block_count - 1}.nextn.eh_proj.weight" in names,
+    }
+
+
+def _draft_facts(kv: Mapping[str, Any], arch: str | None, names: set[str]) -> dict[str, Any]:
+    """What kind of draft head the file is (EAGLE-3, DFlash, DSpark), what it binds to, and
+    whether it is a vision projector."""
+    draft_kind = DRAFT_ARCHS.get(arch or "")
+    if draft_kind == "dflash" and DSPARK_TENSOR in names:
+        draft_kind = "dspark"
+    binding = {
+        k: _json_value(v) if not isinstance(v, np.ndarray) else v.tolist()
+        for k, v in kv.items()
+        if arch in ("eagle3", "dflash")
+        and k.startswith(f"{arch}.")
+        or k.startswith("general.base_model.")
+    }
+    general_type = _as_str(kv.get(Keys.General.TYPE))
+    return {
         "draft_kind": draft_kind,
         "draft_binding": json.dumps(binding, ensure_ascii=False) if binding else None,
-        "is_mmproj": general_type == "mmproj" or arch_s == "clip",
-        "tok_model": as_str(kv.get(Keys.Tokenizer.MODEL)),
-        "tok_pre": as_str(kv.get(Keys.Tokenizer.PRE)),
+        "is_mmproj": general_type == "mmproj" or arch == "clip",
+    }
+
+
+def _tokenizer_facts(kv: dict[str, Any]) -> dict[str, Any]:
+    """The tokenizer as llama.cpp loads it: model, pre-tokenizer, fingerprint, special tokens
+    (ids and texts), BOS/EOS rules, and the chat template's hash."""
+    tokens = kv.get(Keys.Tokenizer.LIST)
+    vocab: EffectiveVocab = effective_vocab(kv)
+    template = kv.get(Keys.Tokenizer.CHAT_TEMPLATE)
+
+    def tid(i: int) -> int | None:
+        return None if i == TOKEN_NULL else i
+
+    return {
+        "tok_model": _as_str(kv.get(Keys.Tokenizer.MODEL)),
+        "tok_pre": _as_str(kv.get(Keys.Tokenizer.PRE)),
         "vocab_type": vocab.vocab_type,
         "n_tokens": vocab.n_tokens if vocab.vocab_type else None,
         "tok_fingerprint": tokenizer_fingerprint(tokens)

@@ -264,17 +264,32 @@ def effective_vocab(kv: dict[str, Any]) -> EffectiveVocab:
         return without_specials("NONE", size or 0)
     if model == "gemma4":
         pre = "gemma4"
-    if (
-        vocab_type == "BPE"
-        and Keys.Tokenizer.MERGES not in kv
-        and not (model == "gpt2" and pre == "kimi-k2")
-    ):
-        return refused("cannot find tokenizer merges in model file", vocab_type)
-    if vocab_type == "BPE" and pre is not None and pre not in KNOWN_PRE:
-        return refused(f"unknown pre-tokenizer type: '{pre}'", vocab_type)
+    if (reason := _bpe_refusal(kv, model, vocab_type, pre)) is not None:
+        return refused(reason, vocab_type)
     if not isinstance(tokens, StringArray):
         return refused("cannot find tokenizer vocab in model file", vocab_type)
+    return _with_specials(kv, model, vocab_type, pre, tokens)
 
+
+def _bpe_refusal(kv: dict[str, Any], model: str, vocab_type: str, pre: str | None) -> str | None:
+    """Why llama.cpp refuses a BPE vocabulary (no merges, an unknown pre-tokenizer), or None."""
+    if vocab_type != "BPE":
+        return None
+    if Keys.Tokenizer.MERGES not in kv and not (model == "gpt2" and pre == "kimi-k2"):
+        return "cannot find tokenizer merges in model file"
+    if pre is not None and pre not in KNOWN_PRE:
+        return f"unknown pre-tokenizer type: '{pre}'"
+    return None
+
+
+def _with_specials(
+    kv: dict[str, Any], model: str, vocab_type: str, pre: str | None, tokens: StringArray
+) -> EffectiveVocab:
+    """A loadable vocabulary with its special tokens and BOS/EOS rules as llama.cpp sets them:
+    the tokenizer's defaults, then the stored keys where they are in range."""
+    n_tokens = len(tokens)
+    add_bos_stored = _bool_key(kv, Keys.Tokenizer.ADD_BOS)
+    add_eos_stored = _bool_key(kv, Keys.Tokenizer.ADD_EOS)
     bos, eos = _DEFAULT_IDS[model]
     add_bos, add_eos = _DEFAULT_ADD[vocab_type]
     if vocab_type == "BPE" and pre is not None:

@@ -171,15 +171,6 @@ def graph_svg(
     }
 
     def draw(salt: str) -> str:
-        from matplotlib.patches import PathPatch
-        from matplotlib.path import Path as MplPath
-
-        def segments(pairs: list[tuple[str, str]]) -> MplPath:
-            # One compound path per edge style: thousands of edges become one SVG element.
-            verts = [p for a, b in pairs for p in (pos[a], pos[b])]
-            codes = [c for _ in pairs for c in (MplPath.MOVETO, MplPath.LINETO)]
-            return MplPath(verts or [(0, 0)], codes or [MplPath.MOVETO])
-
         pos, centres = cluster_layout(nodes, tok_family_of)
         xs = [p[0] for p in pos.values()]
         ys = [p[1] for p in pos.values()]
@@ -190,17 +181,7 @@ def graph_svg(
         ax = fig.add_axes((0, 0, 1, 1))
         ax.set_axis_off()
         ax.set_aspect("equal")
-        # One compound path per verdict, styled like the matrix's colours.
-        styles = (
-            ("compatible", "#2e7d32", "-", 0.45),
-            ("warnings", "#9ccc65", "--", 0.8),
-            ("risky", "#fb8c00", ":", 0.9),
-        )
-        for kind, colour, style, alpha in styles:
-            chosen = [(a, b) for a, b, v in edges if _edge_kind(v) == kind]
-            if chosen:
-                ax.add_patch(PathPatch(segments(chosen), fill=False, edgecolor=colour,
-                                       linewidth=0.6, alpha=alpha, linestyle=style))  # fmt: skip
+        _draw_edges(ax, pos, edges)
         for fam, (cx, cy, r) in centres.items():
             ax.text(
                 cx,
@@ -212,32 +193,69 @@ def graph_svg(
                 color=tok_family_colour(fam),
                 fontweight="bold",
             )
-        ax.scatter(
-            [pos[n][0] for n in nodes],
-            [pos[n][1] for n in nodes],
-            s=28 if len(nodes) > 60 else 60,
-            c=[tok_family_colour(tok_family_of.get(n, 0)) for n in nodes],
-            edgecolors="white",
-            linewidths=0.6,
-            zorder=3,
-        )
-        if show_names:
-            for n in nodes:
-                ax.text(
-                    pos[n][0],
-                    pos[n][1] - 0.12,
-                    plain(names.get(n, n))[:28],
-                    ha="center",
-                    va="top",
-                    fontsize=6,
-                    color="#333333",
-                    zorder=4,
-                )
+        _draw_nodes(ax, pos, nodes, tok_family_of, names if show_names else None)
         ax.set_xlim(min(xs) - _LABEL_WIDTH / 2 - 0.4, max(xs) + _LABEL_WIDTH / 2 + 0.4)
         ax.set_ylim(min(ys) - 1.0, max(ys) + 1.1)
         return _svg(fig, salt)
 
     return cache.get_or_draw("graph", spec, draw)
+
+
+def _draw_edges(
+    ax: Any, pos: Mapping[str, tuple[float, float]], edges: Sequence[tuple[str, str, str]]
+) -> None:
+    """One compound path per verdict, styled like the matrix's colours: thousands of edges
+    become a few SVG elements."""
+    from matplotlib.patches import PathPatch
+    from matplotlib.path import Path as MplPath
+
+    def segments(pairs: list[tuple[str, str]]) -> MplPath:
+        verts = [p for a, b in pairs for p in (pos[a], pos[b])]
+        codes = [c for _ in pairs for c in (MplPath.MOVETO, MplPath.LINETO)]
+        return MplPath(verts or [(0, 0)], codes or [MplPath.MOVETO])
+
+    styles = (
+        ("compatible", "#2e7d32", "-", 0.45),
+        ("warnings", "#9ccc65", "--", 0.8),
+        ("risky", "#fb8c00", ":", 0.9),
+    )
+    for kind, colour, style, alpha in styles:
+        chosen = [(a, b) for a, b, v in edges if _edge_kind(v) == kind]
+        if chosen:
+            ax.add_patch(PathPatch(segments(chosen), fill=False, edgecolor=colour,
+                                   linewidth=0.6, alpha=alpha, linestyle=style))  # fmt: skip
+
+
+def _draw_nodes(
+    ax: Any,
+    pos: Mapping[str, tuple[float, float]],
+    nodes: Sequence[str],
+    tok_family_of: Mapping[str, int],
+    names: Mapping[str, str] | None,
+) -> None:
+    """The models, coloured by tokenizer family, with their names below when `names`."""
+    ax.scatter(
+        [pos[n][0] for n in nodes],
+        [pos[n][1] for n in nodes],
+        s=28 if len(nodes) > 60 else 60,
+        c=[tok_family_colour(tok_family_of.get(n, 0)) for n in nodes],
+        edgecolors="white",
+        linewidths=0.6,
+        zorder=3,
+    )
+    if names is None:
+        return
+    for n in nodes:
+        ax.text(
+            pos[n][0],
+            pos[n][1] - 0.12,
+            plain(names.get(n, n))[:28],
+            ha="center",
+            va="top",
+            fontsize=6,
+            color="#333333",
+            zorder=4,
+        )
 
 
 # --- per-target measurements ----------------------------------------------------------------
@@ -267,36 +285,12 @@ def sweep_svg(
     }
 
     def draw(salt: str) -> str:
-        from matplotlib.ticker import MaxNLocator
-
         # constrained: the layout makes room for the legend below, however long its labels
         fig = _figure(
             11.5, 3.4 + 0.2 * ((len({p.series for p in points}) + 3) // 2), layout="constrained"
         )
         ax_s, ax_a = fig.subplots(1, 2)
-        series: dict[str, list[SweepPoint]] = defaultdict(list)
-        for p in points:
-            series[p.series].append(p)
-        for i, (label, pts) in enumerate(sorted(series.items())):
-            pts = sorted(pts, key=lambda p: p.k)
-            colour = QUALITATIVE_COLOURS[i % len(QUALITATIVE_COLOURS)]
-            ax_s.plot(
-                [p.k for p in pts],
-                [p.tokens_per_s for p in pts],
-                "o-",
-                color=colour,
-                label=plain(label)[:40],
-                markersize=4,
-            )
-            acc = [p for p in pts if p.acceptance is not None]
-            if acc:
-                ax_a.plot(
-                    [p.k for p in acc],
-                    [100 * (p.acceptance or 0) for p in acc],
-                    "o-",
-                    color=colour,
-                    markersize=4,
-                )
+        _plot_series(ax_s, ax_a, points)
         if baseline_tps:
             ax_s.axhline(
                 baseline_tps,
@@ -313,25 +307,8 @@ def sweep_svg(
                 linewidth=1,
                 label=f"roofline {roofline_tps:.1f} t/s",
             )
-        ax_s.set_xlabel("K (draft tokens)")
-        ax_s.set_ylabel("tokens/s")
-        ax_s.set_title("speed", fontsize=10)
-        ax_a.set_xlabel("K (draft tokens)")
-        ax_a.set_ylabel("acceptance %")
-        ax_a.set_ylim(0, 100)
-        ax_a.set_title("acceptance", fontsize=10)
-        # One or two K values: a span of K around them, whole numbers only (K is a count),
-        # and speeds from 0, so a single point is not the middle of an axis of decimals.
-        ks = [p.k for p in points]
-        lo, hi = min(ks), max(ks)
-        pad = max(1.0, (4 - (hi - lo)) / 2) if hi - lo < 4 else 0.5
         top = max([p.tokens_per_s for p in points] + [baseline_tps or 0.0, roofline_tps or 0.0])
-        ax_s.set_ylim(0, top * 1.15 or 1.0)
-        for ax in (ax_s, ax_a):
-            ax.set_xlim(max(lo - pad, 0), hi + pad)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.grid(alpha=0.3)
-            ax.spines[["top", "right"]].set_visible(False)
+        _sweep_axes(ax_s, ax_a, [p.k for p in points], top)
         # Below the plots, where it hides no line and has the figure's whole width.
         handles, labels = ax_s.get_legend_handles_labels()
         fig.legend(
@@ -345,6 +322,56 @@ def sweep_svg(
         return _svg(fig, salt)
 
     return cache.get_or_draw("sweep", spec, draw)
+
+
+def _plot_series(ax_s: Any, ax_a: Any, points: Sequence[SweepPoint]) -> None:
+    """Speed (on `ax_s`) and acceptance (on `ax_a`) against K, one line per series."""
+    series: dict[str, list[SweepPoint]] = defaultdict(list)
+    for p in points:
+        series[p.series].append(p)
+    for i, (label, pts) in enumerate(sorted(series.items())):
+        pts = sorted(pts, key=lambda p: p.k)
+        colour = QUALITATIVE_COLOURS[i % len(QUALITATIVE_COLOURS)]
+        ax_s.plot(
+            [p.k for p in pts],
+            [p.tokens_per_s for p in pts],
+            "o-",
+            color=colour,
+            label=plain(label)[:40],
+            markersize=4,
+        )
+        acc = [p for p in pts if p.acceptance is not None]
+        if acc:
+            ax_a.plot(
+                [p.k for p in acc],
+                [100 * (p.acceptance or 0) for p in acc],
+                "o-",
+                color=colour,
+                markersize=4,
+            )
+
+
+def _sweep_axes(ax_s: Any, ax_a: Any, ks: Sequence[int], top: float) -> None:
+    """Labels, titles and limits of the speed and acceptance axes (`top`: the fastest)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax_s.set_xlabel("K (draft tokens)")
+    ax_s.set_ylabel("tokens/s")
+    ax_s.set_title("speed", fontsize=10)
+    ax_a.set_xlabel("K (draft tokens)")
+    ax_a.set_ylabel("acceptance %")
+    ax_a.set_ylim(0, 100)
+    ax_a.set_title("acceptance", fontsize=10)
+    # One or two K values: a span of K around them, whole numbers only (K is a count),
+    # and speeds from 0, so a single point is not the middle of an axis of decimals.
+    lo, hi = min(ks), max(ks)
+    pad = max(1.0, (4 - (hi - lo)) / 2) if hi - lo < 4 else 0.5
+    ax_s.set_ylim(0, top * 1.15 or 1.0)
+    for ax in (ax_s, ax_a):
+        ax.set_xlim(max(lo - pad, 0), hi + pad)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.spines[["top", "right"]].set_visible(False)
 
 
 # --- speed against quality cost -------------------------------------------------------------

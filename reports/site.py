@@ -108,31 +108,71 @@ def gather_site(
 ) -> SiteData:
     reg = gather.gather_registry(con)
     audit = gather.gather_audit(con, reg.models, rules)
-    pairs, graph, audit_status, matrix = audit.pairs, audit.graph, audit.status, audit.matrix
     runs, runs_status = gather.gather_runs(con)
+    graph_svg, graph_edges = _graph_figure(audit.graph, reg, cache)
+    targets = _target_views(con, reg, audit, runs, cache, advise, tasks)
+    parts = (
+        gather.PartStatus("registry", True, ""),
+        audit.status,
+        runs_status,
+        gather.PartStatus(
+            "recommender",
+            advise is not None,
+            "" if advise is not None else "left out of this report (--no-recommend)",
+        ),
+    )
+    return SiteData(
+        generated_at=datetime.now(timezone.utc),
+        db_path=db_label,
+        models=reg.models,
+        families=reg.families,
+        scans=reg.scans,
+        problems=reg.problems,
+        parts=parts,
+        pairs=audit.pairs,
+        matrix=audit.matrix,
+        graph_svg=graph_svg,
+        graph_edges=graph_edges,
+        targets=tuple(targets),
+        runs=runs,
+    )
+
+
+def _graph_figure(
+    graph: nx.Graph | None, reg: gather.RegistryPart, cache: plots.PlotCache
+) -> tuple[str, int]:
+    """The compatibility graph of the registry's models (SVG, "" without one), its edges."""
+    if graph is None or not graph.number_of_nodes():
+        return "", 0
+    models = {m.model_id for m in reg.models}
+    shown = nx.Graph(graph.subgraph([n for n in graph.nodes if str(n) in models]))
+    svg = plots.graph_svg(
+        shown,
+        {m.model_id: m.family for m in reg.models},
+        {f.index: f.label for f in reg.families},
+        {m.model_id: m.name for m in reg.models},
+        cache,
+    )
+    return svg, shown.number_of_edges()
+
+
+def _target_views(
+    con: duckdb.DuckDBPyConnection,
+    reg: gather.RegistryPart,
+    audit: gather.AuditPart,
+    runs: Sequence[RunView],
+    cache: plots.PlotCache,
+    advise: gather.Advise | None,
+    tasks: Sequence[str],
+) -> list[TargetView]:
+    """Each model's page: its drafts, recommendations, runs, roofline, figures, template."""
     models = {m.model_id: m for m in reg.models}
-
-    tok_family_of = {m.model_id: m.family for m in reg.models}
-    graph_svg, graph_edges = "", 0
-    if graph is not None and graph.number_of_nodes():
-        keep = [n for n in graph.nodes if str(n) in models]
-        shown = nx.Graph(graph.subgraph(keep))
-        graph_edges = shown.number_of_edges()
-        graph_svg = plots.graph_svg(
-            shown,
-            tok_family_of,
-            {f.index: f.label for f in reg.families},
-            {m.model_id: m.name for m in reg.models},
-            cache,
-        )
-
     by_target: dict[str, list[PairView]] = defaultdict(list)
-    for p in pairs:
+    for p in audit.pairs:
         by_target[p.target_id].append(p)
     runs_by_target: dict[str | None, list[RunView]] = defaultdict(list)
     for r in runs:
         runs_by_target[r.target_id].append(r)
-
     templates = gather.chat_templates(con)
     targets = []
     for m in reg.models:
@@ -152,7 +192,7 @@ def gather_site(
             TargetView(
                 model=m,
                 drafts=tuple(usable),
-                rejected=(len(models) - 1 - len(accepted) if audit_status.available else 0),
+                rejected=(len(models) - 1 - len(accepted) if audit.status.available else 0),
                 recommendations=recs,
                 rec_note=rec_note,
                 runs=t_runs,
@@ -164,32 +204,7 @@ def gather_site(
                 not_drafts=not_drafts,
             )
         )
-
-    parts = (
-        gather.PartStatus("registry", True, ""),
-        audit_status,
-        runs_status,
-        gather.PartStatus(
-            "recommender",
-            advise is not None,
-            "" if advise is not None else "left out of this report (--no-recommend)",
-        ),
-    )
-    return SiteData(
-        generated_at=datetime.now(timezone.utc),
-        db_path=db_label,
-        models=reg.models,
-        families=reg.families,
-        scans=reg.scans,
-        problems=reg.problems,
-        parts=parts,
-        pairs=pairs,
-        matrix=matrix,
-        graph_svg=graph_svg,
-        graph_edges=graph_edges,
-        targets=tuple(targets),
-        runs=runs,
-    )
+    return targets
 
 
 def _target_plot(

@@ -442,18 +442,18 @@ class Service:
 
     def _retry_after(self, call: _Call, why: str, *, recorded: bool = False) -> Pick | None:
         """After a candidate failed: retire it (adaptive policy) and name the current best to
-        retry on; under the fixed policy, another lossless backend of the target that is
-        running, else the same configuration once its process has been started again. None
-        when there is nothing to try. The failed attempt is recorded as a failed run with the
-        reason."""
+        retry on; under the fixed policy, after a crash (`recorded`: the attempt is recorded
+        already), another lossless backend of the target that is running, else the same
+        configuration once its process has been started again. None when there is nothing to
+        try. A failed attempt not yet recorded is recorded as a failed run with the reason."""
         backend = call.backend
         if not self.router.adaptive:
+            if not recorded:
+                return None  # not ready (or down): the fixed route has no other candidate
             others = self.alternatives(call.target, call.cls.task, backend)
             again = others[0] if others else backend.name
             if backend.failure and again == backend.name:
                 return None  # given up (or it dies by SIGILL): the same process would fail too
-            if not recorded:
-                call.record(None, 502, why, "unavailable")
             return Pick(again, REASON_RETRY, again)
         done = self.router.retire(backend.name, f"failed: {why}")
         if done:

@@ -26,6 +26,7 @@ from specreg.host.topology import Placement
 from specreg.jsonout import document
 from specreg.llama.config import SPEC_NONE, SPEC_TYPES, Config, server_argv
 from specreg.llama.install import LlamaInstall
+from specreg.llama.options import option_config
 from specreg.recommender.advisor import Advisor
 from specreg.recommender.recommend import Option, Recommendation
 from specreg.registry.queries import ModelRecord, get_model
@@ -45,7 +46,6 @@ from specreg.serve.policy import (
     pick_candidates,
 )
 from specreg.terms import MODEL_DRAFTER_TYPES, TASKS, Method, canonical_task
-from specreg.tune.tuner import option_config
 
 SOURCE_PINNED = "pinned"
 SOURCE_RECOMMENDED = "recommended"

@@ -347,9 +347,9 @@ def ray_runner(
 ) -> Callable[[Option], Ran]:
     """tune's `run_option` on the Ray host `host`: each option measured there, recorded here.
     A lookup cache is a file of this registry: such options are not sent (no run)."""
+    from specreg.llama.options import option_config
     from specreg.registry.run_store import new_run_uuid
     from specreg.registry.scan import model_record
-    from specreg.tune.tuner import option_config
 
     target_id = model_record(con, target).model_id
 

@@ -30,8 +30,8 @@ import duckdb
 
 from specreg.host.facts import HostFacts
 from specreg.host.machine import Host
-from specreg.llama.config import SPEC_NONE, Config, server_command
 from specreg.llama.install import LlamaInstall
+from specreg.llama.options import option_config
 from specreg.recommender.advisor import open_advisor
 from specreg.recommender.recommend import Option, Recommendation
 from specreg.recommender.train import default_estimator
@@ -54,33 +54,6 @@ SETTLE_ROUNDS = 2
 # A family never measured is probed if its best prediction reaches this share of the best
 # measured speed: the prior's acceptance may be off by that much (the cost side is calibrated).
 PROBE_RATIO = 0.6
-
-
-def option_config(option: Option) -> Config:
-    """The runner's configuration for a recommended option."""
-    return Config(
-        spec_type=option.spec_type if option.spec_type != "none" else SPEC_NONE,
-        k=option.k,
-        experts=option.experts,
-        expert_key=option.expert_key,
-        temperature=option.temperature,
-        lookup_cache=option.lookup_cache_path,
-    )
-
-
-def option_command(
-    option: Option,
-    target_path: str,
-    dialect: str,
-    host: Host,
-    server: Path | str = "llama-server",
-) -> list[str]:
-    """The exact llama-server command line for `option` with the user's build and host."""
-    draft = Path(option.draft_path) if option.draft_path else None
-    return server_command(
-        option_config(option), Path(target_path), draft, dialect, host, server=server,
-        measuring=False,  # shown to users: without the measurement's log verbosity
-    )  # fmt: skip
 
 
 def llama_runner(

@@ -50,8 +50,8 @@ def command_lines(
     rec: Recommendation, host: Host, install: LlamaInstall | None, top: int | None = None
 ) -> tuple[str, ...]:
     """The llama-server command line of each of the first `top` options, ready to paste."""
+    from specreg.llama.options import option_command
     from specreg.terms import DIALECT_SPEC_TYPE
-    from specreg.tune.tuner import option_command
 
     dialect = install.dialect if install else DIALECT_SPEC_TYPE
     server: Path | str = install.server if install else "llama-server"

@@ -49,7 +49,7 @@ def _calibrate(
 
 
 def _draft_of(con: duckdb.DuckDBPyConnection, target: ModelRecord) -> ModelRecord:
-    from specreg.recommender.recommend import _drafts
+    from specreg.recommender.candidates import usable_drafts as _drafts
 
     return next(d for d, _ in _drafts(con, target) if d.size_label == "0.5B")
 
