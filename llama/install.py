@@ -215,6 +215,21 @@ def probe_install(bin_dir: Path, source: str) -> LlamaInstall:
     )
 
 
+def planned_install() -> LlamaInstall:
+    """No llama.cpp here, for plans that start nothing (`serve --dry-run` on a laptop, for a
+    big host): the pinned build's dialect and spec types, `llama-server` by name."""
+    from specreg.llamacpp import SPEC_TYPE
+
+    return LlamaInstall(
+        bin_dir=Path(""),
+        source="none (planned with the pinned build's flags)",
+        version="unknown",
+        dialect=DIALECT_SPEC_TYPE,
+        spec_types=SPEC_TYPE.server_spec_types,
+        binaries=(SERVER,),
+    )
+
+
 def find_llama(bin_dir: Path | None = None) -> LlamaInstall:
     """The llama.cpp to run, by the documented search order."""
     candidates = _candidates(bin_dir)

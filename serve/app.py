@@ -48,7 +48,7 @@ from specreg.serve.cores import Grant, QueueFull
 from specreg.serve.policy import PolicyStatus
 from specreg.serve.pooled import CatchUp, PooledState
 from specreg.serve.recorder import RunRecorder
-from specreg.serve.routes import Route, RouteTable, split_model
+from specreg.serve.routes import Route, RouteTable, Target, split_model
 from specreg.serve.traffic import TrafficCaches, answer_text, delta_text, request_text
 from specreg.terms import STARTUP_TIMEOUT_S, TASKS
 
@@ -326,9 +326,9 @@ class Service:
                 raise TooLarge
         return bytes(data)
 
-    async def completions(self, request: Request) -> Response:
-        t0 = time.perf_counter()
-        started = datetime.now(timezone.utc)
+    async def _read(self, request: Request) -> _Asked | Response:
+        """The request's body, its target and its task, or the error answer that says why
+        there are none (413, 499, 400, 404)."""
         try:
             raw = await self._body(request)
         except TooLarge:
@@ -355,15 +355,20 @@ class Service:
                 404, f"{what}: this server has {names}", "invalid_request_error",
                 code="model_not_found", param="model",
             )  # fmt: skip
+        header = request.headers.get(TASK_HEADER)
         try:
-            cls = classify(
-                self.classifier,
-                body,
-                header=request.headers.get(TASK_HEADER),
-                model_task=model_task,
-            )
+            cls = classify(self.classifier, body, header=header, model_task=model_task)
         except UsageError as err:
             return error(400, str(err), "invalid_request_error")
+        return _Asked(raw, body, target, cls)
+
+    async def completions(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        started = datetime.now(timezone.utc)
+        asked = await self._read(request)
+        if isinstance(asked, Response):
+            return asked
+        raw, body, target, cls = asked.raw, asked.body, asked.target, asked.cls
         route = self.table.route(target.name, cls.task)
         pick = self.router.choose(target.name, cls.task, load=self.load_of(target.name))
         for attempt in (1, 2):
@@ -465,6 +470,16 @@ class Service:
         if not recorded:
             call.record(None, 502, why, "unavailable")
         return Pick(best, REASON_RETRY, best)
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """A request read and understood: its bytes, its JSON, its target and its task."""
+
+    raw: bytes
+    body: dict[str, Any]
+    target: Target
+    cls: Classification
 
 
 @dataclass(eq=False)  # identity: calls in flight are kept in a set
@@ -676,6 +691,28 @@ class _Call:
         output = "".join(self.streamed) if self.streamed is not None else answer_text(answer)
         return request_text(self.body), output or None
 
+    def _serve_info(self) -> dict[str, Any]:
+        """How serve handled the request: the policy's choice and why, the load it met, its
+        wait for cores, and what a pooled-state backend read first (config[SERVE_KEY])."""
+        pick, caught = self.pick, self.caught_up
+        return {
+            "policy": self.service.router.name,
+            "target": self.target,
+            "candidate": self.backend.name,
+            "reason": pick.reason if pick is not None else REASON_FIXED,
+            "best": pick.best if pick is not None else None,
+            "attempt": self.attempt,
+            "concurrency": self.concurrency,
+            "queued_s": round(self.grant.queued_s, 4) if self.grant else None,
+            "preferred": pick.backend
+            if pick is not None and pick.backend != self.backend.name
+            else None,
+            "retired": self.retired,
+            "warm": self.warm,
+            "catch_up_texts": caught.texts if caught else None,
+            "catch_up_s": round(caught.seconds, 4) if caught else None,
+        }
+
     def _run(
         self, answer: dict[str, Any] | None, status: int, message: str | None, kind: str | None
     ) -> RunRecord:
@@ -732,23 +769,7 @@ class _Call:
                 "latency_ms": round(seconds * 1000, 3),
                 "prompt_ms": timings.get("prompt_ms"),
                 "predicted_ms": timings.get("predicted_ms"),
-                SERVE_KEY: {
-                    "policy": self.service.router.name,
-                    "target": self.target,
-                    "candidate": self.backend.name,
-                    "reason": self.pick.reason if self.pick is not None else REASON_FIXED,
-                    "best": self.pick.best if self.pick is not None else None,
-                    "attempt": self.attempt,
-                    "concurrency": self.concurrency,
-                    "queued_s": round(self.grant.queued_s, 4) if self.grant else None,
-                    "preferred": self.pick.backend
-                    if self.pick is not None and self.pick.backend != self.backend.name
-                    else None,
-                    "retired": self.retired,
-                    "warm": self.warm,
-                    "catch_up_texts": self.caught_up.texts if self.caught_up else None,
-                    "catch_up_s": round(self.caught_up.seconds, 4) if self.caught_up else None,
-                },
+                SERVE_KEY: self._serve_info(),
             },
             temperature=float(temperature) if isinstance(temperature, (int, float)) else None,
             seed=int(seed) if isinstance(seed, int) else None,

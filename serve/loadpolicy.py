@@ -34,6 +34,7 @@ from specreg.serve.policy import (
     DOMINATED,
     KIND_DRAFT,
     KIND_NGRAM,
+    KIND_PLAIN,
     KIND_STACK,
     Arm,
     Candidate,
@@ -191,20 +192,57 @@ class LoadPolicy:
 def load_model_for(
     con: Any, host_fingerprint: str, bandwidth_gbs: float, physical_cores: int, model: Any
 ) -> LoadModel:
-    """The load model of a target on this host: its calibrated pass costs when `specreg
-    calibrate` measured them here, else the recommender's roofline for the host's bandwidth
-    and cores and the model's size and bits per weight. `model` is its ModelRecord."""
+    """The load model of a target on this host: the per-request speeds `specreg capacity`
+    measured here at each concurrency, and for the rest its calibrated pass costs when
+    `specreg calibrate` measured them here, else the recommender's roofline for the host's
+    bandwidth and cores and the model's size. `model` is its ModelRecord."""
+    from specreg.registry.calibration import latest_calibration
+
+    found = latest_calibration(con, host_fingerprint, model.model_id)
+    model_of = _roofline_of(bandwidth_gbs, physical_cores, model)
+    if found is not None and found.batch:
+        one = found.batch_seconds(1)
+        if one > 0:
+            model_of = LoadModel(
+                lambda n: max(found.batch_seconds(n) / one, 1.0), source="calibrated"
+            )
+    measured = measured_ratios(con, host_fingerprint, model.model_id)
+    if measured:
+        return replace(model_of, measured=measured, source=f"capacity + {model_of.source}")
+    return model_of
+
+
+def measured_ratios(con: Any, host_fingerprint: str, model_id: str) -> dict[tuple[str, int], float]:
+    """Per-request speed at each concurrency over its speed alone, by candidate kind, from
+    the newest `specreg capacity` of the model on this host (the full instance, short context);
+    empty when it was never measured."""
+    from specreg.registry.capacity import latest_capacity
+    from specreg.terms import DRAFT_MODEL_TYPES, NGRAM_TYPES
+
+    curve = latest_capacity(con, host_fingerprint, model_id)
+    if curve is None:
+        return {}
+    out: dict[tuple[str, int], float] = {}
+    for p in curve.points:
+        first = p.spec_type.split(",")[0]
+        kind = KIND_PLAIN if not p.speculative else (
+            KIND_DRAFT if first in DRAFT_MODEL_TYPES else
+            KIND_NGRAM if first in NGRAM_TYPES else KIND_STACK
+        )  # fmt: skip
+        ratio = curve.per_request_ratio(p.speculative, p.concurrency)
+        if ratio is not None and p.concurrency > 1 and p.concurrency in LEVELS:
+            out[(kind, p.concurrency)] = ratio
+    return out
+
+
+def _roofline_of(bandwidth_gbs: float, physical_cores: int, model: Any) -> LoadModel:
+    """The recommender's roofline for the host's bandwidth and cores and the model's size and
+    bits per weight."""
     import numpy as np
 
     from specreg.recommender.costmodel import CostParams, compute_share
     from specreg.recommender.features import FEATURES
-    from specreg.registry.calibration import latest_calibration
 
-    found = latest_calibration(con, host_fingerprint, model.model_id)
-    if found is not None and found.batch:
-        one = found.batch_seconds(1)
-        if one > 0:
-            return LoadModel(lambda n: max(found.batch_seconds(n) / one, 1.0), source="calibrated")
     params = model.n_params_active or model.n_params or 0
     params_b = max(params / 1e9, 0.01)
     bpw = 8.0 * (model.n_bytes or 0) / params if params else 4.85

@@ -524,10 +524,14 @@ def _pinning(place: Placement, config: Config, host: Host) -> list[str]:
 
 @dataclass(frozen=True)
 class Shape:
-    """How every backend runs: its slots, and the cores it is placed on (None: anywhere)."""
+    """How every backend runs: its slots, the cores it is placed on (None: anywhere), its
+    threads (None: one per core of the placement) and context per request (None: the
+    configuration's)."""
 
     slots: int = DEFAULT_PARALLEL
     placement: Placement | None = None
+    threads: int | None = None
+    ctx: int | None = None
 
 
 def plan_routes(
@@ -539,8 +543,6 @@ def plan_routes(
     *,
     spec: Spec | None = None,
     pins: Sequence[Pin] = (),
-    threads: int | None = None,
-    ctx: int | None = None,
     shape: Shape = Shape(),
     policy: str = POLICY_FIXED,
 ) -> RouteTable:
@@ -591,7 +593,9 @@ def plan_routes(
             def backend_of(
                 config: Config, draft: ModelRecord | None, target: Target = target
             ) -> BackendSpec:
-                config = config.with_(threads=threads, **({"ctx": ctx} if ctx else {}))
+                config = config.with_(
+                    threads=shape.threads, **({"ctx": shape.ctx} if shape.ctx else {})
+                )
                 return _backend(backends, install, host, target, config, draft, shape)
 
             b = backend_of(choice.config, choice.draft)

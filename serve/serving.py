@@ -41,7 +41,6 @@ from specreg.serve.recorder import RunRecorder
 from specreg.serve.routes import (
     DEFAULT_PARALLEL,
     POLICY_ADAPTIVE,
-    POLICY_FIXED,
     BackendSpec,
     RouteTable,
     Shape,
@@ -196,55 +195,67 @@ class Prepared:
         return router
 
 
-def prepare(
-    db_path: Path,
-    targets: Sequence[str],
-    *,
-    spec_path: Path | None = None,
-    pins: Sequence[str] = (),
-    llama_bin: Path | None = None,
-    host_query: HostQuery | None = None,
-    threads: int | None = None,
-    ctx: int | None = None,
-    parallel: int = DEFAULT_PARALLEL,
-    policy: str = POLICY_FIXED,
-) -> Prepared:
-    """Find llama.cpp, read specreg.yaml when there is one, and plan every route (for the
-    host `host_query` describes: this machine unless it asks about another)."""
+@dataclass(frozen=True)
+class ServePlan:
+    """What the command line asks of the routes and their backends."""
+
+    spec_path: Path | None = None  # specreg.yaml, used when it exists
+    pins: Sequence[str] = ()  # TASK=TYPE[:K][@DRAFT]
+    llama_bin: Path | None = None
+    host_query: HostQuery | None = None  # another host's facts (a dry run for it)
+    threads: int | None = None
+    ctx: int | None = None
+    parallel: int = DEFAULT_PARALLEL
+    policy: str = POLICY_ADAPTIVE
+    dry_run: bool = False  # plan only: no llama.cpp build is needed
+
+
+def prepare(db_path: Path, targets: Sequence[str], plan: ServePlan = ServePlan()) -> Prepared:
+    """Find llama.cpp (a dry run plans with the pinned build's flags when there is none), read
+    specreg.yaml when there is one, and plan every route (for the host the plan's
+    `host_query` describes: this machine unless it asks about another)."""
     from specreg.declare.spec import load_spec
     from specreg.host.facts import resolve_host
-    from specreg.llama.install import find_llama
     from specreg.recommender.advisor import open_advisor
     from specreg.registry.db import opened
 
-    if threads is not None and threads < 1:
-        raise UsageError(f"--threads must be at least 1, got {threads}")
-    if parallel < 1:
-        raise UsageError(f"--parallel must be at least 1, got {parallel}")
-    parsed = [parse_pin(p) for p in pins]
-    install = find_llama(llama_bin)
-    spec = load_spec(spec_path)[0] if spec_path is not None and spec_path.exists() else None
+    parsed = [parse_pin(p) for p in plan.pins]
+    install = _install(plan)
+    path = plan.spec_path
+    spec = load_spec(path)[0] if path is not None and path.exists() else None
+    adaptive = plan.policy == POLICY_ADAPTIVE
     with opened(db_path) as con:
-        host, facts = resolve_host(host_query, con)
+        host, facts = resolve_host(plan.host_query, con)
         # The adaptive policy replays the served runs as its own evidence: priors drawn from a
         # recommender that had read them too would count each request twice.
-        served = (KIND_SERVE,) if policy == POLICY_ADAPTIVE else ()
-        advisor = open_advisor(con, facts, without=served)
+        advisor = open_advisor(con, facts, without=(KIND_SERVE,) if adaptive else ())
+        shape = Shape(plan.parallel, full_placement(host, plan.host_query), plan.threads, plan.ctx)
         table = plan_routes(
-            con, install, host, advisor, targets,
-            spec=spec, pins=parsed, threads=threads, ctx=ctx, policy=policy,
-            shape=Shape(parallel, full_placement(host, host_query)),
+            con, install, host, advisor, targets, spec=spec, pins=parsed, shape=shape,
+            policy=plan.policy,
         )  # fmt: skip
-        evidence: tuple[RunRecord, ...] = ()
-        traffic: dict[tuple[str, str], TrafficState] = {}
-        models: dict[str, LoadModel] = {}
-        if policy == POLICY_ADAPTIVE:
-            models = _load_models(con, table, host, facts)
-            evidence = served_runs(con, table)
-            table = with_traffic_caches(con, table, install, host)
-            traffic = {(t.name, task): traffic_state(con, t.model_id, task)
-                       for t in table.targets for task in TASKS}  # fmt: skip
+        if not adaptive:
+            return Prepared(table, install, host)
+        models = _load_models(con, table, host, facts)
+        evidence = served_runs(con, table)
+        table = with_traffic_caches(con, table, install, host)
+        traffic = {(t.name, task): traffic_state(con, t.model_id, task)
+                   for t in table.targets for task in TASKS}  # fmt: skip
     return Prepared(table, install, host, evidence, traffic, models)
+
+
+def _install(plan: ServePlan) -> LlamaInstall:
+    """The llama.cpp to serve with; for a dry run without one, the pinned build's dialect
+    (the commands it prints are what that build would run)."""
+    from specreg.errors import LlamaError
+    from specreg.llama.install import find_llama, planned_install
+
+    try:
+        return find_llama(plan.llama_bin)
+    except LlamaError:
+        if not plan.dry_run or plan.llama_bin is not None:
+            raise
+        return planned_install()
 
 
 def _load_models(
@@ -391,7 +402,7 @@ def serve(
     traffic caches stand (`Prepared.traffic`)."""
     check_port(options.host, options.port)
     router = router or Router(table, seed=options.seed)
-    main = _main(table, install, host, db_path, options, on_ready, router, traffic or {})
+    main = _main(_Serving(table, install, host, db_path, options), on_ready, router, traffic or {})
     try:
         import uvloop  # the [serve] extra's faster event loop, where it installs
     except ImportError:
@@ -410,18 +421,23 @@ class _Stop:
     server: uvicorn.Server | None = None
 
 
+@dataclass(frozen=True)
+class _Serving:
+    """What `serve` runs: the routes, the llama.cpp, the host, the registry, the options."""
+
+    table: RouteTable
+    install: LlamaInstall
+    host: Host
+    db_path: Path
+    options: ServeOptions
+
+
 async def _main(
-    table: RouteTable,
-    install: LlamaInstall,
-    host: Host,
-    db_path: Path,
-    options: ServeOptions,
+    serving: _Serving,
     on_ready: Callable[[list[BackendStatus]], None] | None,
     router: Router,
     traffic_states: Mapping[tuple[str, str], TrafficState],
 ) -> str:
-    import uvicorn
-
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     stop = _Stop()
@@ -435,8 +451,41 @@ async def _main(
         elif stop.server is not None:
             stop.server.should_exit = True
 
-    classifier = fitted_classifier()
-    recorder = RunRecorder(db_path).start() if options.record else None
+    options = serving.options
+    recorder = RunRecorder(serving.db_path).start() if options.record else None
+    service = _service(serving, router, recorder, traffic_states, loop)
+    pool = service.pool
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        # Fixed: every route's backend now. Adaptive: each task's current best now (in
+        # order, within the budget: a task whose best does not fit waits for its request),
+        # the other candidates when the policy first sends a request there.
+        await pool.start(initial_backends(serving.table, router) if router.adaptive else None)
+        await service.open()
+        await _http(service, options, stop, on_ready)
+    except asyncio.CancelledError:
+        if not stop.why:
+            raise
+    finally:
+        await service.close()
+        await pool.stop()
+        if recorder is not None:
+            recorder.close()
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, handler)
+    return stop.why or "stopped"
+
+
+def _service(
+    serving: _Serving,
+    router: Router,
+    recorder: RunRecorder | None,
+    traffic_states: Mapping[tuple[str, str], TrafficState],
+    loop: asyncio.AbstractEventLoop,
+) -> Service:
+    """The backends, the traffic caches and the front, wired to one another."""
+    table, install, host, options = serving.table, serving.install, serving.host, serving.options
     adaptive = router.adaptive
     budget = options.memory_budget
     if budget is None and adaptive:
@@ -460,68 +509,43 @@ async def _main(
             dropping.add(job)
             job.add_done_callback(dropping.discard)
 
-    service: Service | None = None
-
-    def neighbour(busy: bool) -> None:
-        if service is not None:
-            service.neighbour(busy)
-
     traffic = None
     if adaptive and recorder is not None and options.traffic_every > 0:
         traffic = TrafficCaches(
-            db_path, install, host, every=options.traffic_every, states=traffic_states,
+            serving.db_path, install, host, every=options.traffic_every, states=traffic_states,
             schedule=recorder.schedule,
             on_built=lambda *built: _call_soon(loop, offer, *built),
-            on_busy=lambda busy: _call_soon(loop, neighbour, busy), lost=router.cache_lost,
-            wanted=router.takes_cache,
+            on_busy=lambda busy: _call_soon(loop, service.neighbour, busy),
+            lost=router.cache_lost, wanted=router.takes_cache,
         )  # fmt: skip
     service = Service(
-        table,
-        pool,
-        classifier,
-        templates=templates,
-        recorder=recorder,
-        router=router,
-        traffic=traffic,
+        table, pool, fitted_classifier(), templates=templates, recorder=recorder,
+        router=router, traffic=traffic,
         pooled=PooledState() if adaptive and options.share_state else None,
-        max_body=options.max_body,
-        ready_timeout=options.startup_timeout,
-        request_timeout=options.request_timeout,
-        keys=options.keys,
-    )
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        # Fixed: every route's backend now. Adaptive: each task's current best now (in
-        # order, within the budget: a task whose best does not fit waits for its request),
-        # the other candidates when the policy first sends a request there.
-        await pool.start(initial_backends(table, router) if adaptive else None)
-        await service.open()
-        config = uvicorn.Config(
-            service.app,
-            host=options.host,
-            port=options.port,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=10,
-        )
-        server = uvicorn.Server(config)
-        stop.server = server
-        task = asyncio.create_task(server.serve())
-        while not server.started and not task.done():
-            await asyncio.sleep(0.02)
-        if server.started and on_ready is not None:
-            on_ready(pool.status())
-        await task
-    except asyncio.CancelledError:
-        if not stop.why:
-            raise
-    finally:
-        await service.close()
-        await pool.stop()
-        if recorder is not None:
-            recorder.close()
-        for sig, handler in previous.items():
-            with contextlib.suppress(ValueError, TypeError):
-                signal.signal(sig, handler)
-    return stop.why or "stopped"
+        max_body=options.max_body, ready_timeout=options.startup_timeout,
+        request_timeout=options.request_timeout, keys=options.keys,
+    )  # fmt: skip
+    return service
+
+
+async def _http(
+    service: Service,
+    options: ServeOptions,
+    stop: _Stop,
+    on_ready: Callable[[list[BackendStatus]], None] | None,
+) -> None:
+    """Serve HTTP until uvicorn is told to exit; `on_ready` hears once it listens."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        service.app, host=options.host, port=options.port, log_level="warning",
+        access_log=False, lifespan="off", timeout_graceful_shutdown=10,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    stop.server = server
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.02)
+    if server.started and on_ready is not None:
+        on_ready(service.pool.status())
+    await task

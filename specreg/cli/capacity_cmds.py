@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,6 +20,7 @@ from specreg.cli.common import (
 
 if TYPE_CHECKING:
     from specreg.registry.capacity import CapacityCurve, CapacityPoint
+    from specreg.runner.capacity import CapacityPlan
 
 
 def _counts(text: str) -> tuple[int, ...]:
@@ -28,41 +30,59 @@ def _counts(text: str) -> tuple[int, ...]:
         raise click.BadParameter(f"{text!r}: write counts such as 1,2,4,8") from err
 
 
+def _plan_options(func: Any) -> Any:
+    """What to measure: --concurrency, --context, --layout, --n-predict, --rounds,
+    --long-tokens, handed to the command as one CapacityPlan (`plan`)."""
+    options = [
+        click.option("--concurrency", default="1,2,4,8", show_default=True,
+                     help="Closed-loop clients at each point, comma-separated."),
+        click.option("--context", "contexts", default="short,long", show_default=True,
+                     help="short: the task's prompt; long: a document before it."),
+        click.option("--layout", "layouts", default="full,split", show_default=True,
+                     help="full: one instance on every core; split: disjoint halves or NUMA "
+                     "nodes, one instance each."),
+        click.option("--n-predict", type=click.IntRange(min=1), default=64, show_default=True,
+                     help="Tokens each request generates."),
+        click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True,
+                     help="Requests each client sends at each point."),
+        click.option("--long-tokens", type=click.IntRange(min=16), default=1024,
+                     show_default=True, help="Tokens of document before a long prompt (about)."),
+    ]  # fmt: skip
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from specreg.runner.capacity import CapacityPlan
+
+        kwargs["plan"] = CapacityPlan(
+            concurrency=_counts(kwargs.pop("concurrency")),
+            contexts=tuple(kwargs.pop("contexts").split(",")),
+            layouts=tuple(kwargs.pop("layouts").split(",")),
+            n_predict=kwargs.pop("n_predict"), rounds=kwargs.pop("rounds"),
+            long_tokens=kwargs.pop("long_tokens"),
+        )  # fmt: skip
+        return func(*args, **kwargs)
+
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
 @click.command("capacity")
 @click.argument("target")
-@click.option("--concurrency", default="1,2,4,8", show_default=True,
-              help="Closed-loop clients at each point, comma-separated.")  # fmt: skip
-@click.option("--context", "contexts", default="short,long", show_default=True,
-              help="short: the task's prompt; long: a document before it.")  # fmt: skip
-@click.option("--layout", "layouts", default="full,split", show_default=True,
-              help="full: one instance on every core; split: disjoint halves or NUMA nodes, "
-              "one instance each.")  # fmt: skip
-@click.option("--n-predict", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Tokens each request generates.")  # fmt: skip
-@click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Requests each client sends at each point.")  # fmt: skip
-@click.option("--long-tokens", type=click.IntRange(min=16), default=1024, show_default=True,
-              help="Tokens of document before a long-context prompt (about).")  # fmt: skip
+@_plan_options
 @click.option("--plain-only", is_flag=True,
               help="Measure plain decoding only (not the best speculative option).")  # fmt: skip
 @llama_bin_option
 @db_option
 @json_option
-def capacity_cmd(target: str, concurrency: str, contexts: str, layouts: str, n_predict: int,
-                 rounds: int, long_tokens: int, plain_only: bool, llama_bin: Path | None,
+def capacity_cmd(target: str, plan: CapacityPlan, plain_only: bool, llama_bin: Path | None,
                  db_path: Path | None, as_json: bool) -> None:  # fmt: skip
     """Measure what this host serves of TARGET under load: aggregate and per-request decode
     t/s, time to first token and latency (p50/p95) at each concurrency, for plain decoding and
     the recommender's best speculative option, in each layout the cores allow, with a short
-    and a long context. Stored per host and model: serve and recommend read it, the report
-    plots it."""
-    from specreg.runner.capacity import CapacityPlan, capacity_target
+    and a long context. Stored per host and model: serve reads it."""
+    from specreg.runner.capacity import capacity_target
 
-    plan = CapacityPlan(
-        concurrency=_counts(concurrency), contexts=tuple(contexts.split(",")),
-        layouts=tuple(layouts.split(",")), n_predict=n_predict, rounds=rounds,
-        long_tokens=long_tokens,
-    )  # fmt: skip
     say = None if as_json else _progress
     curve = capacity_target(resolve_db(db_path), target, plan, llama_bin=llama_bin,
                             speculative=not plain_only, on_point=say)  # fmt: skip

@@ -190,10 +190,9 @@ def serve_cmd(
             f"warning: listening on {options.host} without a key (--public): anyone who can "
             "reach this machine can use these models"
         )
-    prepared = serving.prepare(
-        resolve_db(db_path), targets, llama_bin=llama_bin, host_query=host_query,
-        policy=policy["policy"], **backends,
-    )  # fmt: skip
+    plan = serving.ServePlan(llama_bin=llama_bin, host_query=host_query,
+                             policy=policy["policy"], dry_run=dry_run, **backends)  # fmt: skip
+    prepared = serving.prepare(resolve_db(db_path), targets, plan)
     router = prepared.router(options.seed)
     if dry_run:
         _print_routes(prepared.table, router.status() if router.adaptive else None, as_json)

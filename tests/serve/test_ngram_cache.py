@@ -8,7 +8,7 @@ from pathlib import Path
 from specreg.llama.config import Config
 from specreg.llama.install import LlamaInstall
 from specreg.samples.small_models import SmallModels
-from specreg.serve.routes import BackendSpec, Target, ngram_cache_note
+from specreg.serve.routes import BackendSpec, Shape, Target, ngram_cache_note
 
 from support.lookup_cache import cache_record, write_cache
 
@@ -85,7 +85,9 @@ def test_a_pinned_stack_with_a_workload_cache_is_served_in_one_backend(
         spec_file.write_text(SPEC.format(model_id=rec.model_id, path=path))
         advisor = open_advisor(con, HostFacts(30.0, 2, "user"))
         spec = load_spec(spec_file)[0]
-        table = plan_routes(con, llama_install, detect_host(), advisor, [], spec=spec, threads=1)
+        table = plan_routes(
+            con, llama_install, detect_host(), advisor, [], spec=spec, shape=Shape(threads=1)
+        )
     json_backend = table.backend(table.route("smollm2", "json").backend)
     flags = json_backend.flags
     assert flags[flags.index("--spec-type") + 1] == "ngram-mod,ngram-cache"

@@ -22,7 +22,7 @@ from specreg.serve.app import Service
 from specreg.serve.backends import BackendPool
 from specreg.serve.classify import fitted_classifier
 from specreg.serve.recorder import RunRecorder
-from specreg.serve.routes import BackendSpec, Route, RouteTable, Target, plan_routes
+from specreg.serve.routes import BackendSpec, Route, RouteTable, Shape, Target, plan_routes
 from specreg.serve.serving import is_loopback, run_template
 from specreg.terms import TASKS
 
@@ -78,7 +78,9 @@ def test_pinned_configs_route_code_to_ngram_and_share_the_plain_backend(
     spec = load_spec(spec_path)[0]
     with opened(db) as con:
         advisor = open_advisor(con, HostFacts(30.0, 2, "user"))
-        table = plan_routes(con, llama_install, detect_host(), advisor, [], spec=spec, threads=1)
+        table = plan_routes(
+            con, llama_install, detect_host(), advisor, [], spec=spec, shape=Shape(threads=1)
+        )
     assert [t.name for t in table.targets] == ["smollm2"]
     by_task = {r.task: r for r in table.routes}
     assert set(by_task) == set(TASKS)
