@@ -380,3 +380,26 @@ def test_an_api_key_is_needed_everywhere_but_health(service: Service) -> None:
         openai.OpenAI(
             base_url="http://testserver/v1", api_key="nope", http_client=client
         ).models.list()
+
+
+def test_a_dry_run_needs_no_llama_cpp(
+    tmp_path: Path, specreg_home: Path, small_models: SmallModels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A laptop plans for a big host: no build anywhere, the pinned build's flags assumed."""
+    db = specreg_home / "registry.duckdb"
+    with opened(db) as con:
+        model_record(con, small_models.smollm2.path)
+    monkeypatch.setenv("SPECREG_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.delenv("SPECREG_LLAMA_BIN", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    args = ["serve", str(small_models.smollm2.path), "--dry-run", "--cores", "96",
+            "--bandwidth", "460", "--json"]  # fmt: skip
+    got = CliRunner().invoke(cli, args)
+    assert got.exit_code == 0, got.output
+    doc = json.loads(got.stdout)
+    (backend, *_) = doc["backends"]
+    assert "llama-server" in backend["argv"]  # by name: found on PATH when it runs
+    assert backend["placement"]["threads"] == 96  # the stated host's cores, one thread each
+    # without --dry-run it still needs a build, and says how to get one
+    served = CliRunner().invoke(cli, args[:2] + ["--port", "18999"])
+    assert served.exit_code != 0 and "specreg llama build" in str(served.exception)
