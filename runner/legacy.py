@@ -36,14 +36,15 @@ from specreg.llama.process import (
 from specreg.llama.server import Completion
 from specreg.runner.measurement import Measurement, RunStart, interrupted, prompt_result
 from specreg.runner.protocol import Engine, Sampler, SamplingInterrupted, collect, plan_protocol
+from specreg.runner.settings import Settings
 from specreg.runner.workload import Workload
 
 # The engine names are specreg.terms' vocabulary, importable from here too.
-from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, NGRAM_TYPES, SPEC_DRAFT_SIMPLE
 from specreg.terms import ENGINE_AUTO as ENGINE_AUTO
 from specreg.terms import ENGINE_LEGACY as ENGINE_LEGACY
 from specreg.terms import ENGINE_SERVER as ENGINE_SERVER
 from specreg.terms import ENGINES as ENGINES
+from specreg.terms import NGRAM_TYPES, SPEC_DRAFT_SIMPLE
 
 log = logging.getLogger(__name__)
 
@@ -388,23 +389,16 @@ def measure_legacy(
     target: Path,
     draft: Path | None,
     workload: Workload,
+    settings: Settings,
     *,
     tool: str,
-    n_predict: int = DEFAULT_N_PREDICT,
-    repeats: int = DEFAULT_REPEATS,
-    warmup: bool = True,
-    contention_retries: int = 2,
-    timeout: float = 780.0,
     eog_texts: Sequence[str] = (),
-    warm_first: int | None = None,
-    built_from: tuple[str, ...] = (),
 ) -> Measurement:
-    """Like `measure`, with one `tool` process per prompt and repeat, under the same protocol.
-    Never raises for llama.cpp failures: they are returned."""
-    protocol = plan_protocol(
-        config.spec_type, workload, repeats=repeats, contention_retries=contention_retries,
-        warmup=warmup, process_per_sample=True, warm_first=warm_first, built_from=built_from,
-    )  # fmt: skip
+    """Like `measure`, with one `tool` process per prompt and repeat, under the same protocol;
+    each process may take the settings' startup and request timeouts together. Never raises for
+    llama.cpp failures: they are returned."""
+    protocol = plan_protocol(config.spec_type, workload, settings, process_per_sample=True)
+    n_predict, timeout = settings.n_predict, settings.legacy_timeout
     start = RunStart.now(
         tool, config=config, target=target, draft=draft, install=install, host=host,
         workload=workload, n_predict=n_predict, repeats=protocol.repeats, engine=tool,

@@ -299,7 +299,7 @@ def test_a_run_whose_later_repeats_accept_far_more_is_recorded_untrusted() -> No
 
     from specreg.llama.config import Config
     from specreg.runner.measurement import PromptResult
-    from specreg.runner.runs import to_record
+    from specreg.runner.records import to_record
 
     tokens = tuple(range(64))
     replayed = (completion(tokens, 100.0, 0, 0), completion(tokens, 150.0, 53, 53))
