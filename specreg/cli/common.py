@@ -99,7 +99,7 @@ def emit_document(doc: dict[str, Any]) -> None:
     sys.stdout.write(json_text(doc) + "\n")
 
 
-def show(result: JsonResult, as_json: bool, render: Callable[[Any], None]) -> None:
+def present(result: JsonResult, as_json: bool, render: Callable[[Any], None]) -> None:
     """The result's own `--json` document, or `render(result)` for people."""
     if as_json:
         emit(result)
@@ -544,6 +544,16 @@ def build_option(func: F) -> F:
         default=None,
         help="Apply the rules of this llama.cpp build number (default: the pinned build).",
     )(func)
+
+
+def rules_option(func: F) -> F:
+    """`--llama-build N` and `--llama-bin DIR` as the one thing a command wants of them: the
+    auditor's `rules` for that llama.cpp (`llama_rules`)."""
+
+    def rules(given: dict[str, Any]) -> RuleSet:
+        return llama_rules(given["llama_build"], given["llama_bin"])
+
+    return option_group("rules", rules, build_option)(func)
 
 
 def llama_rules(llama_build: int | None, llama_bin: Path | None) -> RuleSet:

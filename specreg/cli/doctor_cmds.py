@@ -13,9 +13,9 @@ from specreg.cli.common import (
     json_option,
     llama_bin_option,
     option_group,
+    present,
     resolve_db,
     settings_options,
-    show,
 )
 from specreg.cli.progress import measuring
 from specreg.errors import EXIT_FINDINGS
@@ -51,7 +51,7 @@ def doctor(**kw: Any) -> None:
     memory = parse_memory_spec(kw["memory_spec"]) if kw["memory_spec"] else None
     report = run_doctor(resolve_db(kw["db_path"]), build=_build_facts(kw["llama_bin"]),
                         memory=memory, measure_bandwidth=not kw["no_bandwidth"])  # fmt: skip
-    show(report, kw["as_json"], _print_doctor)
+    present(report, kw["as_json"], _print_doctor)
     if report.findings:
         raise click.exceptions.Exit(EXIT_FINDINGS)
 
@@ -155,7 +155,7 @@ def calibrate(target: str, drafts: DraftChoice, bench: Bench, **kw: Any) -> None
     with measuring(as_json=kw["as_json"]):
         result = calibrate_target(resolve_db(kw["db_path"]), target, drafts=drafts, bench=bench,
                                   settings=kw["settings"], llama_bin=kw["llama_bin"])  # fmt: skip
-    show(result, kw["as_json"], _print_calibration)
+    present(result, kw["as_json"], _print_calibration)
     if result.contended:
         raise click.exceptions.Exit(EXIT_FINDINGS)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,16 +16,15 @@ from specreg.cli.common import (
     FiniteFloat,
     console,
     db_option,
-    emit,
     emit_document,
     err_console,
     host_facts_options,
     json_option,
     llama_bin_option,
     option_group,
+    present,
     resolve_db,
     settings_options,
-    show,
     task_option,
 )
 from specreg.cli.progress import measuring
@@ -224,10 +224,7 @@ def train_cmd(no_cv: bool, host_query: HostQuery, db_path: Path | None, as_json:
         host, facts = this_host(host_query, con)
         local = [*local_observations(con, facts), *other_host_observations(con, facts)]
     _, summary, report = train(local, host=host.fingerprint, with_cv=not no_cv)
-    if as_json:
-        emit(summary)
-    else:
-        _print_train(summary, report)
+    present(summary, as_json, functools.partial(_print_train, report=report))
 
 
 def _print_train(summary: TrainSummary, report: CVReport | None) -> None:
@@ -296,7 +293,7 @@ def tune_cmd(target: str, settings: Settings, cluster: Cluster, **kw: Any) -> No
             host_query=kw["host_query"], llama_bin=kw["llama_bin"],
             on_step=None if kw["as_json"] else _print_step,
         )  # fmt: skip
-    show(result, kw["as_json"], _print_tune)
+    present(result, kw["as_json"], _print_tune)
 
 
 def _dry_run(request: TuneRequest, cluster: Cluster, kw: dict[str, Any]) -> None:

