@@ -35,9 +35,8 @@ from specreg.llama.process import (
 )
 from specreg.llama.server import Completion
 from specreg.runner.measurement import Measurement, RunStart, interrupted, prompt_result
-from specreg.runner.protocol import Engine, Sampler, SamplingInterrupted, collect, plan_protocol
+from specreg.runner.protocol import Engine, Protocol, Sampler, SamplingInterrupted, collect
 from specreg.runner.settings import Settings
-from specreg.runner.workload import Workload
 
 # The engine names are specreg.terms' vocabulary, importable from here too.
 from specreg.terms import ENGINE_AUTO as ENGINE_AUTO
@@ -383,32 +382,19 @@ class LegacyTool(Engine):
 
 
 def measure_legacy(
-    install: LlamaInstall,
-    host: Host,
-    config: Config,
-    target: Path,
-    draft: Path | None,
-    workload: Workload,
-    settings: Settings,
-    *,
-    tool: str,
-    eog_texts: Sequence[str] = (),
+    start: RunStart, protocol: Protocol, settings: Settings, *, eog_texts: Sequence[str] = ()
 ) -> Measurement:
-    """Like `measure`, with one `tool` process per prompt and repeat, under the same protocol;
-    each process may take the settings' startup and request timeouts together. Never raises for
-    llama.cpp failures: they are returned."""
-    protocol = plan_protocol(config.spec_type, workload, settings, process_per_sample=True)
+    """Like `measure`, with one process of the legacy binary `start.engine` per prompt and
+    repeat, under the same protocol; each process may take the settings' startup and request
+    timeouts together. Never raises for llama.cpp failures: they are returned."""
+    install, host, tool = start.install, start.host, start.engine
     n_predict, timeout = settings.n_predict, settings.legacy_timeout
-    start = RunStart.now(
-        tool, config=config, target=target, draft=draft, install=install, host=host,
-        workload=workload, n_predict=n_predict, repeats=protocol.repeats, engine=tool,
-    )  # fmt: skip
     log_path = start.log_path
     argv: tuple[str, ...] = (str(install.bin_dir / tool),)
     try:
         try:
             engine = LegacyEngine(
-                install, host, tool, config, target, draft,
+                install, host, tool, start.config, start.target, start.draft,
                 log_path=log_path, timeout=timeout, eog_texts=eog_texts,
             )  # fmt: skip
         except ServerFailed:
@@ -416,7 +402,7 @@ def measure_legacy(
         except LlamaError as err:  # the binary is missing or does not answer --help
             raise ServerFailed("crash", f"cannot run {tool}", str(err), None) from err
         argv = tuple(engine.command(PROMPT_FILE, n_predict))
-        got = collect(LegacyTool(engine), workload, protocol, host, n_predict=n_predict)
+        got = collect(LegacyTool(engine), start.workload, protocol, host, n_predict=n_predict)
     except ServerFailed as err:
         return start.finish(argv, (), None, failure=err, protocol=protocol)
     except SamplingInterrupted as stop:

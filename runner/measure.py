@@ -219,18 +219,16 @@ def measure(
     what = f"{config.label} on {Path(target).name}"
     with guarded(host.logical_cpus, what) as check:
         tool = _tool(install, config, settings.engine)
-        if tool != ENGINE_SERVER:
-            m = legacy.measure_legacy(
-                install, host, config, target, draft, workload, settings, tool=tool,
-                eog_texts=eog_texts,
-            )  # fmt: skip
+        on_tool = tool != ENGINE_SERVER  # a legacy binary: a process per generation
+        protocol = plan_protocol(config.spec_type, workload, settings, process_per_sample=on_tool)
+        start = RunStart.now(
+            tool if on_tool else "llama-server", config=config, target=target, draft=draft,
+            install=install, host=host, workload=workload, n_predict=settings.n_predict,
+            repeats=protocol.repeats, engine=tool,
+        )  # fmt: skip
+        if on_tool:
+            m = legacy.measure_legacy(start, protocol, settings, eog_texts=eog_texts)
         else:
-            protocol = plan_protocol(config.spec_type, workload, settings)
-            start = RunStart.now(
-                "llama-server", config=config, target=target, draft=draft, install=install,
-                host=host, workload=workload, n_predict=settings.n_predict,
-                repeats=protocol.repeats, engine=ENGINE_SERVER,
-            )  # fmt: skip
             m = _on_server(start, protocol, settings, probes, what)
     if m.protocol is None:
         return m

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +35,7 @@ from typing import Any
 from specreg.errors import UsageError, param
 from specreg.registry.run_store import RunRecord
 from specreg.runner.runs import RunLog
-from specreg.tune.jobs import Hosts, Job, LocalHost, Outcome
+from specreg.tune.jobs import Hosts, Job, LocalHost, OnRun, Outcome, Swept
 
 log = logging.getLogger(__name__)
 
@@ -151,12 +151,15 @@ def cluster_hosts(nodes: Sequence[dict[str, Any]]) -> dict[str, str]:
 
 
 class RayHosts:
-    """The hosts of a Ray cluster, as a sweep's `Hosts`. Use as a context manager: it connects
-    on entry (Ray's own `ray.init(address=...)`) and disconnects on exit."""
+    """The hosts of the Ray `cluster` (all, or those it names), as a sweep's `Hosts`. Use as a
+    context manager: it connects on entry (Ray's own `ray.init(address=...)`) and disconnects
+    on exit."""
 
-    def __init__(self, address: str, names: Sequence[str] = ()):
-        self.address = address
-        self.wanted = tuple(dict.fromkeys(names))
+    def __init__(self, cluster: Cluster):
+        assert cluster.address is not None
+        self.address: str | None = cluster.address
+        self.wanted = tuple(dict.fromkeys(cluster.hosts))
+        self.retry_elsewhere = cluster.retry_elsewhere
         self.hosts: tuple[RayHost, ...] = ()
         self._ray: Any = None
         self._job: Any = None
@@ -238,14 +241,7 @@ class RayHosts:
     def host(self, name: str) -> RayHost:
         return next(h for h in self.hosts if h.name == name)
 
-    def run(
-        self,
-        run_log: RunLog,
-        jobs: Sequence[Job],
-        *,
-        retry_elsewhere: bool,
-        on_run: Callable[[Outcome], None] | None,
-    ) -> tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]:
+    def run(self, run_log: RunLog, jobs: Sequence[Job], on_run: OnRun = None) -> Swept:
         """Every job on a free host, one per host at a time, each recorded in `run_log` as it ends
         (see the module's docstring for failures and retries)."""
         ray = self._ray
@@ -285,7 +281,7 @@ class RayHosts:
                     run_log.finish(run_id, record)
                     dropped[host.name] = why
                     log.warning("%s; %s gets no more jobs in this sweep", why, host.name)
-                    if retry_elsewhere and job.host is None:
+                    if self.retry_elsewhere and job.host is None:
                         queue.insert(0, job.again(avoid=host.name))
                 else:
                     record = replace(record, run_uuid=job.run_uuid)
@@ -330,5 +326,5 @@ def sweep_hosts(cluster: Cluster = LOCAL, *, llama_bin: Path | None = None) -> I
 
         yield LocalHost(find_llama(llama_bin), detect_host())
         return
-    with RayHosts(cluster.address, cluster.hosts) as hosts:
+    with RayHosts(cluster) as hosts:
         yield hosts

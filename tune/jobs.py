@@ -161,43 +161,37 @@ class Outcome:
     record: RunRecord  # as recorded (finished, failed or interrupted)
 
 
+OnRun = Callable[[Outcome], None] | None  # told of each run as it is recorded
+# What hosts made of a list of jobs: the outcomes, the jobs no host could run, and the hosts
+# taken out of the sweep, with why.
+Swept = tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]
+
+
 class Hosts(Protocol):
-    """Where a sweep's jobs run: this machine, or a Ray cluster (runner/distributed.py)."""
+    """Where a sweep's jobs run: this machine, or a Ray cluster (tune/distributed.py)."""
+
+    address: str | None  # the Ray cluster's head, None for this machine
 
     def names(self) -> tuple[str, ...]: ...
 
-    def run(
-        self,
-        run_log: RunLog,
-        jobs: Sequence[Job],
-        *,
-        retry_elsewhere: bool,
-        on_run: Callable[[Outcome], None] | None,
-    ) -> tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]:
-        """Run `jobs` (a job naming a host runs there), record each in `run_log`; return the
-        outcomes, the jobs no host could run, and hosts taken out of the sweep with why."""
+    def run(self, run_log: RunLog, jobs: Sequence[Job], on_run: OnRun = None) -> Swept:
+        """Run `jobs` (a job naming a host runs there), record each in `run_log`."""
         ...
 
 
 class LocalHost:
-    """This machine: jobs one after another, in this process."""
+    """This machine: jobs one after another, in this process (a failed job has nowhere else
+    to go)."""
 
     def __init__(self, install: LlamaInstall, host: Host):
         self.install = install
         self.host = host
+        self.address: str | None = None
 
     def names(self) -> tuple[str, ...]:
         return (self.host.hostname,)
 
-    def run(
-        self,
-        run_log: RunLog,
-        jobs: Sequence[Job],
-        *,
-        retry_elsewhere: bool,
-        on_run: Callable[[Outcome], None] | None,
-    ) -> tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]:
-        del retry_elsewhere  # one host: nowhere else to go
+    def run(self, run_log: RunLog, jobs: Sequence[Job], on_run: OnRun = None) -> Swept:
         outcomes = []
         for job in jobs:
             facts = self.host.to_json()

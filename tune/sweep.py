@@ -30,7 +30,7 @@ import logging
 import re
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,7 +47,7 @@ from specreg.runner.workload import Prompts, Workload
 from specreg.stacks import K_FLAG, parse_stack
 from specreg.terms import SPEC_DRAFT_SIMPLE, SPEC_NONE
 from specreg.tune.distributed import LOCAL, Cluster
-from specreg.tune.jobs import Hosts, Job, Outcome
+from specreg.tune.jobs import Hosts, Job, OnRun, Outcome
 
 if TYPE_CHECKING:
     from specreg.host.load import LoadPolicy
@@ -425,18 +425,14 @@ def sweep(
     p: SweepPlan,
     hosts: Hosts,
     *,
-    cluster: Cluster = LOCAL,
-    on_run: Callable[[Outcome], None] | None = None,
+    on_run: OnRun = None,
 ) -> SweepResult:
-    """Measure every point of `p` on `hosts` (the `cluster`'s: this machine, or a Ray
-    cluster's); every run recorded as it ends. Given a `Registry`, it is open only while a run
-    is written (see `runner.runs.RunLog`)."""
+    """Measure every point of `p` on `hosts` (this machine, or a Ray cluster's); every run
+    recorded as it ends. Given a `Registry`, it is open only while a run is written (see
+    `runner.runs.RunLog`)."""
     t0 = time.monotonic()
     run_log = RunLog(registry)
-    jobs = p.jobs(hosts.names())
-    outcomes, not_run, dropped = hosts.run(
-        run_log, jobs, retry_elsewhere=cluster.retry_elsewhere, on_run=on_run
-    )
+    outcomes, not_run, dropped = hosts.run(run_log, p.jobs(hosts.names()), on_run)
     with run_log.open() as con:
         runs = _sweep_runs(con, outcomes)
     return SweepResult(
@@ -448,7 +444,7 @@ def sweep(
         not_run=tuple(j.label for j in not_run),
         hosts=_host_summary(runs, dropped),
         seconds=time.monotonic() - t0,
-        ray_address=cluster.address,
+        ray_address=hosts.address,
     )
 
 
@@ -478,7 +474,7 @@ def sweep_target(
     *,
     cluster: Cluster = LOCAL,
     llama_bin: Path | None = None,
-    on_run: Callable[[Outcome], None] | None = None,
+    on_run: OnRun = None,
 ) -> SweepResult:
     """`specreg sweep`: every point of `request`'s grid measured, on this machine one after
     another (with the llama.cpp in `llama_bin`) or on the hosts of the Ray `cluster`, and
@@ -490,4 +486,4 @@ def sweep_target(
         import_ray()  # before any model is scanned: one line on how to get Ray
     p, policy = plan_target(db_path, request, settings)
     with sweep_hosts(cluster, llama_bin=llama_bin) as where, load.using(policy):
-        return sweep(registry_at(db_path), p, where, cluster=cluster, on_run=on_run)
+        return sweep(registry_at(db_path), p, where, on_run=on_run)

@@ -590,7 +590,7 @@ def ray_runner(
             target_path=str(target), draft_id=option.draft_id, draft_path=option.draft_path,
             workload=workload, task=task, settings=settings, kind="run", host=host.name,
         )  # fmt: skip
-        (outcome,), _, _ = hosts.run(runs.RunLog(con), [job], retry_elsewhere=False, on_run=None)
+        (outcome,), _, _ = hosts.run(runs.RunLog(con), [job])
         record = outcome.record
         return (record.tokens_per_s if record.status == STATUS_OK else None), outcome.run_id
 
@@ -612,7 +612,7 @@ def tune_on_ray(
 
     assert cluster.address is not None
     name = cluster.hosts[0] if cluster.hosts else None
-    with RayHosts(cluster.address, cluster.hosts) as hosts:
+    with RayHosts(cluster) as hosts:
         host, facts = tune_host(hosts, name)
         target = Path(request.target)
         workload = load_workload((request.task,))
