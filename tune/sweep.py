@@ -368,11 +368,16 @@ def plan_sweep(
     )
 
 
-def plan_target(
-    db_path: Path, request: SweepRequest, settings: Settings = DEFAULTS
+def plan_target(db_path: Path, request: SweepRequest, settings: Settings = DEFAULTS) -> SweepPlan:
+    """`request` planned in the registry at `db_path` (`sweep --dry-run` shows it)."""
+    return _planned(db_path, request, settings)[0]
+
+
+def _planned(
+    db_path: Path, request: SweepRequest, settings: Settings
 ) -> tuple[SweepPlan, LoadPolicy]:
-    """`request` planned in the registry at `db_path`, and the load guard's policy for this
-    host (the settings' options and its quiet noise floor); `sweep --dry-run` shows the plan."""
+    """The plan, and the load guard's policy for this host (the settings' options and its
+    quiet noise floor)."""
     from specreg.host.machine import detect_host
     from specreg.registry.db import opened
 
@@ -484,6 +489,6 @@ def sweep_target(
 
     if cluster.address is not None:
         import_ray()  # before any model is scanned: one line on how to get Ray
-    p, policy = plan_target(db_path, request, settings)
+    p, policy = _planned(db_path, request, settings)
     with sweep_hosts(cluster, llama_bin=llama_bin) as where, load.using(policy):
         return sweep(registry_at(db_path), p, where, on_run=on_run)

@@ -108,7 +108,7 @@ def sweep_cmd(request: SweepRequest, settings: Settings, cluster: Cluster, **kw:
 
     db, as_json = resolve_db(kw["db_path"]), kw["as_json"]
     if kw["dry_run"]:
-        return present(plan_target(db, request, settings)[0], as_json, _print_plan)
+        return present(plan_target(db, request, settings), as_json, _print_plan)
     with measuring(as_json=as_json):
         result = sweep_target(db, request, settings, cluster=cluster, llama_bin=kw["llama_bin"],
                               on_run=None if as_json else _print_step)  # fmt: skip
