@@ -51,6 +51,7 @@ from specreg.recommender.train import cached_fit, load_trained
 from specreg.registry.db import opened
 from specreg.registry.scan import model_record
 from specreg.runner.measure import measure
+from specreg.runner.settings import Settings
 from specreg.runner.workload import TASKS, Workload, task_prompts
 from specreg.samples.model_files import models_dir
 from specreg.samples.qwen_pair import ensure_qwen_pair
@@ -135,7 +136,7 @@ def main() -> None:
                 run = measure(
                     install, host, Config(spec_type="draft-simple", k=args.k, threads=threads),
                     target, draft, Workload(f"task:{task}", task_prompts(task)),
-                    n_predict=args.n_predict, repeats=1, warmup=False, contention_retries=0,
+                    Settings(n_predict=args.n_predict, repeats=1, warmup=False, retries=0),
                 )  # fmt: skip
                 run_s = time.monotonic() - t0
                 if run.failure is not None or not point.ok or point.same_top is None or not traces:

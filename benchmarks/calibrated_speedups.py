@@ -42,7 +42,8 @@ from specreg.registry.calibration import latest_calibration
 from specreg.registry.db import opened
 from specreg.registry.scan import model_record, scan_paths
 from specreg.runner import runs
-from specreg.runner.calibrate import calibrate_target
+from specreg.runner.calibrate import Bench, DraftChoice, calibrate_target
+from specreg.runner.settings import Settings
 from specreg.runner.workload import load_workload
 from specreg.samples.model_files import SmallModel
 from specreg.terms import Method
@@ -98,8 +99,9 @@ def predict(
     t0 = time.monotonic()
     if fresh:
         calibrate_target(
-            db, str(target.path), drafts=(str(draft.path),), threads=threads, repetitions=5,
-            gen_tokens=64, install=install, host=host,
+            db, str(target.path), drafts=DraftChoice((str(draft.path),)),
+            bench=Bench(repetitions=5, gen_tokens=64), settings=Settings(threads=threads),
+            install=install, host=host,
         )  # fmt: skip
     cal_s = time.monotonic() - t0
     prior = _recommend(db, host, target, task)
@@ -146,10 +148,11 @@ def measure(
         out: dict[str, list[float]] = {name: [] for name, _, _ in configs}
         for _ in range(rounds):
             for name, config, draft_path in configs:
-                p = runs.plan(
-                    con, install, host, target.path, draft_path, config.with_(threads=threads),
-                    workload, task=task, n_predict=n_predict, repeats=2, contention_retries=3,
-                )  # fmt: skip
+                spec = runs.RunSpec(
+                    target.path, draft_path, config.with_(threads=threads), workload, task=task
+                )
+                settings = Settings(n_predict=n_predict, repeats=2, retries=3)
+                p = runs.plan(con, install, host, spec, settings)
                 tps = runs.run(con, p).measurement.tokens_per_s
                 if tps:
                     out[name].append(tps)

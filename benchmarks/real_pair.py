@@ -356,7 +356,7 @@ def tune_replay(db: Path, target: Path, task: str, cands: list[Candidate], budge
     from specreg.host.machine import detect_host
     from specreg.recommender.recommend import Option
     from specreg.registry.db import opened
-    from specreg.tune.tuner import Ran, tune
+    from specreg.tune.tuner import Ran, TuneRequest, tune
 
     asked: list[str] = []
 
@@ -379,7 +379,7 @@ def tune_replay(db: Path, target: Path, task: str, cands: list[Candidate], budge
 
     facts = detect_host_facts(fingerprint=detect_host().fingerprint)
     with opened(db) as con:
-        result = tune(con, str(target), replay, host=facts, task=task, budget=budget)
+        result = tune(con, TuneRequest(str(target), task=task, budget=budget), replay, host=facts)
     best = max((c for c in cands if c.measured_tps > 0), key=lambda c: c.measured_tps)
     pick = result.best
     got = pick.measured_tps if pick is not None and pick.measured_tps else math.nan

@@ -50,6 +50,7 @@ from specreg.llama.models import ensure_test_models
 from specreg.llama.server import Completion, LlamaServer
 from specreg.runner.measure import measure
 from specreg.runner.protocol import Figures
+from specreg.runner.settings import Settings
 from specreg.runner.workload import Prompt, Workload
 
 FIRST_NAMES = ["Ana", "Bram", "Chen", "Dalia", "Emil", "Farah", "Goran", "Hana", "Ivo", "Jun",
@@ -154,17 +155,17 @@ def main() -> None:
     def foreign(cs: list[Completion]) -> float:
         return sum(c.foreign_cpu_s or 0.0 for c in cs)
 
-    kw = dict(n_predict=args.n_predict, contention_retries=args.retries)
-    base = flat(measure(install, host, plain, model.path, None, later, repeats=1, **kw))
+    once = Settings(n_predict=args.n_predict, repeats=1, retries=args.retries)
+    base = flat(measure(install, host, plain, model.path, None, later, once))
     base_tps = Figures.of(base).tokens_per_s or 1.0
     for k_arg in args.k.split(","):
         k = None if k_arg == "default" else int(k_arg)
         ngram = plain.with_(spec_type="ngram-mod", k=k)
-        fresh = flat(measure(install, host, ngram, model.path, None, later, repeats=1, **kw))
+        fresh = flat(measure(install, host, ngram, model.path, None, later, once))
         warm = flat(
             measure(
-                install, host, ngram, model.path, None, stream, warm_first=args.first,
-                n_predict=args.n_predict,
+                install, host, ngram, model.path, None, stream,
+                Settings(n_predict=args.n_predict, warm_first=args.first),
             )
         )  # fmt: skip
         old = replaying_protocol(

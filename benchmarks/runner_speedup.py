@@ -15,7 +15,8 @@ from specreg.host.machine import detect_host
 from specreg.llama.config import Config
 from specreg.llama.install import find_llama
 from specreg.llama.models import ensure_test_models
-from specreg.runner.measure import measure
+from specreg.runner.measure import Probes, measure
+from specreg.runner.settings import Settings
 from specreg.runner.verify import judge
 from specreg.runner.workload import load_workload
 
@@ -47,9 +48,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for target in (models.smollm2, models.gemma3):
         t0 = time.monotonic()
-        kw = dict(n_predict=args.n_predict, repeats=args.repeat, contention_retries=args.retries)
+        kw = Settings(n_predict=args.n_predict, repeats=args.repeat, retries=args.retries)
         plain = Config(threads=args.threads)
-        base = measure(install, host, plain, target.path, None, workload, with_probs=True, **kw)
+        base = measure(
+            install, host, plain, target.path, None, workload, kw, probes=Probes(probs=True)
+        )
         refs = {p.prompt.prompt_id: p.tokens for p in base.prompts}
         configs = [
             (plain.with_(spec_type="draft-simple", k=k), models.draft(target.family, q))
@@ -61,7 +64,7 @@ def main() -> None:
         configs.append((plain.with_(spec_type="draft-simple", k=4), other))
         for cfg, draft in configs:
             m = measure(install, host, cfg, target.path, draft.path if draft else None,
-                        workload, reference_tokens=refs, **kw)  # fmt: skip
+                        workload, kw, probes=Probes(reference_tokens=refs))  # fmt: skip
             v = judge(base, m)
             rng = m.tokens_per_s_range
             brng = base.tokens_per_s_range

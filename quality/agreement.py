@@ -68,8 +68,9 @@ from specreg.registry.quality_store import (
 from specreg.registry.queries import ModelRecord
 from specreg.registry.scan import model_record
 from specreg.runner.measure import measure
+from specreg.runner.settings import Settings
 from specreg.runner.workload import TASKS, Workload, task_prompts
-from specreg.terms import SPEC_DRAFT_SIMPLE
+from specreg.terms import ENGINE_SERVER, SPEC_DRAFT_SIMPLE
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,7 @@ def target_text(
     with untimed():
         got = measure(
             m.install, m.host, Config(threads=m.threads), target_path, None, workload,
-            n_predict=n_predict, repeats=1, warmup=False, contention_retries=0,
+            Settings(n_predict=n_predict, repeats=1, retries=0, warmup=False, engine=ENGINE_SERVER),
         )  # fmt: skip
     if got.failure is not None:
         raise got.failure

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,6 +40,7 @@ from specreg.registry.calibration import (
 )
 from specreg.registry.noise import NoiseFloor, record_noise_floor
 from specreg.registry.queries import ModelRecord, resolve_model
+from specreg.runner.settings import DEFAULTS, Settings
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,73 @@ class CalibrationResult:
         )
 
 
+@dataclass(frozen=True)
+class Bench:
+    """What llama-bench measures of a model: one verify pass of each of `batch_sizes` tokens,
+    `gen_tokens` of plain generation (0: none), `repetitions` of each test, and how long one
+    invocation may take. The threads and the retries of a disturbed test are `Settings`'."""
+
+    batch_sizes: tuple[int, ...] = BATCH_SIZES
+    gen_tokens: int = GEN_TOKENS
+    repetitions: int = REPETITIONS
+    timeout: float = TIMEOUT_S
+
+    @property
+    def tests(self) -> list[tuple[str, int]]:
+        """The tests, by kind and tokens."""
+        return [(KIND_BATCH, n) for n in self.batch_sizes] + (
+            [(KIND_GEN, self.gen_tokens)] if self.gen_tokens else []
+        )
+
+
+@dataclass(frozen=True)
+class DraftChoice:
+    """Which drafts are calibrated with a target: those `refs` names (a path, an id prefix or
+    a name), else with `auto` the compatible ones in the registry, at most `limit`."""
+
+    refs: tuple[str, ...] = ()
+    auto: bool = True
+    limit: int = 3
+
+    @classmethod
+    def asked(cls, refs: Sequence[str], none: bool, limit: int) -> DraftChoice:
+        """`calibrate --draft ... [--no-drafts] --max-drafts N`: the drafts named, else the
+        compatible ones, unless none are wanted."""
+        return cls(() if none else tuple(refs), not none and not refs, limit)
+
+
+DEFAULT_BENCH = Bench()
+ALL_DRAFTS = DraftChoice()
+
+
 def _best(tests: Sequence[BenchTest]) -> BenchTest:
     return min(tests, key=lambda t: t.foreign_cpu_s or 0.0)
+
+
+class _Curve:
+    """One model's llama-bench invocations on this host, into one log."""
+
+    def __init__(
+        self, install: LlamaInstall, host: Host, model: ModelRecord, bench: Bench, threads: int
+    ):
+        self.install = install
+        self.host = host
+        self.path = Path(model.path)
+        self.bench = bench
+        self.threads = threads
+        self.started = datetime.now(timezone.utc)
+        self.log_path = logs_dir() / f"{BENCH}-{self.started.strftime('%Y%m%dT%H%M%S%f')}.log"
+
+    def argv(self, sizes: Sequence[int], gen: int) -> list[str]:
+        return bench_argv(
+            self.install, self.host, self.path, threads=self.threads, batch_sizes=sizes,
+            gen_tokens=gen, repetitions=self.bench.repetitions,
+        )  # fmt: skip
+
+    def run(self, sizes: Sequence[int], gen: int) -> list[BenchTest]:
+        argv = self.argv(sizes, gen)
+        env = self.host.env()
+        return run_bench(argv, env=env, log_path=self.log_path, timeout=self.bench.timeout)
 
 
 def calibrate_model(
@@ -100,100 +166,66 @@ def calibrate_model(
     model: ModelRecord,
     *,
     role: str = ROLE_TARGET,
-    threads: int | None = None,
-    batch_sizes: Sequence[int] = BATCH_SIZES,
-    gen_tokens: int = GEN_TOKENS,
-    repetitions: int = REPETITIONS,
-    retries: int = 2,
-    timeout: float = TIMEOUT_S,
+    bench: Bench = DEFAULT_BENCH,
+    settings: Settings = DEFAULTS,
 ) -> tuple[CalibrationRecord, int]:
-    """One model's curve on this host, and how many tests were measured again under load."""
-    if not batch_sizes and gen_tokens <= 0:
+    """One model's curve on this host (the settings' threads, else the host's), and how many
+    tests were measured again under load (up to the settings' retries each)."""
+    if not bench.batch_sizes and bench.gen_tokens <= 0:
         raise UsageError("nothing to calibrate: give batch sizes or generation tokens")
-    threads = threads or host.threads
-    started = datetime.now(timezone.utc)
+    threads = settings.threads or host.threads
     t0 = time.monotonic()
-    log_path = logs_dir() / f"{BENCH}-{started.strftime('%Y%m%dT%H%M%S%f')}.log"
-    path = Path(model.path)
-    env = host.env()
-
-    def bench(sizes: Sequence[int], gen: int) -> list[BenchTest]:
-        argv = bench_argv(
-            install,
-            host,
-            path,
-            threads=threads,
-            batch_sizes=sizes,
-            gen_tokens=gen,
-            repetitions=repetitions,
-        )
-        return run_bench(argv, env=env, log_path=log_path, timeout=timeout)
-
-    first_argv = bench_argv(
-        install,
-        host,
-        path,
-        threads=threads,
-        batch_sizes=batch_sizes,
-        gen_tokens=gen_tokens,
-        repetitions=repetitions,
-    )
+    curve = _Curve(install, host, model, bench, threads)
     found: dict[tuple[str, int], list[BenchTest]] = {}
-    wanted = [(KIND_BATCH, n) for n in batch_sizes] + (
-        [(KIND_GEN, gen_tokens)] if gen_tokens else []
-    )
-    what = f"llama-bench of {path.name} ({threads} threads)"
+    wanted = bench.tests
+    what = f"llama-bench of {curve.path.name} ({threads} threads)"
     # The host's lock and a quiet host (host/load.py), for the measurement only.
     with guarded(host.logical_cpus, what) as load, progress.task(what, len(wanted)) as bar:
-        for t in bench(batch_sizes, gen_tokens):
+        for t in curve.run(bench.batch_sizes, bench.gen_tokens):
             found.setdefault((t.kind, t.n_tokens), []).append(t)
             bar.advance(detail=f"{t.kind} {t.n_tokens}")
-        reruns = _rerun_disturbed(found, wanted, bench, host, gen_tokens, retries, what)
-    points: list[CalibrationPoint] = []
-    for key in wanted:
-        best = _best(found[key])
-        points.append(
-            point(
-                best.kind,
-                best.n_tokens,
-                best.samples,
-                wall_s=best.wall_s,
-                foreign_cpu_s=best.foreign_cpu_s,
-                reruns=len(found[key]) - 1,
-                # measured under load by --allow-load: disturbed however quiet it looked
-                contended=best.contended(host.logical_cpus) or load.busy,
-            )
-        )
+        reruns = _rerun_disturbed(found, curve, settings.retries, what)
+    points = [_point(found[key], host, busy=load.busy) for key in wanted]
     record = CalibrationRecord(
         host_fingerprint=host.fingerprint,
         model_id=model.model_id,
-        model_path=str(path),
+        model_path=str(curve.path),
         role=role,
         threads=threads,
-        measured_at=started,
-        repetitions=repetitions,
+        measured_at=curve.started,
+        repetitions=bench.repetitions,
         points=tuple(points),
         model_bytes=model.n_bytes,
         seconds=time.monotonic() - t0,
         llama_version=install.version,
         llama_bin_dir=str(install.bin_dir),
-        argv=tuple(first_argv),
+        argv=tuple(curve.argv(bench.batch_sizes, bench.gen_tokens)),
         load_foreign_cpu=sum(p.foreign_cpu_s or 0.0 for p in points),
     )
     return record, reruns
 
 
+def _point(tests: Sequence[BenchTest], host: Host, *, busy: bool) -> CalibrationPoint:
+    """A test's least disturbed measurement, as a point of the curve."""
+    best = _best(tests)
+    return point(
+        best.kind,
+        best.n_tokens,
+        best.samples,
+        wall_s=best.wall_s,
+        foreign_cpu_s=best.foreign_cpu_s,
+        reruns=len(tests) - 1,
+        # measured under load by --allow-load: disturbed however quiet it looked
+        contended=best.contended(host.logical_cpus) or busy,
+    )
+
+
 def _rerun_disturbed(
-    found: dict[tuple[str, int], list[BenchTest]],
-    wanted: Sequence[tuple[str, int]],
-    bench: Callable[[Sequence[int], int], list[BenchTest]],
-    host: Host,
-    gen_tokens: int,
-    retries: int,
-    what: str,
+    found: dict[tuple[str, int], list[BenchTest]], curve: _Curve, retries: int, what: str
 ) -> int:
     """Measure the tests other processes disturbed again, up to `retries` times, each time
     after the host is quiet again (saying why); how many tests were measured again."""
+    wanted, host, gen_tokens = curve.bench.tests, curve.host, curve.bench.gen_tokens
     missing = [key for key in wanted if key not in found]
     if missing:
         raise LlamaError(
@@ -214,7 +246,7 @@ def _rerun_disturbed(
             wait_quiet(host.logical_cpus, what, policy=policy)
         sizes = [n for kind, n in disturbed if kind == KIND_BATCH]
         gen = gen_tokens if (KIND_GEN, gen_tokens) in disturbed else 0
-        for t in bench(sizes, gen):
+        for t in curve.run(sizes, gen):
             found.setdefault((t.kind, t.n_tokens), []).append(t)
     return reruns
 
@@ -269,39 +301,26 @@ def calibrate_in(
     *,
     install: LlamaInstall,
     host: Host,
-    drafts: Sequence[str] = (),
-    auto_drafts: bool = True,
-    max_drafts: int = 3,
-    threads: int | None = None,
-    batch_sizes: Sequence[int] = BATCH_SIZES,
-    gen_tokens: int = GEN_TOKENS,
-    repetitions: int = REPETITIONS,
-    retries: int = 2,
+    drafts: DraftChoice = ALL_DRAFTS,
+    bench: Bench = DEFAULT_BENCH,
+    settings: Settings = DEFAULTS,
 ) -> CalibrationResult:
     """Calibrate `target` and its drafts on this host into the open registry `con`."""
-    if repetitions < 1 or retries < 0 or (threads is not None and threads < 1):
+    threads, retries = settings.threads, settings.retries
+    if bench.repetitions < 1 or retries < 0 or (threads is not None and threads < 1):
         raise UsageError(
             f"{param('repetitions')} and {param('threads')} must be at least 1, "
             f"{param('retries')} at least 0"
         )
     t0 = time.monotonic()
     install.binary(BENCH)  # a clear error before anything runs
-    models = [(target, ROLE_TARGET)] + [
-        (d, ROLE_DRAFT) for d in _drafts_of(con, target, drafts, auto_drafts, max_drafts)
-    ]
+    chosen = _drafts_of(con, target, drafts.refs, drafts.auto, drafts.limit)
+    models = [(target, ROLE_TARGET)] + [(d, ROLE_DRAFT) for d in chosen]
     records: list[CalibrationRecord] = []
     reruns = 0
     for model, role in models:
         rec, again = calibrate_model(
-            install,
-            host,
-            model,
-            role=role,
-            threads=threads,
-            batch_sizes=batch_sizes,
-            gen_tokens=gen_tokens,
-            repetitions=repetitions,
-            retries=retries,
+            install, host, model, role=role, bench=bench, settings=settings
         )
         reruns += again
         records.append(replace(rec, calibration_id=record_calibration(con, rec)))
@@ -315,34 +334,21 @@ def calibrate_target(
     db_path: Path,
     target: str,
     *,
-    drafts: Sequence[str] = (),
-    auto_drafts: bool = True,
-    max_drafts: int = 3,
-    threads: int | None = None,
-    batch_sizes: Sequence[int] = BATCH_SIZES,
-    gen_tokens: int = GEN_TOKENS,
-    repetitions: int = REPETITIONS,
-    retries: int = 2,
+    drafts: DraftChoice = ALL_DRAFTS,
+    bench: Bench = DEFAULT_BENCH,
+    settings: Settings = DEFAULTS,
     llama_bin: Path | None = None,
     install: LlamaInstall | None = None,
     host: Host | None = None,
 ) -> CalibrationResult:
-    """Calibrate TARGET and its drafts on this host and store the curves in the registry."""
+    """`specreg calibrate`: TARGET and its drafts on this host, under the load guard's policy
+    (the settings' options), the curves stored in the registry at `db_path`."""
+    from specreg.host import load
     from specreg.registry.db import opened
 
     install = install or find_llama(llama_bin)
-    with opened(db_path) as con:
+    with load.using(settings.load_policy()), opened(db_path) as con:
         return calibrate_in(
-            con,
-            resolve_model(con, target),
-            install=install,
-            host=host or detect_host(),
-            drafts=drafts,
-            auto_drafts=auto_drafts,
-            max_drafts=max_drafts,
-            threads=threads,
-            batch_sizes=batch_sizes,
-            gen_tokens=gen_tokens,
-            repetitions=repetitions,
-            retries=retries,
-        )
+            con, resolve_model(con, target), install=install, host=host or detect_host(),
+            drafts=drafts, bench=bench, settings=settings,
+        )  # fmt: skip

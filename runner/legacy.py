@@ -36,15 +36,15 @@ from specreg.llama.process import (
 from specreg.llama.server import Completion
 from specreg.llamacpp import SPELLINGS, DraftFlag, Flag, SpecFlag, Tool
 from specreg.runner.measurement import Measurement, RunStart, interrupted, prompt_result
-from specreg.runner.protocol import Engine, Sampler, SamplingInterrupted, collect, plan_protocol
-from specreg.runner.workload import Workload
+from specreg.runner.protocol import Engine, Protocol, Sampler, SamplingInterrupted, collect
+from specreg.runner.settings import Settings
 
 # The engine names are specreg.terms' vocabulary, importable from here too.
-from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, NGRAM_TYPES, SPEC_DRAFT_SIMPLE
 from specreg.terms import ENGINE_AUTO as ENGINE_AUTO
 from specreg.terms import ENGINE_LEGACY as ENGINE_LEGACY
 from specreg.terms import ENGINE_SERVER as ENGINE_SERVER
 from specreg.terms import ENGINES as ENGINES
+from specreg.terms import NGRAM_TYPES, SPEC_DRAFT_SIMPLE
 
 log = logging.getLogger(__name__)
 
@@ -382,39 +382,19 @@ class LegacyTool(Engine):
 
 
 def measure_legacy(
-    install: LlamaInstall,
-    host: Host,
-    config: Config,
-    target: Path,
-    draft: Path | None,
-    workload: Workload,
-    *,
-    tool: str,
-    n_predict: int = DEFAULT_N_PREDICT,
-    repeats: int = DEFAULT_REPEATS,
-    warmup: bool = True,
-    contention_retries: int = 2,
-    timeout: float = 780.0,
-    eog_texts: Sequence[str] = (),
-    warm_first: int | None = None,
-    built_from: tuple[str, ...] = (),
+    start: RunStart, protocol: Protocol, settings: Settings, *, eog_texts: Sequence[str] = ()
 ) -> Measurement:
-    """Like `measure`, with one `tool` process per prompt and repeat, under the same protocol.
-    Never raises for llama.cpp failures: they are returned."""
-    protocol = plan_protocol(
-        config.spec_type, workload, repeats=repeats, contention_retries=contention_retries,
-        warmup=warmup, process_per_sample=True, warm_first=warm_first, built_from=built_from,
-    )  # fmt: skip
-    start = RunStart.now(
-        tool, config=config, target=target, draft=draft, install=install, host=host,
-        workload=workload, n_predict=n_predict, repeats=protocol.repeats, engine=tool,
-    )  # fmt: skip
+    """Like `measure`, with one process of the legacy binary `start.engine` per prompt and
+    repeat, under the same protocol; each process may take the settings' startup and request
+    timeouts together. Never raises for llama.cpp failures: they are returned."""
+    install, host, tool = start.install, start.host, start.engine
+    n_predict, timeout = settings.n_predict, settings.legacy_timeout
     log_path = start.log_path
     argv: tuple[str, ...] = (str(install.bin_dir / tool),)
     try:
         try:
             engine = LegacyEngine(
-                install, host, tool, config, target, draft,
+                install, host, tool, start.config, start.target, start.draft,
                 log_path=log_path, timeout=timeout, eog_texts=eog_texts,
             )  # fmt: skip
         except ServerFailed:
@@ -422,7 +402,7 @@ def measure_legacy(
         except LlamaError as err:  # the binary is missing or does not answer --help
             raise ServerFailed("crash", f"cannot run {tool}", str(err), None) from err
         argv = tuple(engine.command(PROMPT_FILE, n_predict))
-        got = collect(LegacyTool(engine), workload, protocol, host, n_predict=n_predict)
+        got = collect(LegacyTool(engine), start.workload, protocol, host, n_predict=n_predict)
     except ServerFailed as err:
         return start.finish(argv, (), None, failure=err, protocol=protocol)
     except SamplingInterrupted as stop:

@@ -5,16 +5,16 @@ Speculation is configured per server process, so every configuration gets its ow
 method that keeps state across requests gets a new one for every timed sample (see
 `runner/protocol.py`, which every engine's samples go through). Each server answers a warm-up
 text outside the workload first. Samples disturbed by other processes' CPU use are measured
-again (up to `contention_retries` times, each on fresh state) instead of being trusted.
+again (up to `Settings.retries` times, each on fresh state) instead of being trusted.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,7 @@ from specreg.llama import spec_stats
 from specreg.llama.config import Config, server_command
 from specreg.llama.install import LlamaInstall
 from specreg.llama.process import ServerFailed
-from specreg.llama.server import (
-    REQUEST_TIMEOUT_S,
-    STARTUP_TIMEOUT_S,
-    Completion,
-    LlamaServer,
-)
+from specreg.llama.server import Completion, LlamaServer
 from specreg.llamacpp import Tool
 from specreg.runner import legacy
 from specreg.runner.measurement import (
@@ -45,14 +40,15 @@ from specreg.runner.protocol import (
     Engine,
     LoadVerdict,
     PromptSamples,
+    Protocol,
     Sampler,
     SamplingInterrupted,
     load_verdict,
     plan_protocol,
 )
 from specreg.runner.protocol import collect as collect_samples
+from specreg.runner.settings import DEFAULTS, Settings
 from specreg.runner.workload import Prompt, Workload
-from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS
 from specreg.terms import ENGINE_SERVER as ENGINE_SERVER
 
 log = logging.getLogger(__name__)
@@ -178,6 +174,23 @@ class ServerEngine(Engine):
             self.argv = self.argv or tuple(server.argv)
 
 
+@dataclass(frozen=True)
+class Probes:
+    """Untimed requests after a measurement's timed samples, for `verify`: the top
+    probabilities at every position (`probs`, asked of the baseline), and the probe of the first
+    position where the output departs from `reference_tokens` (the baseline's, by prompt id)."""
+
+    probs: bool = False
+    reference_tokens: Mapping[str, tuple[int, ...]] | None = None
+
+    @property
+    def wanted(self) -> bool:
+        return self.probs or self.reference_tokens is not None
+
+
+NO_PROBES = Probes()
+
+
 def measure(
     install: LlamaInstall,
     host: Host,
@@ -185,36 +198,49 @@ def measure(
     target: Path,
     draft: Path | None,
     workload: Workload,
+    settings: Settings = DEFAULTS,
     *,
-    n_predict: int = DEFAULT_N_PREDICT,
-    repeats: int = DEFAULT_REPEATS,
-    warmup: bool = True,
-    with_probs: bool = False,
-    reference_tokens: Mapping[str, tuple[int, ...]] | None = None,
-    contention_retries: int = 2,
-    startup_timeout: float = STARTUP_TIMEOUT_S,
-    request_timeout: float = REQUEST_TIMEOUT_S,
-    engine: str = ENGINE_SERVER,
+    probes: Probes = NO_PROBES,
     eog_texts: tuple[str, ...] = (),
-    warm_first: int | None = None,
-    built_from: tuple[str, ...] = (),
 ) -> Measurement:
-    """`_measure` (below) under the load guard (`specreg.host.load.guarded`): it waits its
-    turn behind other specreg measurements on this host and for a quiet host, or raises
-    `HostBusy`; the load it started under is kept in the protocol (`Protocol.load`), for
-    `load_verdict` to judge with its samples."""
+    """Run `config` on `workload` under the measurement protocol (`runner/protocol.py`) and the
+    load guard (`specreg.host.load.guarded`): it waits its turn behind other specreg
+    measurements on this host and for a quiet host, or raises `HostBusy`; the load it started
+    under is kept in the protocol (`Protocol.load`), for `load_verdict` to judge with its
+    samples. Never raises for llama.cpp failures: they are returned. Ctrl-C raises
+    `MeasurementInterrupted` with the samples taken before it.
+
+    `settings.engine` may name a legacy binary (`llama-speculative`, `llama-lookup`) to run
+    instead of llama-server (`auto` and `legacy` are resolved as `runs.plan` does); those print
+    text only, so they take no `probes`, and `eog_texts` (the target's end-of-generation
+    pieces) is cut from their text. `settings.warm_first=N` measures the warm regime: the
+    workload's distinct prompts once each, in order, on one server, the prompts after the
+    first N reported apart.
+    """
     what = f"{config.label} on {Path(target).name}"
     with guarded(host.logical_cpus, what) as check:
-        m = _measure(
-            install, host, config, target, draft, workload, n_predict=n_predict,
-            repeats=repeats, warmup=warmup, with_probs=with_probs,
-            reference_tokens=reference_tokens, contention_retries=contention_retries,
-            startup_timeout=startup_timeout, request_timeout=request_timeout, engine=engine,
-            eog_texts=eog_texts, warm_first=warm_first, built_from=built_from, label=what,
+        tool = _tool(install, config, settings.engine)
+        on_tool = tool != ENGINE_SERVER  # a legacy binary: a process per generation
+        protocol = plan_protocol(config.spec_type, workload, settings, process_per_sample=on_tool)
+        start = RunStart.now(
+            tool if on_tool else Tool.SERVER, config=config, target=target, draft=draft,
+            install=install, host=host, workload=workload, n_predict=settings.n_predict,
+            repeats=protocol.repeats, engine=tool,
         )  # fmt: skip
+        if on_tool:
+            m = legacy.measure_legacy(start, protocol, settings, eog_texts=eog_texts)
+        else:
+            m = _on_server(start, protocol, settings, probes, what)
     if m.protocol is None:
         return m
     return replace(m, protocol=replace(m.protocol, load=check.to_json()))
+
+
+def _tool(install: LlamaInstall, config: Config, engine: str) -> str:
+    """llama-server, or the legacy binary `engine` names or resolves to."""
+    if engine == ENGINE_SERVER or engine in legacy.LEGACY_TOOLS:
+        return engine
+    return legacy.choose_engine(install, config, engine)
 
 
 def load_verdict_of(m: Measurement) -> LoadVerdict:
@@ -228,109 +254,58 @@ def load_verdict_of(m: Measurement) -> LoadVerdict:
     )
 
 
-def _measure(
-    install: LlamaInstall,
-    host: Host,
-    config: Config,
-    target: Path,
-    draft: Path | None,
-    workload: Workload,
-    *,
-    n_predict: int = DEFAULT_N_PREDICT,
-    repeats: int = DEFAULT_REPEATS,
-    warmup: bool = True,
-    with_probs: bool = False,
-    reference_tokens: Mapping[str, tuple[int, ...]] | None = None,
-    contention_retries: int = 2,
-    startup_timeout: float = STARTUP_TIMEOUT_S,
-    request_timeout: float = REQUEST_TIMEOUT_S,
-    engine: str = ENGINE_SERVER,
-    eog_texts: tuple[str, ...] = (),
-    warm_first: int | None = None,
-    built_from: tuple[str, ...] = (),
-    label: str = "samples",
-) -> Measurement:
-    """Run `config` on `workload` under the measurement protocol (`runner/protocol.py`). Never
-    raises for llama.cpp failures: they are returned. Ctrl-C raises `MeasurementInterrupted`
-    with the samples taken before it.
+def _server_command(start: RunStart) -> list[str]:
+    """llama-server's command for the run, without --host/--port: `LlamaServer` chooses them."""
+    install = start.install
+    return server_command(
+        start.config, start.target, start.draft, install.dialect, start.host,
+        server=install.server, port=None,
+    )  # fmt: skip
 
-    `with_probs` adds one untimed request per prompt asking for the top probabilities at
-    every position; `reference_tokens` makes the server probe the first position where its
-    output departs from the reference. `engine` names a legacy binary (`llama-speculative`,
-    `llama-lookup`) to run instead of llama-server; those print text only, so they take
-    neither, and `eog_texts` (the target's end-of-generation pieces) is cut from their text.
-    `warm_first=N` measures the warm regime: the workload's distinct prompts once each, in
-    order, on one server, the prompts after the first N reported apart. `built_from` names
-    (sha256) the prompts whose text or output built state the run starts from, such as a
-    lookup cache: the workload must be held out from them (a `UsageError` otherwise).
-    """
-    if engine != ENGINE_SERVER:
-        # `auto` or `legacy` are resolved as `runs.plan` does; a binary name is taken as is.
-        tool = (
-            engine
-            if engine in legacy.LEGACY_TOOLS
-            else legacy.choose_engine(install, config, engine)
-        )
-        if tool != ENGINE_SERVER:
-            return legacy.measure_legacy(
-                install,
-                host,
-                config,
-                target,
-                draft,
-                workload,
-                tool=tool,
-                n_predict=n_predict,
-                repeats=repeats,
-                warmup=warmup,
-                contention_retries=contention_retries,
-                timeout=startup_timeout + request_timeout,
-                eog_texts=eog_texts,
-                warm_first=warm_first,
-                built_from=built_from,
-            )
-    protocol = plan_protocol(
-        config.spec_type, workload, repeats=repeats, contention_retries=contention_retries,
-        warmup=warmup, warm_first=warm_first, built_from=built_from,
-    )  # fmt: skip
-    start = RunStart.now(
-        Tool.SERVER, config=config, target=target, draft=draft, install=install, host=host,
-        workload=workload, n_predict=n_predict, repeats=protocol.repeats, engine=ENGINE_SERVER,
-    )  # fmt: skip
-    # No --host/--port: LlamaServer chooses them.
-    command = server_command(
-        config, target, draft, install.dialect, host, server=install.server, port=None
-    )
-    server_engine = ServerEngine(
-        command,
-        config,
-        host,
-        log_path=start.log_path,
-        startup_timeout=startup_timeout,
-        request_timeout=request_timeout,
-    )
+
+def _extras(
+    config: Config, n_predict: int, probes: Probes
+) -> tuple[dict[str, tuple[Completion | None, Probe | None]], Callable[..., None]]:
+    """Where the untimed extras of each prompt go, and the `finish` step that asks for them
+    (reference probabilities, the probe of the first divergence)."""
     extras: dict[str, tuple[Completion | None, Probe | None]] = {}
 
     def finish(sampler: Sampler, got: tuple[PromptSamples, ...]) -> None:
-        """Untimed: reference probabilities and the probe of the first divergence."""
         assert isinstance(sampler, ServerSampler)
+        refs = probes.reference_tokens
         for item in got:
             prompt = item.prompt
             reference = None
-            if with_probs:
+            if probes.probs:
                 reference = sampler.server.complete(_body(prompt.text, config, n_predict, N_PROBS))
             probe = None
             own = item.samples[0].completion.tokens if item.samples else ()
-            if reference_tokens is not None and prompt.prompt_id in reference_tokens:
-                ref = reference_tokens[prompt.prompt_id]
-                probe = _probe(sampler.server, config, prompt, ref, own)
+            if refs is not None and prompt.prompt_id in refs:
+                probe = _probe(sampler.server, config, prompt, refs[prompt.prompt_id], own)
             extras[prompt.prompt_id] = (reference, probe)
 
-    needs_finish = with_probs or reference_tokens is not None
+    return extras, finish
+
+
+def _on_server(
+    start: RunStart, protocol: Protocol, settings: Settings, probes: Probes, label: str
+) -> Measurement:
+    """The samples of `start`'s configuration on llama-server, one process per engine state."""
+    command = _server_command(start)
+    config = start.config
+    server_engine = ServerEngine(
+        command,
+        config,
+        start.host,
+        log_path=start.log_path,
+        startup_timeout=settings.startup_timeout,
+        request_timeout=settings.request_timeout,
+    )
+    extras, finish = _extras(config, settings.n_predict, probes)
     try:
         got = collect_samples(
-            server_engine, workload, protocol, host,
-            n_predict=n_predict, finish=finish if needs_finish else None, label=label,
+            server_engine, start.workload, protocol, start.host, n_predict=settings.n_predict,
+            finish=finish if probes.wanted else None, label=label,
         )  # fmt: skip
     except ServerFailed as err:
         argv = server_engine.argv or tuple(command)

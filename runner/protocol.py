@@ -50,6 +50,7 @@ from specreg.host.load import DEFAULT_NOISE_FLOOR, LoadPolicy, current_policy, w
 from specreg.host.machine import Host
 from specreg.llama.server import Completion
 from specreg.llamacpp import CROSS_REQUEST_STATE, REQUEST_STATE, keeps_state
+from specreg.runner.settings import Settings
 from specreg.runner.workload import Prompt, Workload
 from specreg.terms import REGIME_FIRST, REGIME_WARM
 
@@ -148,19 +149,19 @@ def state_source(spec_type: str) -> str:
 def plan_protocol(
     spec_type: str,
     workload: Workload,
+    settings: Settings,
     *,
-    repeats: int,
-    contention_retries: int,
-    warmup: bool = True,
     process_per_sample: bool = False,
-    warm_first: int | None = None,
     built_from: Iterable[str] = (),
 ) -> Protocol:
     """The protocol for `spec_type` on `workload` with an engine (llama-server, or a legacy
-    tool: `process_per_sample`). `built_from` names (sha256) the prompts whose text or output
-    built state the engine starts with, such as a lookup cache: the workload may not hold one."""
+    tool: `process_per_sample`): the settings' repeats, retries, warm-up and regime.
+    `built_from` names (sha256) the prompts whose text or output built state the engine starts
+    with, such as a lookup cache: the workload may not hold one."""
+    repeats, contention_retries = settings.repeats, settings.retries
+    warm_first = settings.warm_first
     stateful = keeps_state(spec_type)
-    text = warmup_text(workload) if warmup else None
+    text = warmup_text(workload) if settings.warmup else None
     if warm_first is not None:
         if process_per_sample:
             raise UsageError(
@@ -314,6 +315,99 @@ class SamplingInterrupted(KeyboardInterrupt):
         self.samples = samples
 
 
+class _Collection:
+    """The samples of one `collect` call as they are taken, and the engine states they come
+    from: a step of the progress bar per kept sample."""
+
+    def __init__(
+        self, engine: Engine, workload: Workload, protocol: Protocol, host: Host, label: str
+    ):
+        self.engine = engine
+        self.workload = workload
+        self.protocol = protocol
+        self.host = host
+        self.sessions = itertools.count()
+        self.samples: dict[str, list[Sample]] = {p.prompt_id: [] for p in workload.prompts}
+        self.again: dict[str, int] = {p.prompt_id: 0 for p in workload.prompts}
+        self.retry = _retry_after_load(host, label)
+
+    def state(self) -> AbstractContextManager[_State]:
+        """A new engine state, warmed up."""
+        p = self.protocol
+        return _state(self.engine, self.sessions, p.warmup_text, p.warmup_tokens)
+
+    def kept(self, prompt: Prompt, sample: Sample, repeat: int, bar: progress.Task) -> None:
+        self.samples[prompt.prompt_id].append(sample)
+        tps = sample.completion.tokens_per_s
+        bar.advance(detail=f"{prompt.prompt_id} #{repeat + 1}: {tps:.1f} tok/s")
+
+    def least_contended(self, take: Callable[[], Sample], prompt: Prompt) -> Sample:
+        """`take` again while other processes disturbed it; the retries are counted."""
+        best, n = least_contended(take, self.host, self.protocol.contention_retries, self.retry)
+        self.again[prompt.prompt_id] += n
+        return best
+
+    def done(self) -> tuple[PromptSamples, ...]:
+        return tuple(
+            PromptSamples(p, tuple(self.samples[p.prompt_id]), self.again[p.prompt_id])
+            for p in self.workload.prompts
+        )
+
+
+Finish = Callable[[Sampler, tuple[PromptSamples, ...]], None]
+
+
+def _warm(c: _Collection, n_predict: int, finish: Finish | None, bar: progress.Task) -> None:
+    """The warm regime: distinct prompts once each, in order, on one engine state; a disturbed
+    sample is kept and counted (taking it again would replay it)."""
+    repeated = c.workload.repeated()
+    if repeated:
+        raise UsageError(
+            f"{', '.join(repeated)} repeat(s) an earlier prompt: the warm regime sends "
+            "distinct prompts, never replays"
+        )
+    with c.state() as state:
+        for prompt in c.workload.prompts:
+            got = state.take(prompt.text, n_predict)
+            c.again[prompt.prompt_id] += contended(got.completion, c.host)
+            c.kept(prompt, got, 0, bar)
+        if finish is not None:
+            finish(state.sampler, c.done())
+
+
+def _fresh(c: _Collection, n_predict: int, finish: Finish | None, bar: progress.Task) -> None:
+    """A method that keeps state: a new engine state for every sample and every retry."""
+    for r in range(c.protocol.repeats):
+        for prompt in c.workload.prompts:
+
+            def fresh(text: str = prompt.text) -> Sample:
+                with c.state() as state:
+                    return state.take(text, n_predict)
+
+            c.kept(prompt, c.least_contended(fresh, prompt), r, bar)
+    if finish is not None:
+        with c.state() as state:
+            finish(state.sampler, c.done())
+
+
+def _shared(c: _Collection, n_predict: int, finish: Finish | None, bar: progress.Task) -> None:
+    """One engine state for every sample, or a legacy tool: a process per generation."""
+    per_call = c.protocol.isolation == ISOLATION_PROCESS
+    with c.state() as state:
+
+        def take(text: str) -> Sample:
+            got = state.take(text, n_predict)
+            # each generation of a legacy tool is its own process: a state of its own
+            return Sample(got.completion, next(c.sessions), 0) if per_call else got
+
+        for r in range(c.protocol.repeats):
+            for prompt in c.workload.prompts:
+                best = c.least_contended(functools.partial(take, prompt.text), prompt)
+                c.kept(prompt, best, r, bar)
+        if finish is not None:
+            finish(state.sampler, c.done())
+
+
 def collect(
     engine: Engine,
     workload: Workload,
@@ -321,7 +415,7 @@ def collect(
     host: Host,
     *,
     n_predict: int,
-    finish: Callable[[Sampler, tuple[PromptSamples, ...]], None] | None = None,
+    finish: Finish | None = None,
     label: str = "samples",
 ) -> tuple[PromptSamples, ...]:
     """Every timed sample of `workload` under `protocol`. `finish` runs once after them, on a
@@ -330,92 +424,16 @@ def collect(
     Ctrl-C as `SamplingInterrupted` with the samples taken so far. Progress (`label`, a step
     per kept sample) and the reason for every retry go to `specreg.host.progress`."""
     check_held_out(workload, protocol.built_from)
-    sessions = itertools.count()
-    samples: dict[str, list[Sample]] = {p.prompt_id: [] for p in workload.prompts}
-    again: dict[str, int] = {p.prompt_id: 0 for p in workload.prompts}
-
-    def one_state() -> AbstractContextManager[_State]:
-        return _state(engine, sessions, protocol.warmup_text, protocol.warmup_tokens)
-
-    retry = _retry_after_load(host, label)
+    c = _Collection(engine, workload, protocol, host, label)
     warm = protocol.regime == REGIME_WARM
     total = len(workload.prompts) * (1 if warm else protocol.repeats)
-
-    def kept(prompt: Prompt, sample: Sample, repeat: int, bar: progress.Task) -> None:
-        samples[prompt.prompt_id].append(sample)
-        tps = sample.completion.tokens_per_s
-        bar.advance(detail=f"{prompt.prompt_id} #{repeat + 1}: {tps:.1f} tok/s")
-
-    def done() -> tuple[PromptSamples, ...]:
-        return tuple(
-            PromptSamples(p, tuple(samples[p.prompt_id]), again[p.prompt_id])
-            for p in workload.prompts
-        )
-
-    def sample_all(bar: progress.Task) -> tuple[PromptSamples, ...]:
-        if protocol.regime == REGIME_WARM:
-            repeated = workload.repeated()
-            if repeated:
-                raise UsageError(
-                    f"{', '.join(repeated)} repeat(s) an earlier prompt: the warm regime sends "
-                    "distinct prompts, never replays"
-                )
-            with one_state() as state:
-                for prompt in workload.prompts:
-                    got = state.take(prompt.text, n_predict)
-                    again[prompt.prompt_id] += contended(got.completion, host)
-                    kept(prompt, got, 0, bar)
-                result = done()
-                if finish is not None:
-                    finish(state.sampler, result)
-            return result
-
-        if protocol.isolation == ISOLATION_FRESH:
-            for r in range(protocol.repeats):
-                for prompt in workload.prompts:
-
-                    def fresh(text: str = prompt.text) -> Sample:
-                        with one_state() as state:
-                            return state.take(text, n_predict)
-
-                    best, n = least_contended(fresh, host, protocol.contention_retries, retry)
-                    again[prompt.prompt_id] += n
-                    kept(prompt, best, r, bar)
-            result = done()
-            if finish is not None:
-                with one_state() as state:
-                    finish(state.sampler, result)
-            return result
-
-        # One server for every sample, or a legacy tool: a process per generation.
-        per_call = protocol.isolation == ISOLATION_PROCESS
-        with one_state() as state:
-
-            def take(text: str) -> Sample:
-                got = state.take(text, n_predict)
-                # each generation of a legacy tool is its own process: a state of its own
-                return Sample(got.completion, next(sessions), 0) if per_call else got
-
-            for r in range(protocol.repeats):
-                for prompt in workload.prompts:
-                    best, n = least_contended(
-                        functools.partial(take, prompt.text),
-                        host,
-                        protocol.contention_retries,
-                        retry,
-                    )
-                    again[prompt.prompt_id] += n
-                    kept(prompt, best, r, bar)
-            result = done()
-            if finish is not None:
-                finish(state.sampler, result)
-        return result
-
+    how = _warm if warm else _fresh if protocol.isolation == ISOLATION_FRESH else _shared
     try:
         with progress.task(f"measuring {label}", total) as bar:
-            return sample_all(bar)
+            how(c, n_predict, finish, bar)
+            return c.done()
     except KeyboardInterrupt as err:
-        raise SamplingInterrupted(done()) from err
+        raise SamplingInterrupted(c.done()) from err
 
 
 # -- what the samples say ---------------------------------------------------------------------

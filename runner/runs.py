@@ -9,11 +9,9 @@ whose later repeats accepted far more than its first (a replay) is recorded as n
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -22,20 +20,17 @@ import duckdb
 from specreg.errors import UsageError, param
 from specreg.host.load import preflight
 from specreg.host.machine import Host
-from specreg.llama import spec_stats
-from specreg.llama.config import Config
+from specreg.llama.config import DEFAULT_CTX, DEFAULT_SEED, Config
 from specreg.llama.install import LlamaInstall
-from specreg.llama.server import Completion
 from specreg.llamacpp import NGRAM_CACHE_DRAFT_MAX
 from specreg.registry.lookup_caches import LookupCache
 from specreg.registry.queries import ModelRecord
 from specreg.registry.run_store import (
-    STATUS_FAILED,
     STATUS_INTERRUPTED,
-    STATUS_OK,
-    PromptRecord,
     RunRecord,
+    VerifiedRun,
     finish_run,
+    get_run,
     interrupt_run,
     start_run,
 )
@@ -43,20 +38,14 @@ from specreg.registry.scan import model_record
 from specreg.runner.draft_check import refuse_incompatible_draft
 from specreg.runner.legacy import LOOKUP, choose_engine
 from specreg.runner.lookup_cache import usable_cache
-from specreg.runner.measure import load_verdict_of, measure
+from specreg.runner.measure import NO_PROBES, Probes, load_verdict_of, measure
 from specreg.runner.measurement import Measurement, MeasurementInterrupted
-from specreg.runner.protocol import DISTURBED
-from specreg.runner.verify import PromptVerdict, Verification, judge
-from specreg.runner.workload import Workload
+from specreg.runner.records import Models, run_record, to_record
+from specreg.runner.settings import DEFAULTS, Settings
+from specreg.runner.verify import Verification, judge
+from specreg.runner.workload import Prompts, Workload
 from specreg.stacks import NGRAM_CACHE
-from specreg.terms import (
-    DEFAULT_N_PREDICT,
-    DEFAULT_REPEATS,
-    ENGINE_AUTO,
-    ENGINE_SERVER,
-    REGIME_FIRST,
-    STARTUP_TIMEOUT_S,
-)
+from specreg.terms import ENGINE_SERVER, SPEC_DRAFT_SIMPLE, SPEC_NONE
 
 
 @dataclass(frozen=True)
@@ -89,155 +78,84 @@ def with_expert_key(config: Config, target: ModelRecord) -> Config:
     return config.with_(expert_key=key)
 
 
-def _prompt_records(
-    m: Measurement, verdicts: tuple[PromptVerdict, ...] = ()
-) -> tuple[PromptRecord, ...]:
-    by_id = {v.prompt_id: v for v in verdicts}
-    out = []
-    for p in m.prompts:
-        tps = p.tps
-        v = by_id.get(p.prompt.prompt_id)
-        first = p.samples[0] if p.samples else None
-        out.append(
-            PromptRecord(
-                samples_draft_n=tuple(s.draft_n for s in p.samples),
-                samples_draft_n_accepted=tuple(s.draft_n_accepted for s in p.samples),
-                samples_session=p.sessions,
-                samples_position=p.positions,
-                prompt_id=p.prompt.prompt_id,
-                prompt_sha256=p.prompt.sha256,
-                n_samples=len(p.samples),
-                prompt_n=first.prompt_n if first else None,
-                predicted_n=first.predicted_n if first else None,
-                tokens_per_s=p.tps_median if tps else None,
-                tokens_per_s_lo=min(tps) if tps else None,
-                tokens_per_s_hi=max(tps) if tps else None,
-                samples_tps=tps,
-                foreign_cpu_s=tuple(s.foreign_cpu_s or 0.0 for s in p.samples),
-                draft_n=p.draft_n,
-                draft_n_accepted=p.draft_n_accepted,
-                output_sha256=_tokens_sha(p.tokens) if p.tokens or not first else _text_sha(first),
-                stop_type=first.stop_type if first else None,
-                verdict=v.verdict if v else None,
-                divergence=v.to_json() if v else None,
-                prompt_text=p.prompt.text,
-                output_text=first.content if first else None,
-                type_figures=spec_stats.to_json(p.type_figures),
+def model_file(con: duckdb.DuckDBPyConnection, ref: str) -> Path:
+    """The file of the model `ref` names (a path, an id prefix or a name), exactly as the OS
+    names it (its first part for a split model): what llama.cpp is given. A file on disk is
+    that file, registered or not (a run scans a new one)."""
+    import os
+
+    from specreg.registry.queries import model_fs_paths, resolve_model
+
+    if os.path.isfile(ref):
+        return Path(ref)
+    record = resolve_model(con, ref)
+    paths = model_fs_paths(con, record.model_id)
+    return Path(paths[0] if paths else record.path)
+
+
+# -- what a run measures ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one run measures, resolved: the target's and draft's files, the configuration, the
+    prompts, the task recorded with them, and the lookup cache ngram-cache reads (by name)."""
+
+    target: Path
+    draft: Path | None
+    config: Config
+    workload: Workload
+    task: str | None = None
+    lookup_cache: str | None = None
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What `run` and `verify` are asked, as given: the target and draft by path, id prefix or
+    name; the configuration's knobs, `spec_type` None for the type they imply (ngram-cache with
+    a lookup cache, draft-simple with a draft, else plain decoding); the lookup cache by name;
+    the prompts; `force` runs a draft the auditor refuses, to see llama.cpp's own word."""
+
+    target: str
+    draft: str | None = None
+    spec_type: str | None = None
+    k: int | None = None
+    p_min: float | None = None
+    draft_threads: int | None = None
+    experts: int | None = None
+    temperature: float = 0.0
+    seed: int = DEFAULT_SEED
+    ctx: int = DEFAULT_CTX
+    type_k: tuple[tuple[str, int], ...] = ()
+    lookup_cache: str | None = None
+    prompts: Prompts = field(default_factory=Prompts)
+    force: bool = False
+
+    def config(self) -> Config:
+        """The configuration asked for, its speculative type implied when not given."""
+        given = ((NGRAM_CACHE, self.lookup_cache), (SPEC_DRAFT_SIMPLE, self.draft))
+        implied = [spec_type for spec_type, on in given if on]
+        spec_type = self.spec_type or ",".join(implied) or SPEC_NONE
+        if spec_type == SPEC_NONE and (self.k is not None or self.p_min is not None):
+            raise UsageError(
+                f"{param('k')} and {param('p_min')} need speculation: add {param('draft')} or "
+                f"{param('spec_type')}"
             )
-        )
-    return tuple(out)
+        return Config(
+            spec_type=spec_type, k=self.k, p_min=self.p_min, draft_threads=self.draft_threads,
+            experts=self.experts, temperature=self.temperature, seed=self.seed, ctx=self.ctx,
+            type_k=self.type_k,
+        )  # fmt: skip
 
 
-def _tokens_sha(tokens: tuple[int, ...]) -> str:
-    import hashlib
-
-    return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()
-
-
-def _text_sha(sample: Completion) -> str:
-    """Legacy engines print text, not token ids: their output is identified by its text."""
-    import hashlib
-
-    return hashlib.sha256(b"text:" + sample.content.encode()).hexdigest()
-
-
-def to_record(
-    m: Measurement,
-    kind: str,
-    target_id: str | None,
-    draft_id: str | None,
-    *,
-    task: str | None = None,
-    verification: Verification | None = None,
-    baseline_run_id: int | None = None,
-    lookup_cache: LookupCache | None = None,
-    baseline_disturbed: str | None = None,
-) -> RunRecord:
-    c = m.config
-    rng = m.tokens_per_s_range
-    failure = m.failure
-    verdicts = verification.prompts if verification else ()
-    flags = m.replay_flags
-    phases = m.phase_figures
-    # Other processes' load, or repeats spread beyond the quiet noise floor (issue 28).
-    load = load_verdict_of(m)
-    disturbed = load.reason or (
-        f"its baseline run was disturbed ({baseline_disturbed})" if baseline_disturbed else None
-    )
-    return RunRecord(
-        regime=m.protocol.regime if m.protocol else REGIME_FIRST,
-        protocol={**m.protocol.to_json(), "load": load.facts} if m.protocol else None,
-        repeat_figures=tuple(f.to_json() for f in m.repeat_figures),
-        phase_figures={k: f.to_json() for k, f in phases.items()} if phases else None,
-        trusted=not flags and not disturbed,
-        trust_reason=(
-            "replay-suspect: later repeats accepted far more than the first for the same "
-            f"prompt ({'; '.join(flags)})"
-            if flags
-            else f"{DISTURBED}: {disturbed}"
-            if disturbed
-            else None
-        ),
-        kind=kind,
-        status=STATUS_OK if m.ok else STATUS_FAILED,
-        started_at=m.started_at,
-        seconds=m.seconds,
-        error_kind=failure.kind if failure else None,
-        error=str(failure) if failure else None,
-        llama_message=failure.llama_message if failure else None,
-        target_model_id=target_id,
-        draft_model_id=draft_id,
-        target_path=os.fspath(m.target),
-        draft_path=os.fspath(m.draft) if m.draft else None,
-        config={**c.to_json(), "engine": m.engine},
-        config_label=c.label,
-        spec_type=c.spec_type,
-        k=c.k,
-        p_min=c.p_min,
-        draft_threads=c.draft_threads,
-        experts=c.experts,
-        temperature=c.temperature,
-        seed=c.seed,
-        behaviour_changing=c.behaviour_changing,
-        llama_version=m.install.version,
-        llama_dialect=m.install.dialect,
-        llama_bin_dir=os.fspath(m.install.bin_dir),
-        argv=m.argv,
-        host_fingerprint=m.host.fingerprint,
-        host=m.host.to_json(),
-        threads=m.host.threads,
-        task=task,
-        prompt_set=m.workload.name,
-        n_predict=m.n_predict,
-        repeats=m.repeats,
-        speculative_active=m.speculative_active,
-        tokens_per_s=m.tokens_per_s,
-        tokens_per_s_lo=rng[0] if rng else None,
-        tokens_per_s_hi=rng[1] if rng else None,
-        draft_n=m.draft_n,
-        draft_n_accepted=m.draft_n_accepted,
-        acceptance=m.acceptance,
-        baseline_run_id=baseline_run_id,
-        speedup=verification.speedup if verification else None,
-        speedup_lo=verification.speedup_range[0]
-        if verification and verification.speedup_range
-        else None,
-        speedup_hi=verification.speedup_range[1]
-        if verification and verification.speedup_range
-        else None,
-        verdict=verification.verdict if verification else None,
-        verdict_reason=verification.reason if verification else None,
-        log_path=os.fspath(m.log_path),
-        lookup_cache=lookup_cache.name if lookup_cache else None,
-        lookup_cache_sha256=lookup_cache.sha256 if lookup_cache else None,
-        type_figures=spec_stats.to_json(m.type_figures),
-        prompts=_prompt_records(m, verdicts),
-    )
+# -- the plan: everything checked before anything starts ---------------------------------------
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything a run needs, resolved: models by registry id, the config's MoE key."""
+    """Everything a run needs, resolved: models by registry id, the config's MoE key, the
+    settings with the engine that runs the config (`settings.engine`: llama-server or a legacy
+    binary; a baseline always runs on llama-server)."""
 
     install: LlamaInstall
     host: Host
@@ -248,46 +166,87 @@ class Plan:
     config: Config
     workload: Workload
     task: str | None
-    n_predict: int
-    repeats: int
-    startup_timeout: float
-    request_timeout: float
-    contention_retries: int = 2
+    settings: Settings = DEFAULTS
     notes: tuple[str, ...] = ()  # things the user should know before reading the numbers
-    engine: str = ENGINE_SERVER  # for the config; baselines always run on llama-server
-    warm_first: int | None = None  # warm regime: prompts after the first N reported apart
     lookup_cache: LookupCache | None = None  # the workload cache ngram-cache reads
+
+    @property
+    def engine(self) -> str:
+        return self.settings.engine
 
     @property
     def eog_texts(self) -> tuple[str, ...]:
         return tuple(t for t in (self.target.eos_text, self.target.eot_text) if t)
+
+    def models(self, baseline: bool = False) -> Models:
+        """The models a run names in its record: a baseline's, the target only."""
+        with_draft = self.draft is not None and not baseline
+        return Models(
+            self.target.model_id,
+            self.target_path,
+            self.draft.model_id if with_draft and self.draft else None,
+            self.draft_path if with_draft else None,
+        )
 
 
 def plan(
     con: duckdb.DuckDBPyConnection,
     install: LlamaInstall,
     host: Host,
-    target: Path,
-    draft: Path | None,
-    config: Config,
-    workload: Workload,
+    spec: RunSpec,
+    settings: Settings = DEFAULTS,
     *,
-    task: str | None = None,
-    n_predict: int = DEFAULT_N_PREDICT,
-    repeats: int = DEFAULT_REPEATS,
-    startup_timeout: float = STARTUP_TIMEOUT_S,
-    request_timeout: float = 600.0,
-    contention_retries: int = 2,
-    engine: str = ENGINE_AUTO,
-    warm_first: int | None = None,
-    lookup_cache: str | None = None,
     force: bool = False,
 ) -> Plan:
-    """Everything a run needs, checked before anything starts. `warm_first=N` plans the warm
-    regime: the workload's distinct prompts once each on one llama-server, the later ones
-    (after the first N) reported apart; it takes nothing else from `repeats`. `lookup_cache`
-    names a `specreg lookup-cache` for ngram-cache: checked for the target's tokenizer family
-    and read as llama.cpp will read it, and refused for prompts whose own text built it."""
+    """Everything a run of `spec` needs, checked before anything starts; `settings.engine`
+    resolved for its config on this llama.cpp. `settings.warm_first=N` plans the warm regime:
+    the workload's distinct prompts once each on one llama-server, the later ones (after the
+    first N) reported apart; it takes nothing else from `repeats`. `spec.lookup_cache` names a
+    `specreg lookup-cache` for ngram-cache: checked for the target's tokenizer family and read
+    as llama.cpp will read it, and refused for prompts whose own text built it. `force` runs a
+    draft the auditor refuses (llama.cpp's own word only when asked for)."""
+    config = settings.configured(spec.config)
+    _check_draft(config, spec.draft)
+    chosen = choose_engine(install, config, settings.engine)
+    target_rec = model_record(con, spec.target)
+    draft_rec = model_record(con, spec.draft) if spec.draft is not None else None
+    if draft_rec is not None and not force:
+        refuse_incompatible_draft(con, install, target_rec, draft_rec)
+    config, cache, notes = _stack_checks(
+        con, config, chosen, target_rec, spec.workload, spec.lookup_cache
+    )
+    name = Path(spec.target).name
+    if config.stack.has("draft-mtp") and spec.draft is None and not target_rec.has_mtp_tensors:
+        raise UsageError(
+            f"{name} has no MTP (NextN) layers, so draft-mtp cannot run on it: use a draft "
+            "model or an n-gram method"
+        )
+    _check_warm(config, chosen, spec.workload, settings.warm_first)
+    if chosen != ENGINE_SERVER:
+        how = "its own n-gram cache lookup" if chosen == LOOKUP else "draft-model speculation"
+        notes.append(
+            f"{config.spec_type} runs on {chosen} ({how}), one process per prompt; it prints "
+            "text, so verification compares text"
+        )
+    notes += _expert_notes(config, target_rec, name)
+    return Plan(
+        install=install,
+        host=host,
+        target=target_rec,
+        draft=draft_rec,
+        target_path=Path(spec.target).resolve(),
+        draft_path=Path(spec.draft).resolve() if spec.draft is not None else None,
+        config=with_expert_key(config, target_rec),
+        workload=spec.workload,
+        task=spec.task,
+        settings=settings.with_(engine=chosen),
+        notes=tuple(notes),
+        lookup_cache=cache,
+    )
+
+
+def _check_draft(config: Config, draft: Path | None) -> None:
+    """A draft where the configuration needs one, and only there."""
     if config.needs_draft and draft is None:
         raise UsageError(f"{config.spec_type} needs a draft model: pass {param('draft', 'PATH')}")
     if draft is not None and not config.speculative:
@@ -299,69 +258,40 @@ def plan(
             f"{param('draft')} given, but {config.spec_type} drafts without a model: add "
             f"draft-simple to {param('spec_type')} (e.g. {config.spec_type},draft-simple)"
         )
-    chosen = choose_engine(install, config, engine)
-    target_rec = model_record(con, target)
-    draft_rec = model_record(con, draft) if draft is not None else None
-    if draft_rec is not None and not force:  # llama.cpp's own word only when asked for
-        refuse_incompatible_draft(con, install, target_rec, draft_rec)
-    config, cache, notes = _stack_checks(con, config, chosen, target_rec, workload, lookup_cache)
-    if config.stack.has("draft-mtp") and draft is None and not target_rec.has_mtp_tensors:
+
+
+def _check_warm(config: Config, engine: str, workload: Workload, warm_first: int | None) -> None:
+    """The warm regime runs on one llama-server and sends distinct prompts, never a replay."""
+    if warm_first is None:
+        return
+    if engine != ENGINE_SERVER:
         raise UsageError(
-            f"{Path(target).name} has no MTP (NextN) layers, so draft-mtp cannot run on it: "
-            "use a draft model or an n-gram method"
+            f"{param('warm_first')} needs llama-server, and {config.spec_type} runs on "
+            f"{engine} here (one process per prompt keeps no state): drop {param('warm_first')}"
         )
-    if warm_first is not None:
-        if chosen != ENGINE_SERVER:
-            raise UsageError(
-                f"{param('warm_first')} needs llama-server, and {config.spec_type} runs on "
-                f"{chosen} here (one process per prompt keeps no state): drop "
-                f"{param('warm_first')}"
-            )
-        workload.held_out(warm_first)  # distinct later prompts, or a one-line usage error
-        if workload.repeated():
-            raise UsageError(
-                f"{', '.join(workload.repeated())} repeat(s) an earlier prompt: "
-                f"{param('warm_first')} sends "
-                "distinct prompts, never replays"
-            )
-    if chosen != ENGINE_SERVER:
-        how = "its own n-gram cache lookup" if chosen == LOOKUP else "draft-model speculation"
-        notes.append(
-            f"{config.spec_type} runs on {chosen} ({how}), one process per prompt; it prints "
-            "text, so verification compares text"
+    workload.held_out(warm_first)  # distinct later prompts, or a one-line usage error
+    if workload.repeated():
+        raise UsageError(
+            f"{', '.join(workload.repeated())} repeat(s) an earlier prompt: "
+            f"{param('warm_first')} sends distinct prompts, never replays"
         )
-    if config.experts is not None:
-        if target_rec.expert_count and config.experts > target_rec.expert_count:
-            raise UsageError(
-                f"{param('experts')} {config.experts} exceeds the {target_rec.expert_count} "
-                "experts of "
-                f"{Path(target).name}"
-            )
-        if not target_rec.is_moe:
-            notes.append(
-                f"{Path(target).name} is not a mixture of experts: llama.cpp ignores the "
-                "expert-count override, so expect the baseline's output"
-            )
-    return Plan(
-        notes=tuple(notes),
-        engine=chosen,
-        install=install,
-        host=host,
-        target=target_rec,
-        draft=draft_rec,
-        target_path=Path(target).resolve(),
-        draft_path=Path(draft).resolve() if draft is not None else None,
-        config=with_expert_key(config, target_rec),
-        workload=workload,
-        task=task,
-        n_predict=n_predict,
-        repeats=repeats,
-        startup_timeout=startup_timeout,
-        request_timeout=request_timeout,
-        contention_retries=contention_retries,
-        warm_first=warm_first,
-        lookup_cache=cache,
-    )
+
+
+def _expert_notes(config: Config, target: ModelRecord, name: str) -> list[str]:
+    """An expert count the target cannot take is refused; one it ignores is noted."""
+    if config.experts is None:
+        return []
+    if target.expert_count and config.experts > target.expert_count:
+        raise UsageError(
+            f"{param('experts')} {config.experts} exceeds the {target.expert_count} experts "
+            f"of {name}"
+        )
+    if not target.is_moe:
+        return [
+            f"{name} is not a mixture of experts: llama.cpp ignores the expert-count override, "
+            "so expect the baseline's output"
+        ]
+    return []
 
 
 def _stack_checks(
@@ -410,53 +340,33 @@ def _stack_checks(
     return config.with_(lookup_cache=cache.path), cache, notes
 
 
-def _measure(p: Plan, config: Config, draft: Path | None, **kw: object) -> Measurement:
+KIND_RUN = "run"
+KIND_BASELINE = "baseline"
+KIND_VERIFY = "verify"
+
+
+def measure_plan(
+    p: Plan, settings: Settings | None = None, *, baseline: bool = False, probes: Probes = NO_PROBES
+) -> Measurement:
+    """The planned config measured, with the plan's settings unless given (a baseline: the
+    plain model); not recorded."""
+    settings = settings or p.settings
+    config, draft = (p.config.baseline(), None) if baseline else (p.config, p.draft_path)
     return measure(
-        p.install,
-        p.host,
-        config,
-        p.target_path,
-        draft,
-        p.workload,
-        n_predict=p.n_predict,
-        repeats=p.repeats,
-        startup_timeout=p.startup_timeout,
-        request_timeout=p.request_timeout,
-        contention_retries=p.contention_retries,
+        p.install, p.host, config, p.target_path, draft, p.workload, settings, probes=probes,
         eog_texts=p.eog_texts,
-        **kw,  # type: ignore[arg-type]
-    )
+    )  # fmt: skip
 
 
-def _config_kw(p: Plan, refs: dict[str, tuple[int, ...]] | None) -> dict[str, object]:
-    if p.engine != ENGINE_SERVER:
-        return {"engine": p.engine}  # text only: no token ids to probe a divergence with
-    return {"reference_tokens": refs}
-
-
-def _started(p: Plan, kind: str, config: Config, draft: ModelRecord | None) -> RunRecord:
+def _started(p: Plan, kind: str) -> RunRecord:
     """What is known before llama.cpp starts: recorded as `running` until the run ends."""
-    return RunRecord(
-        kind=kind,
-        status="running",
-        started_at=datetime.now(timezone.utc),
-        config={**config.to_json(), "engine": p.engine if kind != "baseline" else ENGINE_SERVER},
-        config_label=config.label,
-        spec_type=config.spec_type,
-        target_model_id=p.target.model_id,
-        draft_model_id=draft.model_id if draft else None,
-        target_path=os.fspath(p.target_path),
-        draft_path=os.fspath(p.draft_path) if draft and p.draft_path else None,
-        k=config.k,
-        experts=config.experts,
-        temperature=config.temperature,
-        llama_version=p.install.version,
-        host_fingerprint=p.host.fingerprint,
-        task=p.task,
-        prompt_set=p.workload.name,
-        n_predict=p.n_predict,
-        repeats=p.repeats,
-    )
+    baseline = kind == KIND_BASELINE
+    return run_record(
+        kind, p.config.baseline() if baseline else p.config, p.models(baseline),
+        engine=ENGINE_SERVER if baseline else p.engine, install=p.install, host=p.host,
+        task=p.task, prompt_set=p.workload.name, n_predict=p.settings.n_predict,
+        repeats=p.settings.repeats,
+    )  # fmt: skip
 
 
 Registry = Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]]
@@ -568,44 +478,141 @@ def run(registry: duckdb.DuckDBPyConnection | Registry, p: Plan) -> RunOutcome:
 
     def record_of(m: Measurement) -> RunRecord:
         return to_record(
-            m, "run", p.target.model_id, draft_id, task=p.task, lookup_cache=p.lookup_cache
+            m, KIND_RUN, p.target.model_id, draft_id, task=p.task, lookup_cache=p.lookup_cache
         )
 
     preflight(p.host.logical_cpus, p.config.label)  # refuse a busy host before recording
-    with RunLog(registry).recording(_started(p, "run", p.config, p.draft), record_of) as rec:
-        m = _measure(p, p.config, p.draft_path, engine=p.engine, warm_first=p.warm_first)
+    with RunLog(registry).recording(_started(p, KIND_RUN), record_of) as rec:
+        m = measure_plan(p, p.settings)
         rec.done(record_of(m))
     return RunOutcome(rec.run_id, m)
 
 
 def verify(registry: duckdb.DuckDBPyConnection | Registry, p: Plan) -> VerifyOutcome:
-    """Baseline and config on the same prompts, a verdict, both runs recorded."""
+    """Baseline and config on the same prompts (first encounter: the settings' warm regime is
+    not used), a verdict, both runs recorded."""
     log = RunLog(registry)
     draft_id = p.draft.model_id if p.draft else None
+    settings = p.settings.with_(warm_first=None)
 
     def baseline_of(m: Measurement) -> RunRecord:
-        return to_record(m, "baseline", p.target.model_id, None, task=p.task)
+        return to_record(m, KIND_BASELINE, p.target.model_id, None, task=p.task)
 
-    started = _started(p, "baseline", p.config.baseline(), None)
     preflight(p.host.logical_cpus, p.config.label)  # refuse a busy host before recording
-    with log.recording(started, baseline_of) as base_rec:
-        base = _measure(p, p.config.baseline(), None, with_probs=True)
+    with log.recording(_started(p, KIND_BASELINE), baseline_of) as base_rec:
+        base_settings = settings.with_(engine=ENGINE_SERVER)
+        base = measure_plan(p, base_settings, baseline=True, probes=Probes(probs=True))
         base_rec.done(baseline_of(base))
-    refs = {r.prompt.prompt_id: r.tokens for r in base.prompts} if base.ok else None
 
     def config_of(m: Measurement, result: Verification | None = None) -> RunRecord:
         return to_record(
-            m, "verify", p.target.model_id, draft_id, task=p.task, verification=result,
+            m, KIND_VERIFY, p.target.model_id, draft_id, task=p.task, verification=result,
             baseline_run_id=base_rec.run_id, lookup_cache=p.lookup_cache,
             baseline_disturbed=load_verdict_of(base).reason,
         )  # fmt: skip
 
-    with log.recording(_started(p, "verify", p.config, p.draft), config_of) as rec:
+    with log.recording(_started(p, KIND_VERIFY), config_of) as rec:
         if base.ok:
-            cfg = _measure(p, p.config, p.draft_path, **_config_kw(p, refs))
+            cfg = measure_plan(p, settings, probes=_reference(p, base))
         else:
             # No point starting the config's server when the plain model does not even run.
             cfg = replace(base, config=p.config, draft=p.draft_path, prompts=(), engine=p.engine)
         result = judge(base, cfg)
         rec.done(config_of(cfg, result))
     return VerifyOutcome(base_rec.run_id, rec.run_id, result)
+
+
+def _reference(p: Plan, base: Measurement) -> Probes:
+    """The probe of the first divergence from the baseline's tokens; a legacy engine prints
+    text only, with no token ids to probe a divergence with."""
+    if p.engine != ENGINE_SERVER:
+        return NO_PROBES
+    return Probes(reference_tokens={r.prompt.prompt_id: r.tokens for r in base.prompts})
+
+
+# -- `specreg run` and `verify` ----------------------------------------------------------------
+
+
+def prepare(
+    con: duckdb.DuckDBPyConnection,
+    request: RunRequest,
+    settings: Settings = DEFAULTS,
+    *,
+    llama_bin: Path | None = None,
+) -> Plan:
+    """`request` planned with the llama.cpp in `llama_bin` (the usual search otherwise) on this
+    host, its models found (or scanned) in the registry `con`."""
+    from specreg.host.machine import detect_host
+    from specreg.llama.install import find_llama
+
+    config = request.config()  # the request's own mistakes first
+    workload = request.prompts.workload()
+    install, host = find_llama(llama_bin), detect_host()
+    spec = RunSpec(
+        model_file(con, request.target),
+        model_file(con, request.draft) if request.draft is not None else None,
+        config,
+        workload,
+        task=request.prompts.task,
+        lookup_cache=request.lookup_cache,
+    )
+    return plan(con, install, host, spec, settings, force=request.force)
+
+
+@contextmanager
+def _planned(
+    db_path: Path,
+    request: RunRequest,
+    settings: Settings,
+    llama_bin: Path | None,
+    on_plan: Callable[[Plan], None] | None,
+) -> Iterator[Plan]:
+    """The plan, shown to `on_plan` before anything runs; the block measures under the load
+    guard's policy (the settings' options and this host's quiet noise floor)."""
+    from specreg.host import load
+    from specreg.registry.db import opened
+
+    with opened(db_path) as con:
+        planned = prepare(con, request, settings, llama_bin=llama_bin)
+        policy = settings.load_policy(con, planned.host.fingerprint)
+    if on_plan is not None:
+        on_plan(planned)
+    with load.using(policy):
+        yield planned
+
+
+def run_target(
+    db_path: Path,
+    request: RunRequest,
+    settings: Settings = DEFAULTS,
+    *,
+    llama_bin: Path | None = None,
+    on_plan: Callable[[Plan], None] | None = None,
+) -> RunRecord:
+    """`specreg run`: `request` planned, measured and recorded in the registry at `db_path`,
+    which is open only while the run is written (other commands read it meanwhile); the run as
+    recorded (failed or not)."""
+    from specreg.registry.db import opened
+
+    with _planned(db_path, request, settings, llama_bin, on_plan) as planned:
+        outcome = run(registry_at(db_path), planned)
+    with opened(db_path, read_only=True) as con:
+        return get_run(con, outcome.run_id)
+
+
+def verify_target(
+    db_path: Path,
+    request: RunRequest,
+    settings: Settings = DEFAULTS,
+    *,
+    llama_bin: Path | None = None,
+    on_plan: Callable[[Plan], None] | None = None,
+) -> VerifiedRun:
+    """`specreg verify`: the plain baseline and `request` on the same prompts, judged, both
+    recorded in the registry at `db_path` (open only while a run is written)."""
+    from specreg.registry.db import opened
+
+    with _planned(db_path, request, settings, llama_bin, on_plan) as planned:
+        outcome = verify(registry_at(db_path), planned)
+    with opened(db_path, read_only=True) as con:
+        return VerifiedRun(get_run(con, outcome.baseline_run_id), get_run(con, outcome.run_id))

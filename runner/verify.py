@@ -249,19 +249,24 @@ def judge(baseline: Measurement, config: Measurement) -> Verification:
     lossless = config.config.lossless
     by_id = {p.prompt.prompt_id: p for p in config.prompts}
     verdicts = tuple(_judge(p, by_id[p.prompt.prompt_id], lossless) for p in baseline.prompts)
-    n = len(verdicts)
+    failed = _failure(config, verdicts)
+    if failed is not None:
+        return Verification(baseline, config, verdicts, "fail", failed, speedup, spread)
+    parts = _agreement(config, verdicts)
+    if speedup is not None:
+        parts.append(f"{'slower than' if speedup < 1 else 'faster than'} baseline: {speedup:.2f}x")
+    return Verification(baseline, config, verdicts, "pass", "; ".join(parts), speedup, spread)
+
+
+def _failure(config: Measurement, verdicts: tuple[PromptVerdict, ...]) -> str | None:
+    """Why `config` fails against its baseline: no speculation, text or tokens that differ
+    where the baseline was sure; None when it passes."""
     cfg = config.config
     if cfg.speculative and config.draft_n == 0:
-        reason = (
-            f"speculation did not happen: {cfg.spec_type} drafted no tokens on any of {n} "
-            "prompts (draft_n = 0)"
+        return (
+            f"speculation did not happen: {cfg.spec_type} drafted no tokens on any of "
+            f"{len(verdicts)} prompts (draft_n = 0)"
         )
-        return Verification(baseline, config, verdicts, "fail", reason, speedup, spread)
-    parts = []
-    diverged = [v for v in verdicts if v.verdict == DIVERGED]
-    ties = [v for v in verdicts if v.verdict == NEAR_TIE]
-    same = sum(v.verdict == IDENTICAL for v in verdicts)
-    same_text = sum(v.verdict == TEXT_IDENTICAL for v in verdicts)
     text_diverged = [v for v in verdicts if v.verdict == TEXT_DIVERGED]
     if text_diverged:
         v = text_diverged[0]
@@ -277,46 +282,50 @@ def judge(baseline: Measurement, config: Measurement) -> Verification:
             )
         else:
             why = "the baseline's top candidates there are unknown, so it is not explained"
-        reason = (
+        return (
             f"output text differs from the baseline: prompt {v.prompt_id} char {v.position} "
             f"(baseline {v.baseline_text!r}, config {v.config_text!r}); {why}"
         )
-        return Verification(baseline, config, verdicts, "fail", reason, speedup, spread)
+    diverged = [v for v in verdicts if v.verdict == DIVERGED]
     if diverged:
         v = diverged[0]
-        reason = (
+        return (
             f"output differs from the baseline at a confident position: prompt {v.prompt_id} "
             f"token {v.position} (baseline p={_p(v.baseline_probs[0])} vs "
             f"config token p={_p(v.baseline_probs[1])}, numerical noise {_p(v.noise)})"
         )
-        return Verification(baseline, config, verdicts, "fail", reason, speedup, spread)
-    if lossless and (same_text or config.engine != ENGINE_SERVER):
-        parts.append(
+    return None
+
+
+def _agreement(config: Measurement, verdicts: tuple[PromptVerdict, ...]) -> list[str]:
+    """How a passing `config`'s output agrees with its baseline's, in words."""
+    n = len(verdicts)
+    ties = [v for v in verdicts if v.verdict == NEAR_TIE]
+    worst = max((v.margin or 0.0 for v in ties), default=0.0)
+    same_text = sum(v.verdict == TEXT_IDENTICAL for v in verdicts)
+    if not config.config.lossless:
+        changed = [v for v in verdicts if v.verdict == CHANGED]
+        first = min((v.position or 0) for v in changed) if changed else None
+        return [
+            f"behaviour-changing ({config.config.label}): differs from the full baseline on "
+            f"{len(changed)}/{n} prompts"
+            + (f", first at {changed[0].unit} {first}" if changed else "")
+        ]
+    if same_text or config.engine != ENGINE_SERVER:
+        parts = [
             f"identical text on {same_text}/{n} prompts over the common length ({config.engine} "
             "prints text, not tokens)"
-        )
+        ]
         if ties:
-            worst = max(v.margin or 0.0 for v in ties)
             parts.append(
                 f"{len(ties)} equivalent up to numerics (the baseline's near-tied candidate "
                 f"spells the {config.engine} text, margin <= {worst:.3f})"
             )
-    elif lossless:
-        parts.append(f"identical tokens on {same}/{n} prompts")
-        if ties:
-            worst = max(v.margin or 0.0 for v in ties)
-            parts.append(f"{len(ties)} equivalent up to numerics (near-tie, margin <= {worst:.3f})")
-    else:
-        changed = [v for v in verdicts if v.verdict == CHANGED]
-        first = min((v.position or 0) for v in changed) if changed else None
-        parts.append(
-            f"behaviour-changing ({cfg.label}): differs from the full baseline on "
-            f"{len(changed)}/{n} prompts"
-            + (f", first at {changed[0].unit} {first}" if changed else "")
-        )
-    if speedup is not None:
-        parts.append(f"{'slower than' if speedup < 1 else 'faster than'} baseline: {speedup:.2f}x")
-    return Verification(baseline, config, verdicts, "pass", "; ".join(parts), speedup, spread)
+        return parts
+    parts = [f"identical tokens on {sum(v.verdict == IDENTICAL for v in verdicts)}/{n} prompts"]
+    if ties:
+        parts.append(f"{len(ties)} equivalent up to numerics (near-tie, margin <= {worst:.3f})")
+    return parts
 
 
 def _p(value: float | None) -> str:

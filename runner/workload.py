@@ -108,6 +108,32 @@ def load_workload(tasks: tuple[str, ...] = ("code",), prompts_file: Path | None 
             lines = Path(prompts_file).read_text().splitlines()
         except OSError as err:
             raise UsageError(f"cannot read {prompts_file}: {err.strerror}") from err
-        return Workload(str(prompts_file), _parse(lines, str(prompts_file), "custom"))
+        return Workload(str(prompts_file), _parse(lines, str(prompts_file), CUSTOM_TASK))
     chosen = tasks or TASKS
     return Workload("tasks:" + ",".join(chosen), tuple(p for t in chosen for p in task_prompts(t)))
+
+
+DEFAULT_TASK = "code"  # the prompts a run or a sweep measures when no task is named
+CUSTOM_TASK = "custom"  # the task recorded with the user's own prompts
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """The prompts a run or a sweep measures, as asked: the shipped prompts of `tasks` (code
+    when none is named), or the user's own JSONL `file`; the first `max_prompts` of them."""
+
+    tasks: tuple[str, ...] = ()
+    file: Path | None = None
+    max_prompts: int | None = None
+
+    @property
+    def chosen(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.tasks)) or (DEFAULT_TASK,)
+
+    @property
+    def task(self) -> str:
+        """The task the runs are recorded with: the tasks named, or custom for a file."""
+        return CUSTOM_TASK if self.file is not None else ",".join(self.chosen)
+
+    def workload(self) -> Workload:
+        return load_workload(self.chosen, self.file).head(self.max_prompts)

@@ -16,7 +16,6 @@ import socket
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -330,37 +329,22 @@ def served_runs(con: duckdb.DuckDBPyConnection, table: RouteTable) -> tuple[RunR
 
 def run_template(spec: BackendSpec, install: LlamaInstall, host: Host) -> RunRecord:
     """The fields every served request on `spec` shares; the request fills in the rest."""
+    from specreg.runner.records import Models, run_record
+    from specreg.terms import ENGINE_SERVER
+
     c = spec.config
-    return RunRecord(
-        kind=KIND_SERVE,
-        status=STATUS_OK,
-        started_at=datetime.now(timezone.utc),
-        config={**c.to_json(), "engine": "server", "backend": spec.name},
-        config_label=c.label,
-        spec_type=c.spec_type,
-        target_model_id=spec.target.model_id,
-        draft_model_id=spec.draft_id,
-        target_path=spec.target.path,
-        draft_path=spec.draft_path,
-        k=c.k,
-        p_min=c.p_min,
-        draft_threads=c.draft_threads,
-        experts=c.experts,
-        behaviour_changing=c.experts is not None,
-        llama_version=install.version,
-        llama_dialect=install.dialect,
-        llama_bin_dir=str(install.bin_dir),
-        argv=spec.argv,
-        host_fingerprint=host.fingerprint,
-        host=host.to_json(),
+    models = Models(spec.target.model_id, spec.target.path, spec.draft_id, spec.draft_path)
+    made = run_record(
+        KIND_SERVE, c, models, engine=ENGINE_SERVER, install=install, host=host,
+        status=STATUS_OK, behaviour_changing=c.experts is not None,
         threads=c.threads or host.threads,
-        prompt_set=PROMPT_SET,
-        repeats=1,
-        regime=REGIME_WARM,
+        argv=spec.argv, prompt_set=PROMPT_SET, repeats=1, regime=REGIME_WARM,
         protocol=serve_protocol(c.spec_type).to_json(),
         # a cache file is named after its registry entry (specreg.runner.lookup_cache)
         lookup_cache=Path(c.lookup_cache).stem if c.lookup_cache else None,
-    )
+        temperature=None, seed=None,  # each request's own, filled in when it is recorded
+    )  # fmt: skip
+    return replace(made, config={**made.config, "backend": spec.name})
 
 
 def initial_backends(table: RouteTable, router: Router) -> list[str]:

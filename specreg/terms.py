@@ -129,6 +129,7 @@ ENGINES: tuple[str, ...] = (ENGINE_AUTO, ENGINE_SERVER, ENGINE_LEGACY)
 DEFAULT_N_PREDICT = 64  # tokens generated per prompt in a timed sample
 DEFAULT_REPEATS = 3  # timed samples per prompt
 STARTUP_TIMEOUT_S = 180.0  # seconds llama-server may take to load and answer /health
+DEFAULT_RETRIES = 2  # a sample other processes disturbed is taken again up to this often
 # serve --policy adaptive: served requests of a task between two lookup caches grown from them
 TRAFFIC_CACHE_EVERY = 24
 

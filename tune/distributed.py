@@ -26,25 +26,16 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import duckdb
+from typing import Any
 
 from specreg.errors import UsageError, param
-from specreg.registry.run_store import STATUS_OK, RunRecord
+from specreg.registry.run_store import RunRecord
 from specreg.runner.runs import RunLog
-from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS
-from specreg.tune.jobs import Hosts, Job, LocalHost, Outcome
-
-if TYPE_CHECKING:
-    from specreg.host.facts import HostFacts
-    from specreg.recommender.recommend import Option
-    from specreg.runner.workload import Workload
-    from specreg.tune.tuner import Ran, TuneResult, TuneStep
+from specreg.tune.jobs import Hosts, Job, LocalHost, OnRun, Outcome, Swept
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +50,28 @@ HOST_HINT = (
 )
 KIND_DIED = "worker-died"  # the host's worker process or node went away mid-run
 KIND_HOST_ERROR = "host-error"  # specreg raised on the host
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where runs go: this machine (`address` None), or the hosts of the Ray cluster at
+    `address`, all of them or those `hosts` names; `retry_elsewhere` runs a job whose host died
+    under it again, on another host."""
+
+    address: str | None = None
+    hosts: tuple[str, ...] = ()
+    retry_elsewhere: bool = False
+
+    def check(self) -> None:
+        """Options about a Ray cluster's hosts need a cluster."""
+        if self.address is None and (self.hosts or self.retry_elsewhere):
+            given = param("host") if self.hosts else param("retry_elsewhere")
+            raise UsageError(
+                f"{given} is about the hosts of a Ray cluster: add {param('ray', 'ADDRESS')}"
+            )
+
+
+LOCAL = Cluster()
 
 
 def import_ray() -> Any:
@@ -138,12 +151,15 @@ def cluster_hosts(nodes: Sequence[dict[str, Any]]) -> dict[str, str]:
 
 
 class RayHosts:
-    """The hosts of a Ray cluster, as a sweep's `Hosts`. Use as a context manager: it connects
-    on entry (Ray's own `ray.init(address=...)`) and disconnects on exit."""
+    """The hosts of the Ray `cluster` (all, or those it names), as a sweep's `Hosts`. Use as a
+    context manager: it connects on entry (Ray's own `ray.init(address=...)`) and disconnects
+    on exit."""
 
-    def __init__(self, address: str, names: Sequence[str] = ()):
-        self.address = address
-        self.wanted = tuple(dict.fromkeys(names))
+    def __init__(self, cluster: Cluster):
+        assert cluster.address is not None
+        self.address: str | None = cluster.address
+        self.wanted = tuple(dict.fromkeys(cluster.hosts))
+        self.retry_elsewhere = cluster.retry_elsewhere
         self.hosts: tuple[RayHost, ...] = ()
         self._ray: Any = None
         self._job: Any = None
@@ -225,14 +241,7 @@ class RayHosts:
     def host(self, name: str) -> RayHost:
         return next(h for h in self.hosts if h.name == name)
 
-    def run(
-        self,
-        run_log: RunLog,
-        jobs: Sequence[Job],
-        *,
-        retry_elsewhere: bool,
-        on_run: Callable[[Outcome], None] | None,
-    ) -> tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]:
+    def run(self, run_log: RunLog, jobs: Sequence[Job], on_run: OnRun = None) -> Swept:
         """Every job on a free host, one per host at a time, each recorded in `run_log` as it ends
         (see the module's docstring for failures and retries)."""
         ray = self._ray
@@ -272,7 +281,7 @@ class RayHosts:
                     run_log.finish(run_id, record)
                     dropped[host.name] = why
                     log.warning("%s; %s gets no more jobs in this sweep", why, host.name)
-                    if retry_elsewhere and job.host is None:
+                    if self.retry_elsewhere and job.host is None:
                         queue.insert(0, job.again(avoid=host.name))
                 else:
                     record = replace(record, run_uuid=job.run_uuid)
@@ -306,125 +315,16 @@ class RayHosts:
             raise
 
 
-# -- tune on a Ray host -----------------------------------------------------------------------
-
-
-def tune_host(hosts: RayHosts, name: str | None) -> tuple[RayHost, HostFacts]:
-    """The one host `tune` answers for, and its facts as the recommender sees them."""
-    from specreg.host.facts import HostFacts
-
-    if name is None:
-        if len(hosts.hosts) != 1:
-            raise UsageError(
-                f"tune answers for one host: add {param('host', 'NAME')} (one of "
-                f"{', '.join(hosts.names())})"
-            )
-        chosen = hosts.hosts[0]
-    else:
-        chosen = hosts.host(name)
-    bandwidth = chosen.facts.get("bandwidth_gbs")
-    facts = HostFacts(
-        float(bandwidth) if bandwidth else 0.0,
-        int(chosen.facts.get("physical_cores") or 1),
-        str(chosen.facts.get("bandwidth_source") or "recorded"),
-        chosen.fingerprint,
-        note=f"Ray host {chosen.name}",
-    )
-    return chosen, facts
-
-
-def ray_runner(
-    con: duckdb.DuckDBPyConnection,
-    hosts: RayHosts,
-    host: RayHost,
-    target: Path,
-    workload: Workload,
-    *,
-    task: str | None,
-    n_predict: int = DEFAULT_N_PREDICT,
-    repeats: int = DEFAULT_REPEATS,
-    threads: int | None = None,
-) -> Callable[[Option], Ran]:
-    """tune's `run_option` on the Ray host `host`: each option measured there, recorded here.
-    A lookup cache is a file of this registry: such options are not sent (no run)."""
-    from specreg.llama.options import option_config
-    from specreg.registry.run_store import new_run_uuid
-    from specreg.registry.scan import model_record
-
-    target_id = model_record(con, target).model_id
-
-    def run_option(option: Option) -> Ran:
-        if option.lookup_cache:
-            log.warning("%s reads a lookup cache of this registry: not run on %s", option.label,
-                        host.name)  # fmt: skip
-            return None, None
-        job = Job(
-            run_uuid=new_run_uuid(), label=option.label,
-            config=option_config(option).with_(threads=threads), target_id=target_id,
-            target_path=str(target), draft_id=option.draft_id, draft_path=option.draft_path,
-            workload=workload, task=task, n_predict=n_predict, repeats=repeats, kind="run",
-            host=host.name,
-        )  # fmt: skip
-        (outcome,), _, _ = hosts.run(RunLog(con), [job], retry_elsewhere=False, on_run=None)
-        record = outcome.record
-        return (record.tokens_per_s if record.status == STATUS_OK else None), outcome.run_id
-
-    return run_option
-
-
-def tune_on_ray(
-    con: duckdb.DuckDBPyConnection,
-    target: Path,
-    address: str,
-    host_name: str | None,
-    *,
-    task: str,
-    policy: str,
-    budget: int,
-    n_predict: int,
-    repeats: int,
-    spec_type: str | None = None,
-    on_step: Callable[[TuneStep], None] | None = None,
-) -> TuneResult:
-    """`specreg tune --ray`: tune for one host of the cluster, every run measured there and
-    recorded here; the recommender predicts for that host (its fingerprint, bandwidth and
-    cores), so its runs are its local evidence. Calibration and agreement, which run
-    llama.cpp on this machine, are left out."""
-    from specreg.runner.workload import load_workload
-    from specreg.tune.tuner import tune
-
-    with RayHosts(address, (host_name,) if host_name else ()) as hosts:
-        host, facts = tune_host(hosts, host_name)
-        run_option = ray_runner(
-            con, hosts, host, target, load_workload((task,)), task=task, n_predict=n_predict,
-            repeats=repeats,
-        )  # fmt: skip
-        return tune(
-            con, str(target), run_option, host=facts, task=task, policy=policy, budget=budget,
-            on_step=on_step, spec_type=spec_type,
-        )  # fmt: skip
-
-
 @contextmanager
-def sweep_hosts(
-    ray_address: str | None,
-    names: Sequence[str] = (),
-    *,
-    llama_bin: Path | None = None,
-    retry_elsewhere: bool = False,
-) -> Iterator[Hosts]:
-    """Where a sweep runs: this machine, or the hosts of the Ray cluster at `ray_address`
-    (all of them, or those `names` names), connected for the block."""
-    if ray_address is None:
-        if names or retry_elsewhere:
-            given = param("host") if names else param("retry_elsewhere")
-            raise UsageError(
-                f"{given} is about the hosts of a Ray cluster: add {param('ray', 'ADDRESS')}"
-            )
+def sweep_hosts(cluster: Cluster = LOCAL, *, llama_bin: Path | None = None) -> Iterator[Hosts]:
+    """Where a sweep runs: this machine (the llama.cpp in `llama_bin`), or the hosts of the
+    Ray `cluster` (all of them, or those it names), connected for the block."""
+    cluster.check()
+    if cluster.address is None:
         from specreg.host.machine import detect_host
         from specreg.llama.install import find_llama
 
         yield LocalHost(find_llama(llama_bin), detect_host())
         return
-    with RayHosts(ray_address, names) as hosts:
+    with RayHosts(cluster) as hosts:
         yield hosts

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,9 +26,11 @@ from specreg.llama.install import LlamaInstall
 from specreg.registry.queries import get_model, model_fs_paths
 from specreg.registry.run_store import STATUS_FAILED, RunRecord, new_run_uuid
 from specreg.runner.measurement import Measurement
-from specreg.runner.runs import RunLog, plan, to_record
+from specreg.runner.records import Models, run_record, to_record
+from specreg.runner.runs import RunLog, RunSpec, measure_plan, plan
+from specreg.runner.settings import DEFAULTS, Settings
 from specreg.runner.workload import Workload
-from specreg.terms import ENGINE_AUTO, STARTUP_TIMEOUT_S
+from specreg.terms import ENGINE_AUTO
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,7 @@ class Job:
     draft_path: str | None
     workload: Workload
     task: str | None
-    n_predict: int
-    repeats: int
-    contention_retries: int = 2
-    startup_timeout: float = STARTUP_TIMEOUT_S
-    request_timeout: float = 600.0
+    settings: Settings = DEFAULTS  # pickled with the job: a Ray host measures with it
     kind: str = KIND_SWEEP
     host: str | None = None  # a host name this job must run on (a host's plain baseline)
     avoid: tuple[str, ...] = ()  # host names it failed on (a retry goes elsewhere)
@@ -77,28 +74,12 @@ class Job:
         facts = host.to_json() if isinstance(host, Host) else dict(host or {})
         if host_name is not None:
             facts["name"] = host_name
-        return RunRecord(
-            kind=self.kind,
-            status="running",
-            started_at=datetime.now(timezone.utc),
-            config={**self.config.to_json(), "engine": ENGINE_AUTO},
-            config_label=self.config.label,
-            spec_type=self.config.spec_type,
-            target_model_id=self.target_id,
-            draft_model_id=self.draft_id,
-            target_path=self.target_path,
-            draft_path=self.draft_path,
-            k=self.config.k,
-            experts=self.config.experts,
-            temperature=self.config.temperature,
-            host_fingerprint=str(facts["fingerprint"]) if "fingerprint" in facts else None,
-            host=facts or None,
-            task=self.task,
-            prompt_set=self.workload.name,
-            n_predict=self.n_predict,
-            repeats=self.repeats,
-            run_uuid=self.run_uuid,
-        )
+        models = Models(self.target_id, self.target_path, self.draft_id, self.draft_path)
+        return run_record(
+            self.kind, self.config, models, engine=ENGINE_AUTO, host=facts, task=self.task,
+            prompt_set=self.workload.name, n_predict=self.settings.n_predict,
+            repeats=self.settings.repeats, run_uuid=self.run_uuid,
+        )  # fmt: skip
 
     def record_of(self, m: Measurement, facts: dict[str, Any]) -> RunRecord:
         """The record of this job's measurement `m`, with the facts of the host that took it."""
@@ -150,8 +131,6 @@ def run_job(
     llama.cpp starts. A job this host cannot run (a model it lacks, a configuration its build
     rejects) is a failed record saying why; Ctrl-C raises `MeasurementInterrupted` with the
     samples taken."""
-    from specreg.runner.measure import measure
-
     started = job.started(host, None)
     facts = {**(started.host or {}), **(host_facts or {})}
     started = replace(started, host=facts)
@@ -164,20 +143,11 @@ def run_job(
                 if job.draft_id and job.draft_path
                 else None
             )
-            p = plan(
-                con, install, host, target, draft, job.config, job.workload, task=job.task,
-                n_predict=job.n_predict, repeats=job.repeats,
-                startup_timeout=job.startup_timeout, request_timeout=job.request_timeout,
-                contention_retries=job.contention_retries,
-            )  # fmt: skip
+            spec = RunSpec(target, draft, job.config, job.workload, task=job.task)
+            p = plan(con, install, host, spec, job.settings)
     except SpecregError as err:
         return job.failed(started, "host-setup", str(err), time.monotonic() - t0)
-    m = measure(
-        p.install, p.host, p.config, p.target_path, p.draft_path, p.workload,
-        n_predict=p.n_predict, repeats=p.repeats, startup_timeout=p.startup_timeout,
-        request_timeout=p.request_timeout, contention_retries=p.contention_retries,
-        eog_texts=p.eog_texts, engine=p.engine,
-    )  # fmt: skip
+    m = measure_plan(p)
     return job.record_of(m, facts)
 
 
@@ -191,43 +161,37 @@ class Outcome:
     record: RunRecord  # as recorded (finished, failed or interrupted)
 
 
+OnRun = Callable[[Outcome], None] | None  # told of each run as it is recorded
+# What hosts made of a list of jobs: the outcomes, the jobs no host could run, and the hosts
+# taken out of the sweep, with why.
+Swept = tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]
+
+
 class Hosts(Protocol):
-    """Where a sweep's jobs run: this machine, or a Ray cluster (runner/distributed.py)."""
+    """Where a sweep's jobs run: this machine, or a Ray cluster (tune/distributed.py)."""
+
+    address: str | None  # the Ray cluster's head, None for this machine
 
     def names(self) -> tuple[str, ...]: ...
 
-    def run(
-        self,
-        run_log: RunLog,
-        jobs: Sequence[Job],
-        *,
-        retry_elsewhere: bool,
-        on_run: Callable[[Outcome], None] | None,
-    ) -> tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]:
-        """Run `jobs` (a job naming a host runs there), record each in `run_log`; return the
-        outcomes, the jobs no host could run, and hosts taken out of the sweep with why."""
+    def run(self, run_log: RunLog, jobs: Sequence[Job], on_run: OnRun = None) -> Swept:
+        """Run `jobs` (a job naming a host runs there), record each in `run_log`."""
         ...
 
 
 class LocalHost:
-    """This machine: jobs one after another, in this process."""
+    """This machine: jobs one after another, in this process (a failed job has nowhere else
+    to go)."""
 
     def __init__(self, install: LlamaInstall, host: Host):
         self.install = install
         self.host = host
+        self.address: str | None = None
 
     def names(self) -> tuple[str, ...]:
         return (self.host.hostname,)
 
-    def run(
-        self,
-        run_log: RunLog,
-        jobs: Sequence[Job],
-        *,
-        retry_elsewhere: bool,
-        on_run: Callable[[Outcome], None] | None,
-    ) -> tuple[tuple[Outcome, ...], tuple[Job, ...], dict[str, str]]:
-        del retry_elsewhere  # one host: nowhere else to go
+    def run(self, run_log: RunLog, jobs: Sequence[Job], on_run: OnRun = None) -> Swept:
         outcomes = []
         for job in jobs:
             facts = self.host.to_json()

@@ -30,32 +30,27 @@ import logging
 import re
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
 from specreg.errors import UsageError
 from specreg.llama.config import Config
 from specreg.registry.queries import ModelRecord
-from specreg.registry.run_store import (
-    STATUS_OK,
-    get_run,
-    new_run_uuid,
-)
-from specreg.runner.runs import Registry, RunLog
-from specreg.runner.workload import Workload
+from specreg.registry.run_store import STATUS_OK, get_run, new_run_uuid
+from specreg.runner.runs import Registry, RunLog, model_file, registry_at
+from specreg.runner.settings import DEFAULTS, Settings
+from specreg.runner.workload import Prompts, Workload
 from specreg.stacks import K_FLAG, parse_stack
-from specreg.terms import (
-    DEFAULT_N_PREDICT,
-    DEFAULT_REPEATS,
-    SPEC_DRAFT_SIMPLE,
-    SPEC_NONE,
-    STARTUP_TIMEOUT_S,
-)
-from specreg.tune.jobs import Hosts, Job, Outcome
+from specreg.terms import SPEC_DRAFT_SIMPLE, SPEC_NONE
+from specreg.tune.distributed import LOCAL, Cluster
+from specreg.tune.jobs import Hosts, Job, OnRun, Outcome
+
+if TYPE_CHECKING:
+    from specreg.host.load import LoadPolicy
 
 log = logging.getLogger(__name__)
 
@@ -180,12 +175,6 @@ def grid_points(grid: Grid, drafts: Sequence[ModelRecord], base: Config) -> tupl
     return tuple(dict.fromkeys(points))
 
 
-# -- one measurement, on whichever host runs it -----------------------------------------------
-
-
-# -- where jobs run ---------------------------------------------------------------------------
-
-
 # -- the sweep --------------------------------------------------------------------------------
 
 
@@ -292,11 +281,8 @@ class SweepPlan:
     points: tuple[Point, ...]
     workload: Workload
     task: str | None
-    n_predict: int
-    repeats: int
-    contention_retries: int = 2
-    startup_timeout: float = STARTUP_TIMEOUT_S
-    notes: tuple[str, ...] = field(default=())
+    settings: Settings = DEFAULTS
+    notes: tuple[str, ...] = ()
 
     JSON_KIND = "sweep-plan"
     JSON_VERSION = "1"
@@ -317,8 +303,8 @@ class SweepPlan:
                 for pt in self.points
             ],  # fmt: skip
             "prompts": [pr.prompt_id for pr in self.workload.prompts],
-            "n_predict": self.n_predict,
-            "repeats": self.repeats,
+            "n_predict": self.settings.n_predict,
+            "repeats": self.settings.repeats,
         }
         return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
@@ -336,10 +322,7 @@ class SweepPlan:
                 draft_path=str(point.draft.path) if point.draft else None,
                 workload=self.workload,
                 task=self.task,
-                n_predict=self.n_predict,
-                repeats=self.repeats,
-                contention_retries=self.contention_retries,
-                startup_timeout=self.startup_timeout,
+                settings=self.settings,
             )
             if point.plain and len(host_names) > 1:
                 out += [replace(job, run_uuid=new_run_uuid(), host=h) for h in host_names]
@@ -348,27 +331,32 @@ class SweepPlan:
         return out
 
 
+@dataclass(frozen=True)
+class SweepRequest:
+    """What `specreg sweep` is asked: the target (a path, an id prefix or a name), the grid as
+    written (one or more `--grid` values), the prompts."""
+
+    target: str
+    grids: tuple[str, ...]
+    prompts: Prompts = field(default_factory=Prompts)
+
+
 def plan_sweep(
     con: duckdb.DuckDBPyConnection,
     target: Path,
     grid: Grid,
     workload: Workload,
     *,
-    resolve: Callable[[duckdb.DuckDBPyConnection, str], Path],
-    base: Config | None = None,
     task: str | None = None,
-    n_predict: int = DEFAULT_N_PREDICT,
-    repeats: int = DEFAULT_REPEATS,
-    contention_retries: int = 2,
-    startup_timeout: float = STARTUP_TIMEOUT_S,
+    settings: Settings = DEFAULTS,
 ) -> SweepPlan:
-    """The sweep of `grid` on `target`, models resolved in the caller's registry (`resolve`:
-    a path, an id prefix or a name to a file)."""
+    """The sweep of `grid` on `target`, models resolved in the caller's registry (a draft by
+    path, id prefix or name); every point runs with `settings` (its threads in every config)."""
     from specreg.registry.scan import model_record
 
     record = model_record(con, target)
-    drafts = [model_record(con, resolve(con, ref)) for ref in grid.drafts]
-    points = grid_points(grid, drafts, base or Config())
+    drafts = [model_record(con, model_file(con, ref)) for ref in grid.drafts]
+    points = grid_points(grid, drafts, settings.configured(Config()))
     return SweepPlan(
         target=record,
         target_path=Path(target).resolve(),
@@ -376,11 +364,29 @@ def plan_sweep(
         points=points,
         workload=workload,
         task=task,
-        n_predict=n_predict,
-        repeats=repeats,
-        contention_retries=contention_retries,
-        startup_timeout=startup_timeout,
+        settings=settings,
     )
+
+
+def plan_target(db_path: Path, request: SweepRequest, settings: Settings = DEFAULTS) -> SweepPlan:
+    """`request` planned in the registry at `db_path` (`sweep --dry-run` shows it)."""
+    return _planned(db_path, request, settings)[0]
+
+
+def _planned(
+    db_path: Path, request: SweepRequest, settings: Settings
+) -> tuple[SweepPlan, LoadPolicy]:
+    """The plan, and the load guard's policy for this host (the settings' options and its
+    quiet noise floor)."""
+    from specreg.host.machine import detect_host
+    from specreg.registry.db import opened
+
+    grid = parse_grid(request.grids)
+    workload = request.prompts.workload()
+    with opened(db_path) as con:
+        target = model_file(con, request.target)
+        p = plan_sweep(con, target, grid, workload, task=request.prompts.task, settings=settings)
+        return p, settings.load_policy(con, detect_host().fingerprint)
 
 
 def _sweep_runs(
@@ -424,20 +430,31 @@ def sweep(
     p: SweepPlan,
     hosts: Hosts,
     *,
-    retry_elsewhere: bool = False,
-    ray_address: str | None = None,
-    on_run: Callable[[Outcome], None] | None = None,
+    on_run: OnRun = None,
 ) -> SweepResult:
-    """Measure every point of `p` on `hosts`; every run recorded as it ends. Given a
-    `Registry`, it is open only while a run is written (see `runner.runs.RunLog`)."""
+    """Measure every point of `p` on `hosts` (this machine, or a Ray cluster's); every run
+    recorded as it ends. Given a `Registry`, it is open only while a run is written (see
+    `runner.runs.RunLog`)."""
     t0 = time.monotonic()
     run_log = RunLog(registry)
-    jobs = p.jobs(hosts.names())
-    outcomes, not_run, dropped = hosts.run(
-        run_log, jobs, retry_elsewhere=retry_elsewhere, on_run=on_run
-    )
+    outcomes, not_run, dropped = hosts.run(run_log, p.jobs(hosts.names()), on_run)
     with run_log.open() as con:
         runs = _sweep_runs(con, outcomes)
+    return SweepResult(
+        target_name=p.target.display_name,
+        target_id=p.target.model_id,
+        grid=p.grid.text,
+        n_points=len(p.points),
+        runs=runs,
+        not_run=tuple(j.label for j in not_run),
+        hosts=_host_summary(runs, dropped),
+        seconds=time.monotonic() - t0,
+        ray_address=hosts.address,
+    )
+
+
+def _host_summary(runs: Sequence[SweepRun], dropped: dict[str, str]) -> tuple[SweepHost, ...]:
+    """Each host's runs and failures, and the hosts the sweep stopped sending jobs, with why."""
     by_host: dict[tuple[str | None, str | None], list[SweepRun]] = {}
     for r in runs:
         by_host.setdefault((r.host_name, r.host_fingerprint), []).append(r)
@@ -452,14 +469,26 @@ def sweep(
         for name, why in dropped.items()
         if name not in {h.name for h in summary}
     ]
-    return SweepResult(
-        target_name=p.target.display_name,
-        target_id=p.target.model_id,
-        grid=p.grid.text,
-        n_points=len(p.points),
-        runs=runs,
-        not_run=tuple(j.label for j in not_run),
-        hosts=tuple(summary),
-        seconds=time.monotonic() - t0,
-        ray_address=ray_address,
-    )
+    return tuple(summary)
+
+
+def sweep_target(
+    db_path: Path,
+    request: SweepRequest,
+    settings: Settings = DEFAULTS,
+    *,
+    cluster: Cluster = LOCAL,
+    llama_bin: Path | None = None,
+    on_run: OnRun = None,
+) -> SweepResult:
+    """`specreg sweep`: every point of `request`'s grid measured, on this machine one after
+    another (with the llama.cpp in `llama_bin`) or on the hosts of the Ray `cluster`, and
+    recorded in the registry at `db_path`, which is open only while a run is written."""
+    from specreg.host import load
+    from specreg.tune.distributed import import_ray, sweep_hosts
+
+    if cluster.address is not None:
+        import_ray()  # before any model is scanned: one line on how to get Ray
+    p, policy = _planned(db_path, request, settings)
+    with sweep_hosts(cluster, llama_bin=llama_bin) as where, load.using(policy):
+        return sweep(registry_at(db_path), p, where, on_run=on_run)

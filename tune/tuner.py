@@ -15,6 +15,9 @@ whose interval overlaps the best one's is a tie within the measured noise. Budge
 goes to interleaved repeats of the best and its closest rival (A, B, A, B: drifts of a shared
 host hit both), pooled into one interval each; what still overlaps is a tie, said so, and the
 cheaper configuration is picked (plain before n-gram before a draft model, then the smaller K).
+
+`tune_target` is the command's entry: on this machine (`llama_runner`), or for one host of a
+Ray cluster (`tune_on_ray`: every run measured there, recorded here).
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ from __future__ import annotations
 import logging
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
+from specreg.errors import UsageError, param
 from specreg.host.facts import HostFacts
 from specreg.host.machine import Host
 from specreg.llama.install import LlamaInstall
@@ -35,9 +39,17 @@ from specreg.llama.options import option_config
 from specreg.recommender.advisor import open_advisor
 from specreg.recommender.recommend import Option, Recommendation
 from specreg.recommender.train import default_estimator
+from specreg.registry.run_store import STATUS_OK
 from specreg.runner import runs
+from specreg.runner.calibrate import Bench
+from specreg.runner.settings import DEFAULTS, Settings
 from specreg.runner.workload import Workload
-from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, Method
+from specreg.terms import POLICY_QUALITY, Method, canonical_task
+from specreg.tune.distributed import LOCAL, Cluster, RayHost, RayHosts
+from specreg.tune.jobs import Job
+
+if TYPE_CHECKING:
+    from specreg.host.facts import HostQuery
 
 log = logging.getLogger(__name__)
 
@@ -64,31 +76,19 @@ def llama_runner(
     workload: Workload,
     *,
     task: str | None,
-    n_predict: int = DEFAULT_N_PREDICT,
-    repeats: int = DEFAULT_REPEATS,
-    threads: int | None = None,
+    settings: Settings = DEFAULTS,
 ) -> RunOption:
-    """Run options for real with llama-server; every run is recorded in the registry.
-
-    `threads` overrides the host's default (one per physical core) for every run.
-    """
+    """Run options for real with llama-server, each measured with `settings` (its threads
+    override the host's default, one per physical core); every run is recorded in the
+    registry."""
 
     def run_option(option: Option) -> Ran:
         draft = Path(option.draft_path) if option.draft_path else None
-        p = runs.plan(
-            con,
-            install,
-            host,
-            target,
-            draft,
-            option_config(option).with_(threads=threads),
-            workload,
-            task=task,
-            n_predict=n_predict,
-            repeats=repeats,
+        spec = runs.RunSpec(
+            target, draft, option_config(option), workload, task=task,
             lookup_cache=option.lookup_cache,
-        )
-        out = runs.run(con, p)
+        )  # fmt: skip
+        out = runs.run(con, runs.plan(con, install, host, spec, settings))
         # a run disturbed by other processes is recorded, never evidence: no speed to rank by
         disturbed = runs.load_verdict_of(out.measurement).disturbed
         return (None if disturbed else out.measurement.tokens_per_s), out.run_id
@@ -326,84 +326,120 @@ def _step(
     return TuneStep(option, tps, run_id, reason, lo, hi, drafted)
 
 
+@dataclass(frozen=True)
+class TuneRequest:
+    """What `specreg tune` is asked: the target (a path, an id prefix or a name), the task and
+    policy it ranks for, one speculative type or stack only (`spec_type`, against plain
+    decoding), the most runs it may spend (`budget`); `refit=False` keeps the model fitted at
+    the start (each ranking still sees every run)."""
+
+    target: str
+    task: str = "chat"
+    policy: str = POLICY_QUALITY
+    spec_type: str | None = None
+    budget: int = 6
+    refit: bool = True
+
+
+class _Tuning:
+    """One tune: the rankings it asked for and the runs it measured."""
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        request: TuneRequest,
+        run_option: RunOption,
+        host: HostFacts,
+        on_step: Callable[[TuneStep], None] | None,
+    ):
+        self.con = con
+        self.request = request
+        self.run_option = run_option
+        self.host = host
+        self.on_step = on_step
+        self.steps: list[TuneStep] = []
+        # A small ensemble: the loop refits after every run, and this host's runs move the
+        # ranking mostly through the recommender's local correction, not through the refit.
+        self.estimator = default_estimator().set_params(n_members=2)
+        self.advisor = open_advisor(con, host, estimator=self.estimator)
+
+    def rank(self, *, refit: bool, spec_type: str | None) -> Recommendation:
+        """The recommender's ranking on the evidence so far (the registry holds every run)."""
+        if self.steps:
+            self.advisor = (
+                open_advisor(self.con, self.host, estimator=self.estimator)
+                if refit
+                else open_advisor(self.con, self.host, model=self.advisor.model)
+            )
+        r = self.request
+        return self.advisor.recommend(
+            self.con, r.target, task=r.task, policy=r.policy, spec_type=spec_type
+        )
+
+    def measure(self, option: Option, reason: str) -> TuneStep:
+        step = _step(self.con, option, self.run_option, reason)
+        self.steps.append(step)
+        if self.on_step is not None:
+            self.on_step(step)
+        return step
+
+    def search(self) -> tuple[Recommendation, str, bool]:
+        """Measure, refit, re-rank until the best is confirmed or the budget is spent: the last
+        ranking, why the search stopped, and whether the best was confirmed."""
+        while True:
+            rec = self.rank(refit=self.request.refit, spec_type=self.request.spec_type)
+            choice, why = next_option(rec.options, self.steps)
+            if choice is None:
+                return rec, why, True
+            if len(self.steps) >= self.request.budget:
+                return rec, "budget spent", False
+            step = self.measure(choice, why)
+            log.info("tune: %s -> %s t/s", choice.label, step.measured_tps)
+
+    def settle(self) -> bool:
+        """Interleaved repeats of the fastest and its closest rival while they overlap and the
+        budget lasts; whether any were measured."""
+        settled = False
+        for _ in range(SETTLE_ROUNDS):
+            ranked = pooled(self.steps)
+            if (len(ranked) < 2 or not ranked[1].overlaps(ranked[0])
+                    or len(self.steps) + 2 > self.request.budget):  # fmt: skip
+                break
+            self.measure(ranked[1].option, "settle: interleaved repeat of the closest rival")
+            self.measure(ranked[0].option, "settle: interleaved repeat of the fastest")
+            settled = True
+        return settled
+
+
 def tune(
     con: duckdb.DuckDBPyConnection,
-    target_ref: str,
+    request: TuneRequest,
     run_option: RunOption,
     *,
     host: HostFacts,
-    task: str = "chat",
-    policy: str = "quality",
-    budget: int = 6,
-    refit: bool = True,
     on_step: Callable[[TuneStep], None] | None = None,
-    calibrate: Callable[[], object] | None = None,
-    agree: Callable[[], object] | None = None,
-    spec_type: str | None = None,
+    before: Sequence[Callable[[], object]] = (),
 ) -> TuneResult:
-    """Measure, refit, re-rank until the best is confirmed or `budget` runs are spent, then
-    settle ties with the budget left (interleaved repeats of the two closest).
+    """Measure, refit, re-rank until the best is confirmed or the budget is spent, then settle
+    ties with the budget left (interleaved repeats of the two closest).
 
-    `refit=False` keeps the model fitted at the start; each ranking still sees every run.
-    `calibrate` runs first (the runner's calibration of the target and its drafts when this
-    host has none: see `calibrate_if_missing`), then `agree` (the drafts' measured agreement
-    on this task where the registry has none: see `agree_if_missing`), so the first ranking
-    already knows the verify cost and each draft's acceptance, and no run is spent on a draft
-    that agreement says cannot win. `spec_type`: tune only that type or stack (against plain
-    decoding).
+    `before` runs first, in order: the runner's calibration of the target and its drafts when
+    this host has none (`calibrate_if_missing`), then the drafts' measured agreement on this
+    task where the registry has none (`agree_if_missing`), so the first ranking already knows
+    the verify cost and each draft's acceptance, and no run is spent on a draft that agreement
+    says cannot win.
     """
-    if calibrate is not None:
-        calibrate()
-    if agree is not None:
-        agree()
-    steps: list[TuneStep] = []
-    # A small ensemble: the loop refits after every run, and this host's runs move the
-    # ranking mostly through the recommender's local correction, not through the refit.
-    estimator = default_estimator().set_params(n_members=2)
-    advisor = open_advisor(con, host, estimator=estimator)
-    stop = "budget spent"
-    confirmed = False
-    n_candidates = 0
-    while True:
-        if steps:  # the registry holds a new run: re-read the evidence
-            advisor = (
-                open_advisor(con, host, estimator=estimator)
-                if refit
-                else open_advisor(con, host, model=advisor.model)
-            )
-        rec = advisor.recommend(con, target_ref, task=task, policy=policy, spec_type=spec_type)
-        n_candidates = len(rec.options)
-        choice, why = next_option(rec.options, steps)
-        if choice is None:
-            stop, confirmed = why, True
-        if choice is None or len(steps) >= budget:
-            break
-        step = _step(con, choice, run_option, why)
-        steps.append(step)
-        log.info("tune: %s -> %s t/s", choice.label, step.measured_tps)
-        if on_step is not None:
-            on_step(step)
-    # settle: interleaved repeats of the fastest and its closest rival while they overlap
-    settled = False
-    for _ in range(SETTLE_ROUNDS):
-        ranked = pooled(steps)
-        if len(ranked) < 2 or not ranked[1].overlaps(ranked[0]) or len(steps) + 2 > budget:
-            break
-        for m, label in ((ranked[1], "settle: interleaved repeat of the closest rival"),
-                         (ranked[0], "settle: interleaved repeat of the fastest")):  # fmt: skip
-            step = _step(con, m.option, run_option, label)
-            steps.append(step)
-            settled = True
-            if on_step is not None:
-                on_step(step)
-    if settled:  # the final ranking sees the settling runs too
-        rec = open_advisor(con, host, model=advisor.model).recommend(
-            con, target_ref, task=task, policy=policy
-        )
-    _, tied, pick_reason = settle(steps)
+    for hook in before:
+        hook()
+    tuning = _Tuning(con, request, run_option, host, on_step)
+    rec, stop, confirmed = tuning.search()
+    n_candidates = len(rec.options)
+    if tuning.settle():  # the final ranking sees the settling runs too
+        rec = tuning.rank(refit=False, spec_type=None)
+    _, tied, pick_reason = settle(tuning.steps)
     return TuneResult(
         target_name=rec.target_name,
-        steps=tuple(steps),
+        steps=tuple(tuning.steps),
         final=rec,
         confirmed=confirmed,
         stop_reason=stop,
@@ -413,18 +449,21 @@ def tune(
     )
 
 
+TUNE_BENCH = Bench(repetitions=3, gen_tokens=64)  # tune's calibration: quick curves
+
+
 def calibrate_if_missing(
     con: duckdb.DuckDBPyConnection,
     target: Path,
     install: LlamaInstall,
     host: Host,
     *,
-    threads: int | None = None,
-    repetitions: int = 3,
-    gen_tokens: int = 64,
+    settings: Settings = DEFAULTS,
+    bench: Bench = TUNE_BENCH,
 ) -> Callable[[], object]:
-    """A `calibrate` hook for `tune`: llama-bench curves of the target and its drafts on this
-    host, measured only when the registry has none for the target yet."""
+    """A hook for `tune` to run `before`: llama-bench curves of the target and its drafts on
+    this host (the settings' threads and retries), measured only when the registry has none for
+    the target yet."""
     from specreg.recommender.calibrated import load_calibration
     from specreg.registry.scan import model_record
     from specreg.runner.calibrate import calibrate_in
@@ -433,10 +472,7 @@ def calibrate_if_missing(
         record = model_record(con, target)
         if load_calibration(con, host.fingerprint, record.model_id).target is not None:
             return None
-        return calibrate_in(
-            con, record, threads=threads, repetitions=repetitions, gen_tokens=gen_tokens,
-            install=install, host=host,
-        )  # fmt: skip
+        return calibrate_in(con, record, install=install, host=host, bench=bench, settings=settings)
 
     return run
 
@@ -450,7 +486,7 @@ def agree_if_missing(
     *,
     threads: int | None = None,
 ) -> Callable[[], object]:
-    """An `agree` hook for `tune`: teacher-forced agreement (`specreg agree`) of every
+    """A hook for `tune` to run `before`: teacher-forced agreement (`specreg agree`) of every
     compatible draft that has none recorded for `task` yet, seconds per draft instead of a
     speculative run each. Returns the AgreementResult, or None when nothing was missing."""
     from specreg.quality.agreement import AgreementPlan, agreement_drafts, measure_agreement
@@ -472,3 +508,153 @@ def agree_if_missing(
         return measure_agreement(con, Measuring(install, host, threads=threads), plan)
 
     return run
+
+
+# -- tune on a Ray host -----------------------------------------------------------------------
+
+
+def tune_host(hosts: RayHosts, name: str | None) -> tuple[RayHost, HostFacts]:
+    """The one host `tune` answers for, and its facts as the recommender sees them."""
+    if name is None:
+        if len(hosts.hosts) != 1:
+            raise UsageError(
+                f"tune answers for one host: add {param('host', 'NAME')} (one of "
+                f"{', '.join(hosts.names())})"
+            )
+        chosen = hosts.hosts[0]
+    else:
+        chosen = hosts.host(name)
+    bandwidth = chosen.facts.get("bandwidth_gbs")
+    facts = HostFacts(
+        float(bandwidth) if bandwidth else 0.0,
+        int(chosen.facts.get("physical_cores") or 1),
+        str(chosen.facts.get("bandwidth_source") or "recorded"),
+        chosen.fingerprint,
+        note=f"Ray host {chosen.name}",
+    )
+    return chosen, facts
+
+
+def ray_runner(
+    con: duckdb.DuckDBPyConnection,
+    hosts: RayHosts,
+    host: RayHost,
+    target: Path,
+    workload: Workload,
+    *,
+    task: str | None,
+    settings: Settings = DEFAULTS,
+) -> Callable[[Option], Ran]:
+    """tune's `run_option` on the Ray host `host`: each option measured there, recorded here.
+    A lookup cache is a file of this registry: such options are not sent (no run)."""
+    from specreg.registry.run_store import new_run_uuid
+    from specreg.registry.scan import model_record
+
+    target_id = model_record(con, target).model_id
+
+    def run_option(option: Option) -> Ran:
+        if option.lookup_cache:
+            log.warning("%s reads a lookup cache of this registry: not run on %s", option.label,
+                        host.name)  # fmt: skip
+            return None, None
+        job = Job(
+            run_uuid=new_run_uuid(), label=option.label,
+            config=settings.configured(option_config(option)), target_id=target_id,
+            target_path=str(target), draft_id=option.draft_id, draft_path=option.draft_path,
+            workload=workload, task=task, settings=settings, kind="run", host=host.name,
+        )  # fmt: skip
+        (outcome,), _, _ = hosts.run(runs.RunLog(con), [job])
+        record = outcome.record
+        return (record.tokens_per_s if record.status == STATUS_OK else None), outcome.run_id
+
+    return run_option
+
+
+def tune_on_ray(
+    con: duckdb.DuckDBPyConnection,
+    request: TuneRequest,
+    settings: Settings,
+    cluster: Cluster,
+    on_step: Callable[[TuneStep], None] | None = None,
+) -> TuneResult:
+    """`specreg tune --ray`: tune `request` (its target a file) for one host of the `cluster`,
+    every run measured there and recorded here; the recommender predicts for that host (its
+    fingerprint, bandwidth and cores), so its runs are its local evidence. Calibration and
+    agreement, which run llama.cpp on this machine, are left out."""
+    from specreg.runner.workload import load_workload
+
+    assert cluster.address is not None
+    name = cluster.hosts[0] if cluster.hosts else None
+    with RayHosts(cluster) as hosts:
+        host, facts = tune_host(hosts, name)
+        target = Path(request.target)
+        workload = load_workload((request.task,))
+        run_option = ray_runner(
+            con, hosts, host, target, workload, task=request.task, settings=settings
+        )
+        return tune(con, request, run_option, host=facts, on_step=on_step)
+
+
+# -- `specreg tune` ----------------------------------------------------------------------------
+
+
+def _check_where(cluster: Cluster, host_query: HostQuery | None) -> None:
+    """What tune measures on: this machine, or one host of a Ray cluster; never the host that
+    --host-facts or --cores describe (those are for `tune --dry-run`)."""
+    from specreg.tune.distributed import import_ray
+
+    if host_query is not None and host_query.elsewhere:
+        raise UsageError(
+            f"tune measures on this machine: {param('host_facts')} and {param('cores')} "
+            f"describe another host, for {param('dry_run')}"
+        )
+    if cluster.address is None and not cluster.hosts:
+        return
+    if host_query is not None and host_query.bandwidth_gbs is not None:
+        raise UsageError(f"with {param('ray')}, tune predicts with the Ray host's own bandwidth")
+    if cluster.address is None:
+        raise UsageError(f"{param('host')} names a Ray host: add {param('ray', 'ADDRESS')}")
+    import_ray()
+
+
+def tune_target(
+    db_path: Path,
+    request: TuneRequest,
+    settings: Settings = DEFAULTS,
+    *,
+    cluster: Cluster = LOCAL,
+    host_query: HostQuery | None = None,
+    llama_bin: Path | None = None,
+    on_step: Callable[[TuneStep], None] | None = None,
+) -> TuneResult:
+    """`specreg tune`: `request` tuned with the registry at `db_path` on this machine (the
+    llama.cpp in `llama_bin`; calibration and agreement first where the registry has none), or
+    for one host of the Ray `cluster` (every run measured there, recorded here). `host_query`
+    may give this host's bandwidth; it may not describe another host (that is `--dry-run`)."""
+    from specreg.host import load
+    from specreg.host.facts import resolve_host
+    from specreg.llama.install import find_llama
+    from specreg.registry.db import opened
+    from specreg.runner.workload import load_workload
+
+    _check_where(cluster, host_query)
+    if cluster.address is not None:
+        with opened(db_path) as con:
+            target = str(runs.model_file(con, request.target))
+            return tune_on_ray(con, replace(request, target=target), settings, cluster, on_step)
+    install = find_llama(llama_bin)
+    with opened(db_path) as con:
+        host, facts = resolve_host(host_query, con)
+        path = runs.model_file(con, request.target)
+        workload = load_workload((request.task,))
+        run_option = llama_runner(
+            con, install, host, path, workload, task=request.task, settings=settings
+        )
+        before = (
+            calibrate_if_missing(con, path, install, host, settings=settings),
+            agree_if_missing(con, path, install, host, canonical_task(request.task),
+                             threads=settings.threads),
+        )  # fmt: skip
+        with load.using(settings.load_policy(con, host.fingerprint)):
+            asked = replace(request, target=str(path))
+            return tune(con, asked, run_option, host=facts, on_step=on_step, before=before)

@@ -9,14 +9,13 @@ import click
 
 from specreg.cli.common import (
     MODEL,
-    build_option,
     console,
     db_option,
-    emit,
     json_option,
     json_text,
-    llama_rules,
+    present,
     resolve_db,
+    rules_option,
     write_output,
 )
 from specreg.errors import EXIT_FINDINGS
@@ -24,6 +23,7 @@ from specreg.text import clip, shell_join
 
 if TYPE_CHECKING:
     from specreg.auditor import AuditResult, DraftList, PairVerdict, Severity
+    from specreg.auditor.rules import RuleSet
 
 
 def _exit_findings() -> None:
@@ -33,17 +33,10 @@ def _exit_findings() -> None:
 @click.command()
 @click.argument("target", type=MODEL)
 @click.argument("draft", type=MODEL)
-@build_option
+@rules_option
 @db_option
 @json_option
-def compat(
-    target: str,
-    draft: str,
-    llama_build: int | None,
-    llama_bin: Path | None,
-    db_path: Path | None,
-    as_json: bool,
-) -> None:
+def compat(target: str, draft: str, rules: RuleSet, db_path: Path | None, as_json: bool) -> None:
     """Will DRAFT speculate for TARGET with llama.cpp, and if not, exactly why.
 
     Models by path, name or id. Exit 0 if compatible (warnings allowed), 1 if llama.cpp refuses
@@ -52,13 +45,9 @@ def compat(
     from specreg.auditor import check_pair
     from specreg.registry.db import opened
 
-    rules = llama_rules(llama_build, llama_bin)
     with opened(resolve_db(db_path), read_only=True) as con:
         pv = check_pair(con, target, draft, rules)
-    if as_json:
-        emit(pv)
-    else:
-        _print_verdict(pv)
+    present(pv, as_json, _print_verdict)
     if not pv.compatible:
         _exit_findings()
 
@@ -98,16 +87,11 @@ def _print_verdict(pv: PairVerdict) -> None:
 @click.command()
 @click.argument("target", type=MODEL)
 @click.option("--rejected", is_flag=True, help="Also list the refused drafts and why.")
-@build_option
+@rules_option
 @db_option
 @json_option
 def drafts(
-    target: str,
-    rejected: bool,
-    llama_build: int | None,
-    llama_bin: Path | None,
-    db_path: Path | None,
-    as_json: bool,
+    target: str, rejected: bool, rules: RuleSet, db_path: Path | None, as_json: bool
 ) -> None:
     """Drafts in the registry for TARGET, best first (verdict, then size).
 
@@ -116,13 +100,9 @@ def drafts(
     from specreg.auditor import drafts_for
     from specreg.registry.db import opened
 
-    rules = llama_rules(llama_build, llama_bin)
     with opened(resolve_db(db_path), read_only=True) as con:
         found = drafts_for(con, target, rules, include_rejected=rejected)
-    if as_json:
-        emit(found)
-    else:
-        _print_drafts(found)
+    present(found, as_json, _print_drafts)
 
 
 def _print_drafts(found: DraftList) -> None:
@@ -178,27 +158,17 @@ def _print_not_drafts(found: DraftList) -> None:
     is_flag=True,
     help="Exit 1 if a pair passes llama.cpp's check but is risky at run time.",
 )
-@build_option
+@rules_option
 @db_option
 @json_option
-def audit(
-    fail_on_findings: bool,
-    llama_build: int | None,
-    llama_bin: Path | None,
-    db_path: Path | None,
-    as_json: bool,
-) -> None:
+def audit(fail_on_findings: bool, rules: RuleSet, db_path: Path | None, as_json: bool) -> None:
     """Audit every ordered pair of the registry and save the verdicts (the graph's edges)."""
     from specreg.auditor import audit_and_save
     from specreg.registry.db import opened
 
-    rules = llama_rules(llama_build, llama_bin)
     with opened(resolve_db(db_path)) as con:
         result, _ = audit_and_save(con, rules)
-    if as_json:
-        emit(result)
-    else:
-        _print_audit(result)
+    present(result, as_json, _print_audit)
     if fail_on_findings and result.findings:
         _exit_findings()
 

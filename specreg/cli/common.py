@@ -35,7 +35,14 @@ from rich.segment import Segment
 from rich.text import Span, Text
 
 from specreg.jsonout import JsonResult
-from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, STARTUP_TIMEOUT_S
+from specreg.terms import (
+    DEFAULT_N_PREDICT,
+    DEFAULT_REPEATS,
+    DEFAULT_RETRIES,
+    ENGINE_AUTO,
+    ENGINES,
+    STARTUP_TIMEOUT_S,
+)
 from specreg.text import ABOVE_C0, SURROGATES, TEXT_LIMIT, clip, terminal_safe
 
 if TYPE_CHECKING:
@@ -90,6 +97,14 @@ def emit(result: JsonResult) -> None:
 def emit_document(doc: dict[str, Any]) -> None:
     """Write a document a result built (`result.to_json(...)` with arguments) to stdout."""
     sys.stdout.write(json_text(doc) + "\n")
+
+
+def present(result: JsonResult, as_json: bool, render: Callable[[Any], None]) -> None:
+    """The result's own `--json` document, or `render(result)` for people."""
+    if as_json:
+        emit(result)
+    else:
+        render(result)
 
 
 def write_output(text: str) -> None:
@@ -286,6 +301,132 @@ TYPE_K = TypeK()
 
 POSITIVE = click.IntRange(min=1)
 
+# The measuring options by the field of specreg.runner.settings.Settings each one sets: the
+# option's declarations and its click settings (a command may change its default or help).
+_MEASURING: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "n_predict": (
+        ("--n-predict",),
+        dict(type=POSITIVE, default=DEFAULT_N_PREDICT, show_default=True,
+             help="Tokens generated per prompt in each timed sample."),
+    ),
+    "repeats": (
+        ("--repeat", "repeats"),
+        dict(type=POSITIVE, default=DEFAULT_REPEATS, show_default=True,
+             help="Timed samples of each prompt."),
+    ),
+    "retries": (
+        ("--retries",),
+        dict(type=click.IntRange(min=0), default=DEFAULT_RETRIES, show_default=True,
+             help="Measure a sample again up to N times when other processes took CPU during "
+             "it."),
+    ),
+    "threads": (
+        ("--threads",),
+        dict(type=POSITIVE, default=None, help="llama.cpp threads (default: physical cores)."),
+    ),
+    "startup_timeout": (
+        ("--timeout", "startup_timeout"),
+        dict(type=FiniteFloat(min=1.0), default=STARTUP_TIMEOUT_S, show_default=True,
+             help="Seconds llama-server may take to load the models and answer."),
+    ),
+    "engine": (
+        ("--engine",),
+        dict(type=click.Choice(ENGINES), default=ENGINE_AUTO, show_default=True,
+             help="llama-server, or the legacy llama-speculative/llama-lookup (auto: legacy "
+             "only when this llama-server lacks the method)."),
+    ),
+    "warm_first": (
+        ("--warm", "warm_first"),
+        dict(type=POSITIVE, default=None, metavar="N",
+             help="Warm regime: send the distinct prompts once each, in order, to one "
+             "llama-server and report those after the first N apart (what a long-lived server "
+             "learns; never a replay)."),
+    ),
+    "allow_load": (
+        ("--allow-load",),
+        dict(is_flag=True,
+             help="Measure even when other processes keep the CPU busy; such a run is recorded "
+             "as disturbed: kept and shown, never evidence for recommend, tune, train or "
+             "propose."),
+    ),
+    "load_wait": (
+        ("--load-wait",),
+        dict(type=FiniteFloat(min=0.0), default=None, metavar="SECONDS",
+             help="How long to wait for a busy host to quiet down before refusing (exit 3); 0 "
+             "refuses at once. Default 60 ($SPECREG_LOAD_WAIT)."),
+    ),
+}  # fmt: skip
+# `load`: the load guard's two options, for every command that measures
+_GROUPS = {"load": ("allow_load", "load_wait")}
+
+
+def measuring_option(name: str, **changes: Any) -> Callable[[F], F]:
+    """The measuring option that sets `Settings.<name>`, with a command's own `changes` (its
+    default, its help), for a command that takes it on its own."""
+    decls, kw = _MEASURING[name]
+    return click.option(*decls, **{**kw, **changes})
+
+
+def option_group(name: str, make: Callable[[dict[str, Any]], Any], *options: Any) -> Any:
+    """A decorator: `options` (click options and arguments) gathered into ONE argument `name`,
+    which `make` builds from their values (by parameter name); the command never sees them one
+    by one. Options listed first show first in --help."""
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            given = {p: kwargs.pop(p) for p in params}
+            return func(*args, **{name: make(given)}, **kwargs)
+
+        before = len(getattr(command, "__click_params__", ()))
+        for option in reversed(options):
+            command = option(command)
+        params = [p.name for p in command.__click_params__[before:]]  # type: ignore[attr-defined]
+        return command  # type: ignore[return-value]
+
+    return decorate
+
+
+def settings_options(*names: str, **changes: dict[str, Any]) -> Any:
+    """The measuring options `names` (fields of `specreg.runner.settings.Settings`, in the
+    order --help shows them; `load` is --allow-load and --load-wait) gathered into ONE
+    argument: the command gets `settings`, a Settings built here, and passes it whole.
+    `changes` give an option the command's own default or help, e.g.
+    `repeats={"default": 2}`; an option not named keeps the Settings default."""
+    fields = [f for n in names for f in _GROUPS.get(n, (n,))]
+
+    def settings(given: dict[str, Any]) -> Any:
+        from specreg.runner.settings import Settings
+
+        return Settings(**given)
+
+    options = [measuring_option(f, **changes.get(f, {})) for f in fields]
+    return option_group("settings", settings, *options)
+
+
+def prompts_options() -> list[Any]:
+    """--task, --prompts and --max-prompts: the prompts a run or a sweep measures (for an
+    `option_group`, whose maker hands their values to `prompts_of`)."""
+    return [
+        task_option,
+        click.option(
+            "--prompts",
+            "prompts_file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help='Your own prompts, JSONL lines like {"id": "a", "prompt": "..."}.',
+        ),
+        click.option(
+            "--max-prompts", type=POSITIVE, default=None, help="Use only the first N prompts."
+        ),
+    ]
+
+
+def prompts_of(given: dict[str, Any]) -> Any:
+    """The `specreg.runner.workload.Prompts` the `prompts_options` asked for."""
+    from specreg.runner.workload import Prompts
+
+    return Prompts(given.pop("tasks"), given.pop("prompts_file"), given.pop("max_prompts"))
+
 
 def task_option(
     func: F | None = None,
@@ -310,60 +451,18 @@ def task_option(
     return option if func is None else option(func)
 
 
-def threads_option(
-    func: F | None = None, *, help: str = "llama.cpp threads (default: physical cores)."
-) -> Any:
-    """`--threads N` (at least 1; None: llama.cpp's own choice, the physical cores)."""
-    option = click.option("--threads", type=POSITIVE, default=None, help=help)
+def threads_option(func: F | None = None, **changes: Any) -> Any:
+    """`--threads N` (at least 1; None: llama.cpp's own choice, the physical cores), for a
+    command that takes no other measuring option."""
+    option = measuring_option("threads", **changes)
     return option if func is None else option(func)
 
 
-def n_predict_option(
-    func: F | None = None,
-    *,
-    default: int | None = None,
-    help: str = "Tokens generated per prompt in each timed sample.",
-) -> Any:
-    """`--n-predict N`: default `specreg.terms.DEFAULT_N_PREDICT` unless a command states its
-    own (`agree` generates longer texts)."""
-    option = click.option(
-        "--n-predict",
-        type=POSITIVE,
-        default=DEFAULT_N_PREDICT if default is None else default,
-        show_default=True,
-        help=help,
-    )
+def n_predict_option(func: F | None = None, **changes: Any) -> Any:
+    """`--n-predict N`, for a command that takes no other measuring option (`agree` states its
+    own default: it generates longer texts)."""
+    option = measuring_option("n_predict", **changes)
     return option if func is None else option(func)
-
-
-def repeats_option(
-    func: F | None = None,
-    *,
-    default: int | None = None,
-    help: str = "Timed samples of each prompt.",
-) -> Any:
-    """`--repeat N` (the command's `repeats`): default `specreg.terms.DEFAULT_REPEATS` unless a
-    command states its own (`tune` spends fewer per run)."""
-    option = click.option(
-        "--repeat",
-        "repeats",
-        type=POSITIVE,
-        default=DEFAULT_REPEATS if default is None else default,
-        show_default=True,
-        help=help,
-    )
-    return option if func is None else option(func)
-
-
-def startup_timeout_option(func: F) -> F:
-    """`--timeout S`: how long llama-server may take to start (default STARTUP_TIMEOUT_S)."""
-    return click.option(
-        "--timeout",
-        type=FiniteFloat(min=1.0),
-        default=STARTUP_TIMEOUT_S,
-        show_default=True,
-        help="Seconds llama-server may take to load the models and answer.",
-    )(func)
 
 
 # --- the host a command predicts for ------------------------------------------------------
@@ -447,6 +546,16 @@ def build_option(func: F) -> F:
     )(func)
 
 
+def rules_option(func: F) -> F:
+    """`--llama-build N` and `--llama-bin DIR` as the one thing a command wants of them: the
+    auditor's `rules` for that llama.cpp (`llama_rules`)."""
+
+    def rules(given: dict[str, Any]) -> RuleSet:
+        return llama_rules(given["llama_build"], given["llama_bin"])
+
+    return option_group("rules", rules, build_option)(func)
+
+
 def llama_rules(llama_build: int | None, llama_bin: Path | None) -> RuleSet:
     """The auditor's rules for the user's llama.cpp when specreg knows its build (a build
     number, or a build found in --llama-bin / $SPECREG_LLAMA_BIN), else the pinned build's."""
@@ -465,15 +574,8 @@ def llama_rules(llama_build: int | None, llama_bin: Path | None) -> RuleSet:
 
 
 def resolve_model_path(con: duckdb.DuckDBPyConnection, ref: str) -> Path:
-    """The file of the model `ref` names (a path, an id prefix or a name), exactly as the OS
-    names it (its first part for a split model): what commands that launch llama.cpp open.
-    A file on disk is that file, registered or not (the runner scans a new one)."""
-    import os
+    """The file of the model `ref` names (a path, an id prefix or a name), as the runner opens
+    it (`specreg.runner.runs.model_file`)."""
+    from specreg.runner.runs import model_file
 
-    from specreg.registry.queries import model_fs_paths, resolve_model
-
-    if os.path.isfile(ref):
-        return Path(ref)
-    record = resolve_model(con, ref)
-    paths = model_fs_paths(con, record.model_id)
-    return Path(paths[0] if paths else record.path)
+    return model_file(con, ref)

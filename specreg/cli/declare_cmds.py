@@ -11,9 +11,9 @@ import click
 from specreg.cli.common import (
     console,
     db_option,
-    emit,
     emit_document,
     json_option,
+    present,
     resolve_db,
     write_output,
 )
@@ -69,10 +69,7 @@ def plan(spec_path: Path, rescan: bool, db_path: Path | None, as_json: bool) -> 
         if rescan:
             rescan_declared(con, spec)
         result = make_plan(con, spec)
-    if as_json:
-        emit(result)
-    else:
-        _print_plan(result)
+    present(result, as_json, _print_plan)
     if result.drift:
         raise click.exceptions.Exit(1)
 
@@ -123,10 +120,7 @@ def import_(
 
     with opened(resolve_db(db_path)) as con:
         result = import_to_spec(con, source, spec_path, base_path=base_path, force=force)
-    if as_json:
-        emit(result)
-    else:
-        _print_import(result)
+    present(result, as_json, _print_import)
 
 
 def _print_import(result: ImportResult) -> None:

@@ -3,25 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from specreg.cli.common import (
     console,
     db_option,
-    emit,
     json_option,
     llama_bin_option,
+    option_group,
+    present,
     resolve_db,
-    threads_option,
+    settings_options,
 )
-from specreg.cli.progress import load_options, load_policy, measuring
+from specreg.cli.progress import measuring
 from specreg.errors import EXIT_FINDINGS
 
 if TYPE_CHECKING:
-    from specreg.host.doctor import DoctorReport
-    from specreg.runner.calibrate import CalibrationResult
+    from specreg.host.doctor import BuildFacts, DoctorReport
+    from specreg.runner.calibrate import Bench, CalibrationResult, DraftChoice
 
 _MARK = {"ok": "ok", "finding": "FINDING", "info": "info", "unknown": "?"}
 
@@ -38,39 +39,34 @@ _MARK = {"ok": "ok", "finding": "FINDING", "info": "info", "unknown": "?"}
 @llama_bin_option
 @db_option
 @json_option
-def doctor(
-    memory_spec: str | None,
-    no_bandwidth: bool,
-    llama_bin: Path | None,
-    db_path: Path | None,
-    as_json: bool,
-) -> None:
+def doctor(**kw: Any) -> None:
     """Check this host for llama.cpp: NUMA, SMT, threads, huge pages, governor, OpenMP, the
     build's CPU features, memory against the registry's targets, memory bandwidth.
 
     Each finding says what it costs and the command that fixes it. Exit 1 on findings.
     """
-    from specreg.errors import LlamaError
     from specreg.host.doctor import run_doctor
     from specreg.host.membw import parse_memory_spec
+
+    memory = parse_memory_spec(kw["memory_spec"]) if kw["memory_spec"] else None
+    report = run_doctor(resolve_db(kw["db_path"]), build=_build_facts(kw["llama_bin"]),
+                        memory=memory, measure_bandwidth=not kw["no_bandwidth"])  # fmt: skip
+    present(report, kw["as_json"], _print_doctor)
+    if report.findings:
+        raise click.exceptions.Exit(EXIT_FINDINGS)
+
+
+def _build_facts(llama_bin: Path | None) -> BuildFacts | None:
+    """The facts of the llama.cpp build; None without one (doctor checks the host all the
+    same, and a finding says so)."""
+    from specreg.errors import LlamaError
     from specreg.llama.facts import build_facts
     from specreg.llama.install import find_llama
 
-    memory = parse_memory_spec(memory_spec) if memory_spec else None
     try:
-        install = find_llama(llama_bin)
-        build = build_facts(install)
+        return build_facts(find_llama(llama_bin))
     except LlamaError:
-        build = None  # doctor checks the host without a build; the finding says so
-    report = run_doctor(
-        resolve_db(db_path), build=build, memory=memory, measure_bandwidth=not no_bandwidth
-    )
-    if as_json:
-        emit(report)
-    else:
-        _print_doctor(report)
-    if report.findings:
-        raise click.exceptions.Exit(EXIT_FINDINGS)
+        return None
 
 
 def _print_doctor(report: DoctorReport) -> None:
@@ -93,51 +89,57 @@ def _print_doctor(report: DoctorReport) -> None:
     out.print(f"{n} finding{'s' if n != 1 else ''}; doctor took {report.seconds:.1f} s")
 
 
+def _drafts(given: dict[str, Any]) -> DraftChoice:
+    from specreg.runner.calibrate import DraftChoice
+
+    return DraftChoice.asked(given["drafts"], given["no_drafts"], given["max_drafts"])
+
+
+def _bench(given: dict[str, Any]) -> Bench:
+    from specreg.runner.calibrate import Bench
+
+    return Bench(gen_tokens=given["gen_tokens"], repetitions=given["repetitions"])
+
+
 @click.command()
 @click.argument("target")
-@click.option(
-    "--draft",
+@option_group(
     "drafts",
-    multiple=True,
-    help="Calibrate this draft too (default: the compatible drafts in the registry).",
+    _drafts,
+    click.option(
+        "--draft",
+        "drafts",
+        multiple=True,
+        help="Calibrate this draft too (default: the compatible drafts in the registry).",
+    ),
+    click.option("--no-drafts", is_flag=True, help="Calibrate the target only."),
+    click.option(
+        "--max-drafts", type=int, default=3, show_default=True, help="At most this many drafts."
+    ),
 )
-@click.option("--no-drafts", is_flag=True, help="Calibrate the target only.")
-@click.option(
-    "--max-drafts", type=int, default=3, show_default=True, help="At most this many drafts."
+@option_group(
+    "bench",
+    _bench,
+    click.option(
+        "--repetitions", type=int, default=5, show_default=True, help="llama-bench -r per test."
+    ),
+    click.option(
+        "--gen-tokens", type=int, default=128, show_default=True, help="Tokens of plain generation."
+    ),
 )
-@threads_option
-@click.option(
-    "--repetitions", type=int, default=5, show_default=True, help="llama-bench -r per test."
-)
-@click.option(
-    "--gen-tokens", type=int, default=128, show_default=True, help="Tokens of plain generation."
-)
-@click.option(
-    "--retries",
-    type=int,
-    default=2,
-    show_default=True,
-    help="Measure a test again up to N times when other processes took CPU during it.",
+@settings_options(
+    "threads",
+    "retries",
+    "load",
+    retries={
+        "type": int,
+        "help": "Measure a test again up to N times when other processes took CPU during it.",
+    },
 )
 @llama_bin_option
-@load_options
 @db_option
 @json_option
-def calibrate(
-    target: str,
-    drafts: tuple[str, ...],
-    no_drafts: bool,
-    max_drafts: int,
-    threads: int | None,
-    repetitions: int,
-    gen_tokens: int,
-    retries: int,
-    llama_bin: Path | None,
-    allow_load: bool,
-    load_wait: float | None,
-    db_path: Path | None,
-    as_json: bool,
-) -> None:
+def calibrate(target: str, drafts: DraftChoice, bench: Bench, **kw: Any) -> None:
     """Time TARGET (and its drafts) with llama-bench on this host: one pass over 1, 2, 4, ...
     32 tokens (what verifying K drafted tokens costs) and plain generation; stored per host and
     model for the recommender.
@@ -150,24 +152,10 @@ def calibrate(
     """
     from specreg.runner.calibrate import calibrate_target
 
-    policy = load_policy(None, None, allow_load=allow_load, load_wait=load_wait)
-    with measuring(policy, as_json=as_json):
-        result = calibrate_target(
-            resolve_db(db_path),
-            target,
-            drafts=() if no_drafts else drafts,
-            auto_drafts=not no_drafts and not drafts,
-            max_drafts=max_drafts,
-            threads=threads,
-            repetitions=repetitions,
-            gen_tokens=gen_tokens,
-            retries=retries,
-            llama_bin=llama_bin,
-        )
-    if as_json:
-        emit(result)
-    else:
-        _print_calibration(result)
+    with measuring(as_json=kw["as_json"]):
+        result = calibrate_target(resolve_db(kw["db_path"]), target, drafts=drafts, bench=bench,
+                                  settings=kw["settings"], llama_bin=kw["llama_bin"])  # fmt: skip
+    present(result, kw["as_json"], _print_calibration)
     if result.contended:
         raise click.exceptions.Exit(EXIT_FINDINGS)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -11,9 +11,9 @@ from specreg.cli.common import (
     MODEL,
     console,
     db_option,
-    emit,
     json_option,
     llama_bin_option,
+    present,
     resolve_db,
     resolve_model_path,
     task_option,
@@ -52,18 +52,7 @@ def lookup_group() -> None:
 @llama_bin_option
 @db_option
 @json_option
-def build_cmd(
-    name: str,
-    files: tuple[Path, ...],
-    task: str,
-    model_ref: str,
-    from_runs: bool,
-    run_ids: tuple[int, ...],
-    threads: int | None,
-    llama_bin: Path | None,
-    db_path: Path | None,
-    as_json: bool,
-) -> None:
+def build_cmd(name: str, files: tuple[Path, ...], **kw: Any) -> None:
     """Build the lookup cache NAME from FILES and/or recorded runs' prompts and outputs with
     llama.cpp's llama-lookup-create, and record it. Evaluate it on prompts that did not build
     it: a cache holding a prompt's own output measures a replay."""
@@ -72,17 +61,14 @@ def build_cmd(
     from specreg.registry.db import opened
     from specreg.runner.lookup_cache import BuildRequest, build_cache
 
-    install, host = find_llama(llama_bin), detect_host()
-    with opened(resolve_db(db_path)) as con:
+    install, host = find_llama(kw["llama_bin"]), detect_host()
+    with opened(resolve_db(kw["db_path"])) as con:
         req = BuildRequest(
-            name=name, task=task, model_path=resolve_model_path(con, model_ref), files=files,
-            from_runs=from_runs, run_ids=run_ids, threads=threads,
+            name=name, task=kw["task"], model_path=resolve_model_path(con, kw["model_ref"]),
+            files=files, from_runs=kw["from_runs"], run_ids=kw["run_ids"], threads=kw["threads"],
         )  # fmt: skip
         cache = build_cache(con, install, host, req)
-    if as_json:
-        emit(cache)
-    else:
-        _print_built(cache)
+    present(cache, kw["as_json"], _print_built)
 
 
 @lookup_group.command("list")
@@ -102,10 +88,7 @@ def list_cmd(model_ref: str | None, task: str | None, db_path: Path | None, as_j
             found = LookupCacheList(())  # a model without a vocabulary fits no cache
         else:
             found = LookupCacheList(tuple(list_caches(con, tok_fingerprint=fingerprint, task=task)))
-    if as_json:
-        emit(found)
-    else:
-        _print_list(found)
+    present(found, as_json, _print_list)
 
 
 def _print_built(c: LookupCache) -> None:

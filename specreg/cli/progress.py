@@ -1,71 +1,25 @@
-"""Progress and the load guard's options for the measuring commands (run, verify, tune, sweep,
-calibrate, agree, quality).
+"""Progress for the measuring commands (run, verify, tune, sweep, calibrate, agree, quality).
 
 The core reports progress to `specreg.host.progress`; this module renders it: a rich progress
 bar on stderr when stderr is a terminal, plain note lines (waits, retries and why) when it is
 not, nothing under `--json` (stdout carries the document; errors still reach stderr).
-`--allow-load` and `--load-wait` become the `LoadPolicy` the core measures under, together with
-this host's quiet noise floor from the registry (`specreg calibrate` measures it).
+`--allow-load` and `--load-wait` are measuring options (`common.settings_options`): the core
+turns them into the `LoadPolicy` it measures under (`Settings.load_policy`), with this host's
+quiet noise floor from the registry (`specreg calibrate` measures it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import click
-
-from specreg.cli.common import FiniteFloat, err_console
+from specreg.cli.common import err_console
 
 if TYPE_CHECKING:
-    import duckdb
     from rich.progress import Progress, TaskID
 
     from specreg.cli.common import SafeConsole
-    from specreg.host.load import LoadPolicy
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def load_options(func: F) -> F:
-    """`--allow-load` and `--load-wait SECONDS`, for every command that measures."""
-    func = click.option(
-        "--load-wait",
-        type=FiniteFloat(min=0.0),
-        default=None,
-        metavar="SECONDS",
-        help="How long to wait for a busy host to quiet down before refusing (exit 3); "
-        "0 refuses at once. Default 60 ($SPECREG_LOAD_WAIT).",
-    )(func)
-    return click.option(
-        "--allow-load",
-        is_flag=True,
-        help="Measure even when other processes keep the CPU busy; such a run is recorded as "
-        "disturbed: kept and shown, never evidence for recommend, tune, train or propose.",
-    )(func)
-
-
-def load_policy(
-    con: duckdb.DuckDBPyConnection | None,
-    host_fingerprint: str | None,
-    *,
-    allow_load: bool = False,
-    load_wait: float | None = None,
-) -> LoadPolicy:
-    """The options and the environment as a `LoadPolicy`, with this host's noise floor."""
-    from specreg.host.load import LoadPolicy
-
-    policy = LoadPolicy.from_env().with_(wait_s=load_wait)
-    if allow_load:
-        policy = policy.with_(allow_load=True)
-    if con is not None and host_fingerprint:
-        from specreg.registry.noise import latest_noise_floor
-
-        floor = latest_noise_floor(con, host_fingerprint)
-        if floor is not None:
-            policy = policy.with_(noise_floor=floor.spread)
-    return policy
 
 
 class _Task:
@@ -152,16 +106,16 @@ class _Silent:
 
 
 @contextmanager
-def measuring(policy: LoadPolicy | None = None, *, as_json: bool = False) -> Iterator[None]:
-    """The block measures under `policy` and shows its progress (none under --json)."""
-    from specreg.host import load
+def measuring(*, as_json: bool = False) -> Iterator[None]:
+    """The block's progress, shown (none under --json); the core measures under its own load
+    policy (`Settings.load_policy`)."""
     from specreg.host.progress import listening
 
     console = err_console()
     listener: TerminalProgress | _Silent = (
         _Silent() if as_json else TerminalProgress(console, live=console.is_terminal)
     )
-    with load.using(policy or load.current_policy()), listening(listener):
+    with listening(listener):
         try:
             yield
         finally:

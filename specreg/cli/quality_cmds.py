@@ -14,11 +14,11 @@ from specreg.cli.common import (
     MODEL,
     console,
     db_option,
-    emit,
     err_console,
     json_option,
     llama_bin_option,
     n_predict_option,
+    present,
     resolve_db,
     resolve_model_path,
     task_option,
@@ -111,7 +111,7 @@ def quality_cmd(**kw: Any) -> None:
         texts = quality_texts(kw["tasks"], kw["texts"])
         with measuring(as_json=kw["as_json"]):  # takes its turn on the host, says so
             result = measure_quality(con, _measuring(kw), plan, texts)
-    _emit(result, kw["as_json"], _print_quality)
+    present(result, kw["as_json"], _print_quality)
     if not result.ok:
         raise RunFailed("a quality measurement failed and was recorded: see the table")
 
@@ -172,16 +172,9 @@ def agree_cmd(**kw: Any) -> None:
                 scored=kw["scored"],
                 via=kw["via"],
             )
-    _emit(result, kw["as_json"], _print_agreement)
+    present(result, kw["as_json"], _print_agreement)
     if not result.ok:
         raise RunFailed("an agreement measurement failed and was recorded: see the table")
-
-
-def _emit(result: Any, as_json: bool, render: Callable[[Any], None]) -> None:
-    if as_json:
-        emit(result)
-    else:
-        render(result)
 
 
 def _pm(value: float | None, unc: float | None, fmt: str = ".4f", scale: float = 1.0) -> str:

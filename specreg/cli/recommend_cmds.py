@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,20 +16,19 @@ from specreg.cli.common import (
     FiniteFloat,
     console,
     db_option,
-    emit,
     emit_document,
     err_console,
     host_facts_options,
     json_option,
     llama_bin_option,
-    n_predict_option,
-    repeats_option,
+    option_group,
+    present,
     resolve_db,
-    resolve_model_path,
+    settings_options,
     task_option,
 )
-from specreg.cli.progress import load_options, load_policy, measuring
-from specreg.terms import POLICIES, POLICY_QUALITY, canonical_task
+from specreg.cli.progress import measuring
+from specreg.terms import POLICIES, POLICY_QUALITY
 from specreg.text import clip
 
 if TYPE_CHECKING:
@@ -38,7 +38,9 @@ if TYPE_CHECKING:
     from specreg.recommender.evaluate import CVReport
     from specreg.recommender.recommend import Option, Recommendation
     from specreg.recommender.train import TrainSummary
-    from specreg.tune.tuner import TuneResult, TuneStep
+    from specreg.runner.settings import Settings
+    from specreg.tune.distributed import Cluster
+    from specreg.tune.tuner import TuneRequest, TuneResult, TuneStep
 
 F = Callable[..., Any]
 
@@ -96,33 +98,19 @@ def _kld_budget(max_kld: float | None, role: str | None, spec_path: Path) -> flo
     "--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path),
     default=Path("specreg.yaml"), show_default=True, help="The declaration file for --role.",
 )  # fmt: skip
-def recommend_cmd(
-    target: str,
-    task: str,
-    policy: str,
-    spec_type: str | None,
-    host_query: HostQuery,
-    llama_bin: Path | None,
-    db_path: Path | None,
-    as_json: bool,
-    temp: float,
-    top: int,
-    max_kld: float | None,
-    role: str | None,
-    spec_path: Path,
-) -> None:
+def recommend_cmd(target: str, top: int, **kw: Any) -> None:
     """Rank configurations for TARGET: predicted t/s and speedup band, command, why.
 
     Acceptance is measured agreement (`specreg agree`) for draft pairs without runs; under
     --policy speed each lossy option shows its quality cost (`specreg quality`, or predicted).
     --host-facts, --cores and --bandwidth ask about another host (an EPYC from a laptop).
     """
-    budget = _kld_budget(max_kld, role, spec_path)
     rec, commands = _recommend(
-        db_path, target, host_query, llama_bin, top, task=task, policy=policy,
-        temperature=temp, max_kld=budget, spec_type=spec_type,
+        kw["db_path"], target, kw["host_query"], kw["llama_bin"], top, task=kw["task"],
+        policy=kw["policy"], temperature=kw["temp"], spec_type=kw["spec_type"],
+        max_kld=_kld_budget(kw["max_kld"], kw["role"], kw["spec_path"]),
     )  # fmt: skip
-    if as_json:
+    if kw["as_json"]:
         emit_document(rec.to_json(commands, top))
     else:
         _print_recommendation(rec, commands, top)
@@ -236,10 +224,7 @@ def train_cmd(no_cv: bool, host_query: HostQuery, db_path: Path | None, as_json:
         host, facts = this_host(host_query, con)
         local = [*local_observations(con, facts), *other_host_observations(con, facts)]
     _, summary, report = train(local, host=host.fingerprint, with_cv=not no_cv)
-    if as_json:
-        emit(summary)
-    else:
-        _print_train(summary, report)
+    present(summary, as_json, functools.partial(_print_train, report=report))
 
 
 def _print_train(summary: TrainSummary, report: CVReport | None) -> None:
@@ -255,108 +240,76 @@ def _print_train(summary: TrainSummary, report: CVReport | None) -> None:
         )
 
 
+def _tune_cluster(given: dict[str, Any]) -> Cluster:
+    from specreg.tune.distributed import Cluster
+
+    name = given["ray_host"]
+    return Cluster(given["ray_address"], (name,) if name else ())
+
+
 @click.command("tune")
 @click.argument("target", type=MODEL)
 @_common
 @click.option(
     "--budget", type=click.IntRange(min=1), default=6, show_default=True, help="Most runs to spend."
 )
-@n_predict_option
-@repeats_option(default=2, help="Timed samples of each prompt in each run.")
-@click.option(
-    "--ray",
-    "ray_address",
-    metavar="ADDRESS",
-    default=None,
-    help="Tune for a host of this Ray cluster: every run measured there, recorded here "
-    "(pip install 'specreg[ray]').",
+@settings_options(
+    "n_predict", "repeats", "load",
+    repeats={"default": 2, "help": "Timed samples of each prompt in each run."},
+)  # fmt: skip
+@option_group(
+    "cluster",
+    _tune_cluster,
+    click.option(
+        "--ray",
+        "ray_address",
+        metavar="ADDRESS",
+        default=None,
+        help="Tune for a host of this Ray cluster: every run measured there, recorded here "
+        "(pip install 'specreg[ray]').",
+    ),
+    click.option("--host", "ray_host", metavar="NAME", default=None, help="That Ray host's name."),
 )
-@click.option("--host", "ray_host", metavar="NAME", default=None, help="That Ray host's name.")
 @click.option(
     "--dry-run",
     is_flag=True,
     help="Print the runs tune would start with (each measuring as predicted) and their "
     "commands, for this host or the one --host-facts/--cores describe; run nothing.",
 )
-@load_options
-def tune_cmd(
-    target: str,
-    task: str,
-    policy: str,
-    spec_type: str | None,
-    host_query: HostQuery,
-    llama_bin: Path | None,
-    db_path: Path | None,
-    as_json: bool,
-    budget: int,
-    n_predict: int,
-    repeats: int,
-    ray_address: str | None,
-    ray_host: str | None,
-    dry_run: bool,
-    allow_load: bool,
-    load_wait: float | None,
-) -> None:
+def tune_cmd(target: str, settings: Settings, cluster: Cluster, **kw: Any) -> None:
     """Measure the most promising configurations of TARGET until the best is confirmed.
 
     TARGET is a path, an id prefix or a name. With --ray the runs happen on one host of a Ray
     cluster (--host NAME when it has several) and the answer is for that host.
     """
-    from specreg.cli.advice import this_host
-    from specreg.errors import UsageError
-    from specreg.llama.install import find_llama
-    from specreg.registry.db import opened
-    from specreg.runner.workload import load_workload
-    from specreg.tune.tuner import agree_if_missing, calibrate_if_missing, llama_runner, tune
+    from specreg.tune.tuner import TuneRequest, tune_target
 
-    if dry_run:
-        if ray_address is not None or ray_host is not None:
-            raise UsageError("--dry-run plans for this host or the host facts given, not --ray")
-        rec, commands = _recommend(
-            db_path, target, host_query, llama_bin, task=task, policy=policy, spec_type=spec_type
-        )
-        return (
-            emit_document(rec.to_json(commands)) if as_json else _print_plan(rec, commands, budget)
-        )
-    if host_query.elsewhere:
-        raise UsageError("tune measures on this machine: --host-facts and --cores describe "
-                         "another host, for --dry-run")  # fmt: skip
-    if ray_address is not None or ray_host is not None:
-        from specreg.tune.distributed import import_ray, tune_on_ray
-
-        if host_query.bandwidth_gbs is not None:
-            raise UsageError("with --ray, tune predicts with the Ray host's own bandwidth")
-        if ray_address is None:
-            raise UsageError("--host names a Ray host: add --ray ADDRESS")
-        import_ray()
-        with opened(resolve_db(db_path)) as con:
-            result = tune_on_ray(
-                con, resolve_model_path(con, target), ray_address, ray_host, task=task,
-                policy=policy, budget=budget, n_predict=n_predict, repeats=repeats,
-                spec_type=spec_type, on_step=None if as_json else _print_step,
-            )  # fmt: skip
-        return emit(result) if as_json else _print_tune(result)
-    install = find_llama(llama_bin)
-    with opened(resolve_db(db_path)) as con:
-        host, facts = this_host(host_query, con)
-        path = resolve_model_path(con, target)
-        run_option = llama_runner(
-            con, install, host, path, load_workload((task,)),
-            task=task, n_predict=n_predict, repeats=repeats,
+    request = TuneRequest(target, kw["task"], kw["policy"], kw["spec_type"], kw["budget"])
+    if kw["dry_run"]:
+        return _dry_run(request, cluster, kw)
+    with measuring(as_json=kw["as_json"]):
+        result = tune_target(
+            resolve_db(kw["db_path"]), request, settings, cluster=cluster,
+            host_query=kw["host_query"], llama_bin=kw["llama_bin"],
+            on_step=None if kw["as_json"] else _print_step,
         )  # fmt: skip
-        load = load_policy(con, host.fingerprint, allow_load=allow_load, load_wait=load_wait)
-        with measuring(load, as_json=as_json):
-            result = tune(
-                con, str(path), run_option, host=facts, task=task, policy=policy,
-                budget=budget, on_step=None if as_json else _print_step,
-                calibrate=calibrate_if_missing(con, path, install, host),
-                agree=agree_if_missing(con, path, install, host, canonical_task(task)),
-                spec_type=spec_type,
-            )  # fmt: skip
-    if as_json:
-        emit(result)
+    present(result, kw["as_json"], _print_tune)
+
+
+def _dry_run(request: TuneRequest, cluster: Cluster, kw: dict[str, Any]) -> None:
+    """tune --dry-run: for this host or the host facts given, never a Ray host."""
+    from specreg.errors import UsageError
+
+    if cluster.address is not None or cluster.hosts:
+        raise UsageError("--dry-run plans for this host or the host facts given, not --ray")
+    rec, commands = _recommend(
+        kw["db_path"], request.target, kw["host_query"], kw["llama_bin"], task=request.task,
+        policy=request.policy, spec_type=request.spec_type,
+    )  # fmt: skip
+    if kw["as_json"]:
+        emit_document(rec.to_json(commands))
     else:
-        _print_tune(result)
+        _print_plan(rec, commands, request.budget)
 
 
 def _print_plan(rec: Recommendation, commands: Sequence[str], budget: int) -> None:

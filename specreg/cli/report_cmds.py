@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -11,10 +11,10 @@ from specreg.cli.common import (
     build_option,
     console,
     db_option,
-    emit,
     host_facts_options,
     json_option,
     llama_rules,
+    present,
     resolve_db,
     task_option,
 )
@@ -52,17 +52,7 @@ DEFAULT_TASK = "chat"
 @build_option
 @db_option
 @json_option
-def report(
-    out_dir: Path | None,
-    open_browser: bool,
-    recommend: bool,
-    tasks: tuple[str, ...],
-    host_query: HostQuery,
-    llama_build: int | None,
-    llama_bin: Path | None,
-    db_path: Path | None,
-    as_json: bool,
-) -> None:
+def report(**kw: Any) -> None:
     """Write a static HTML report of the registry that works offline (open index.html).
 
     Each target's page says what to run first (the recommendation for each --task, chat by
@@ -71,32 +61,35 @@ def report(
     import time
 
     started = time.perf_counter()  # the fit of the recommender counts too
+    result = _site(kw, started)
+    present(result, kw["as_json"], _print_report)
+    if kw["open_browser"]:
+        click.launch(str(result.index))
+
+
+def _site(kw: dict[str, Any], started: float) -> SiteResult:
+    """The site of the registry, checked by the same rules as `specreg audit`, each target
+    with what `specreg recommend` says for each task (unless --no-recommend)."""
     from specreg.errors import UsageError
     from specreg.home import cache_dir, specreg_home
     from specreg.registry.db import opened
     from specreg.reports import build_site
 
-    db = resolve_db(db_path)
+    db = resolve_db(kw["db_path"])
     if not db.exists():
         raise UsageError(f"no registry at {db}: run `specreg scan DIR` first")
-    rules = llama_rules(llama_build, llama_bin)  # the same rules as `specreg audit`
+    rules = llama_rules(kw["llama_build"], kw["llama_bin"])
     with opened(db) as con:
-        result = build_site(
+        return build_site(
             con,
-            out_dir or specreg_home() / "report",
+            kw["out_dir"] or specreg_home() / "report",
             cache=cache_dir() / "report",
             db_label=str(db),
             rules=rules,
-            advise=_advise(con, host_query, llama_bin) if recommend else None,
-            tasks=tuple(dict.fromkeys(tasks)) or (DEFAULT_TASK,),
+            advise=_advise(con, kw["host_query"], kw["llama_bin"]) if kw["recommend"] else None,
+            tasks=tuple(dict.fromkeys(kw["tasks"])) or (DEFAULT_TASK,),
             started=started,
         )
-    if as_json:
-        emit(result)
-    else:
-        _print_report(result)
-    if open_browser:
-        click.launch(str(result.index))
 
 
 def _advise(

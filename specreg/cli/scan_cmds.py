@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from specreg.cli.common import (
     emit,
     err_console,
     json_option,
+    present,
     resolve_db,
 )
 from specreg.text import FIELD_LIMIT, clip, shell_join
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 
     from specreg.registry.queries import ModelDetails, ModelRecord
     from specreg.registry.scan import ScanResult
+    from specreg.samples.demo import DemoTree
 
 
 @click.command()
@@ -44,10 +47,7 @@ def scan(
 
     with opened(resolve_db(db_path)) as con:
         result = _scan(con, paths, all_files, progress=not as_json)
-    if as_json:
-        emit(result)
-    else:
-        _print_scan(result, verbose)
+    present(result, as_json, functools.partial(_print_scan, verbose=verbose))
     if not result.ok:
         raise click.exceptions.Exit(1)
 
@@ -242,17 +242,21 @@ def demo(directory: Path, force: bool, as_json: bool) -> None:
 
     DIRECTORY must be new, empty or an earlier demo (exit 2 otherwise, unless --force).
     """
-    from specreg.registry.queries import human_bytes
     from specreg.samples.demo import DemoTree, make_demo_tree
 
-    made = make_demo_tree(directory, force=force)
-    if as_json:
-        emit(DemoTree(directory, tuple(made)))
-        return
+    present(
+        DemoTree(directory, tuple(make_demo_tree(directory, force=force))), as_json, _print_demo
+    )
+
+
+def _print_demo(tree: DemoTree) -> None:
+    from specreg.registry.queries import human_bytes
+
+    made = tree.files
     total = sum(p.stat().st_size for p in made if p.exists() and not p.is_symlink())
     console().print(
-        f"wrote {len(made)} files under {directory} ({human_bytes(total)} apparent); "
-        f"next: {shell_join(['specreg', 'scan', directory])}"
+        f"wrote {len(made)} files under {tree.directory} ({human_bytes(total)} apparent); "
+        f"next: {shell_join(['specreg', 'scan', tree.directory])}"
     )
 
 

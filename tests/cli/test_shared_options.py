@@ -4,15 +4,12 @@ runner does when called without them, so the CLI and the library cannot drift ap
 
 from __future__ import annotations
 
-import inspect
-
 import click
 import pytest
 
 from specreg.cli.main import COMMAND_MODULES, cli
-from specreg.runner import runs
+from specreg.runner.settings import Settings
 from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, STARTUP_TIMEOUT_S
-from specreg.tune import sweep
 
 # Commands that state their own default, and why: agree generates the target's text to score
 # (longer than a timed sample), tune spends fewer samples per run to afford more runs.
@@ -53,12 +50,12 @@ def test_measuring_options_default_to_the_core(flag: str, default: int | None) -
         assert param.default == want, path
 
 
-@pytest.mark.parametrize("function", [runs.plan, sweep.plan_sweep], ids=lambda f: f.__name__)
-def test_the_core_uses_the_same_defaults(function: object) -> None:
-    params = inspect.signature(function).parameters  # type: ignore[arg-type]
-    assert params["n_predict"].default == DEFAULT_N_PREDICT
-    assert params["repeats"].default == DEFAULT_REPEATS
-    assert params["startup_timeout"].default == STARTUP_TIMEOUT_S
+def test_the_core_uses_the_same_defaults() -> None:
+    # every core function measures with a `Settings`, whose defaults are these
+    settings = Settings()
+    assert settings.n_predict == DEFAULT_N_PREDICT
+    assert settings.repeats == DEFAULT_REPEATS
+    assert settings.startup_timeout == STARTUP_TIMEOUT_S
 
 
 def test_threads_is_at_least_one_everywhere() -> None:

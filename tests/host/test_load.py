@@ -21,7 +21,7 @@ from specreg.llama.config import Config
 from specreg.registry.db import opened
 from specreg.registry.run_store import record_run
 from specreg.runner.measurement import PromptResult
-from specreg.runner.runs import to_record
+from specreg.runner.records import to_record
 
 from support.calibration import calibration_record
 from support.load import spin, stop
@@ -257,9 +257,9 @@ def test_disturbed_runs_are_no_evidence_and_no_baseline(scanned_db: Path) -> Non
 def test_calibrate_stores_the_quiet_noise_floor_and_runs_are_judged_by_it(
     tmp_path: Path,
 ) -> None:
-    from specreg.cli.progress import load_policy
     from specreg.registry.noise import latest_noise_floor, record_noise_floor
     from specreg.runner.calibrate import noise_floor_of
+    from specreg.runner.settings import Settings
 
     quiet = calibration_record()  # generation repeated at 0.64 and 0.70 s: a 9.4 % spread
     floor = noise_floor_of(quiet)
@@ -271,8 +271,8 @@ def test_calibrate_stores_the_quiet_noise_floor_and_runs_are_judged_by_it(
     with opened(tmp_path / "r.duckdb") as con:
         assert latest_noise_floor(con, "hostA") is None
         record_noise_floor(con, floor)
-        policy = load_policy(con, "hostA", allow_load=True, load_wait=5.0)
-        assert load_policy(con, "hostB").noise_floor is None
+        policy = Settings(allow_load=True, load_wait=5.0).load_policy(con, "hostA")
+        assert Settings().load_policy(con, "hostB").noise_floor is None
     assert policy.noise_floor == pytest.approx(floor.spread)
     assert (policy.allow_load, policy.wait_s) == (True, 5.0)
     assert policy.spread_allowed == pytest.approx(4 * floor.spread)  # 37.5 %, above the 35 %

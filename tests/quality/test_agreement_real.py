@@ -43,6 +43,7 @@ from specreg.registry.quality_store import (
 )
 from specreg.registry.scan import model_record
 from specreg.runner.measure import measure
+from specreg.runner.settings import Settings
 from specreg.runner.workload import Workload, task_prompts
 from specreg.samples.small_models import SmallModels
 from specreg.samples.synthetic import SyntheticModels
@@ -161,8 +162,8 @@ def test_the_drafts_guesses_on_the_server_replay_a_real_speculative_run(
     # a real draft-simple run on a fresh server, K=4, the same prompts and length
     run = measure(
         llama_install, detect_host(), Config(spec_type="draft-simple", k=4, threads=1),
-        target, q4, Workload("task:code", task_prompts("code")), n_predict=n_predict,
-        repeats=1, warmup=False, contention_retries=0,
+        target, q4, Workload("task:code", task_prompts("code")),
+        Settings(n_predict=n_predict, repeats=1, warmup=False, retries=0),
     )  # fmt: skip
     assert run.failure is None and run.draft_n > 0, run.failure
     accepted, drafted = replay(traces, 4)

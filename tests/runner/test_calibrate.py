@@ -17,7 +17,7 @@ from specreg.llama.install import DIALECT_SPEC_TYPE, LlamaInstall
 from specreg.llama.process import ServerFailed
 from specreg.registry.calibration import KIND_BATCH, KIND_GEN, latest_calibration
 from specreg.registry.db import opened
-from specreg.runner.calibrate import calibrate_target
+from specreg.runner.calibrate import Bench, DraftChoice, calibrate_target
 
 # One row as the pinned llama-bench prints it (-o jsonl), trimmed to the fields it always has.
 ROW = {
@@ -124,10 +124,8 @@ def test_curve_is_stored_per_host_and_model(tmp_path: Path, registry: tuple[Path
         str(model),
         install=install,
         host=HOST,
-        batch_sizes=(1, 2, 4),
-        gen_tokens=16,
-        repetitions=3,
-        auto_drafts=False,
+        bench=Bench(batch_sizes=(1, 2, 4), gen_tokens=16, repetitions=3),
+        drafts=DraftChoice(auto=False),
     )
     (rec,) = result.records
     # this machine's own background load may make some tests run again; the count adds up
@@ -168,10 +166,8 @@ def test_a_disturbed_test_is_measured_again(tmp_path: Path, registry: tuple[Path
         str(model),
         install=install,
         host=HOST,
-        batch_sizes=(1, 2, 4),
-        gen_tokens=0,
-        repetitions=2,
-        auto_drafts=False,
+        bench=Bench(batch_sizes=(1, 2, 4), gen_tokens=0, repetitions=2),
+        drafts=DraftChoice(auto=False),
     )
     (rec,) = result.records
     by_n = {p.n_tokens: p for p in rec.batch}
@@ -185,7 +181,7 @@ def test_crash_is_one_line_with_llamas_message(tmp_path: Path, registry: tuple[P
     db, model = registry
     install, pids = fake_install(tmp_path, "crash")
     with pytest.raises(ServerFailed) as err:
-        calibrate_target(db, str(model), install=install, host=HOST, auto_drafts=False)
+        calibrate_target(db, str(model), install=install, host=HOST, drafts=DraftChoice(auto=False))
     assert str(err.value).startswith(
         "llama-bench exited with code 1: llama_model_load: error loading model: tensor "
         "'blk.0' data is not within the file bounds"
@@ -204,7 +200,7 @@ def test_hang_times_out_and_leaves_nothing(tmp_path: Path, registry: tuple[Path,
     with opened(db) as con:
         record = resolve_model(con, str(model))
     with pytest.raises(ServerFailed, match="llama-bench did not finish within 1 s"):
-        calibrate_model(install, HOST, record, timeout=1.0)
+        calibrate_model(install, HOST, record, bench=Bench(timeout=1.0))
     assert _alive(pids) == []
 
 

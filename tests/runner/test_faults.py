@@ -131,6 +131,7 @@ def test_hang_during_request_times_out(tmp_path: Path, target: Path, specreg_hom
     from specreg.host.machine import detect_host
     from specreg.llama.config import Config
     from specreg.runner.measure import measure
+    from specreg.runner.settings import Settings
     from specreg.runner.workload import load_workload
 
     bin_dir, pids = make_fake(tmp_path, "stall")
@@ -141,9 +142,7 @@ def test_hang_during_request_times_out(tmp_path: Path, target: Path, specreg_hom
         target,
         None,
         load_workload(("code",)).head(1),
-        repeats=1,
-        warmup=False,
-        request_timeout=1.5,
+        Settings(repeats=1, warmup=False, request_timeout=1.5),
     )
     assert m.failure is not None and m.failure.kind == "timeout"
     assert "did not answer /completion within 2 s" in str(m.failure)
@@ -155,6 +154,7 @@ def test_interrupt_kills_the_server(tmp_path: Path, target: Path, monkeypatch) -
     from specreg.llama import server as server_mod
     from specreg.llama.config import Config
     from specreg.runner.measure import measure
+    from specreg.runner.settings import Settings
     from specreg.runner.workload import load_workload
 
     bin_dir, pids = make_fake(tmp_path, "ok")
@@ -171,7 +171,7 @@ def test_interrupt_kills_the_server(tmp_path: Path, target: Path, monkeypatch) -
             target,
             None,
             load_workload(("code",)).head(1),
-            repeats=1,
+            Settings(repeats=1),
         )
     assert_no_strays(pids)
 

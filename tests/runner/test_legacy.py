@@ -40,6 +40,7 @@ from specreg.runner.legacy import (
 )
 from specreg.runner.measure import measure
 from specreg.runner.measurement import Measurement, PromptResult
+from specreg.runner.settings import Settings
 from specreg.runner.verify import judge
 from specreg.runner.workload import Prompt, Workload, load_workload
 from specreg.samples.small_models import SmallModels
@@ -425,7 +426,7 @@ def test_old_build_text_is_the_generation_only(tmp_path: Path, target: Path) -> 
     bin_dir, pids, _ = make_old_build(tmp_path, "ok")
     m = measure(
         find_llama(bin_dir), HOST, Config(spec_type="ngram-simple", k=8), target, None,
-        load_workload(("code",)).head(1), repeats=1, warmup=False, engine=LOOKUP,
+        load_workload(("code",)).head(1), Settings(repeats=1, warmup=False, engine=LOOKUP),
         eog_texts=("</s>",),
     )  # fmt: skip
     assert m.ok, m.failure
@@ -442,8 +443,9 @@ def test_hanging_tool_times_out_and_leaves_no_process(tmp_path: Path, target: Pa
     start = time.monotonic()
     m = measure(
         find_llama(bin_dir), HOST, Config(spec_type="draft-simple", k=4), target, draft,
-        load_workload(("code",)).head(1), repeats=1, warmup=False, engine=SPECULATIVE,
-        startup_timeout=1.0, request_timeout=1.0,
+        load_workload(("code",)).head(1),
+        Settings(repeats=1, warmup=False, engine=SPECULATIVE, startup_timeout=1.0,
+                 request_timeout=1.0),
     )  # fmt: skip
     assert time.monotonic() - start < 20
     assert m.failure is not None and m.failure.kind == "timeout"
@@ -478,7 +480,7 @@ def test_tool_without_statistics_is_a_failure(tmp_path: Path, target: Path) -> N
     bin_dir, pids, _ = make_old_build(tmp_path, "quiet")
     m = measure(
         find_llama(bin_dir), HOST, Config(spec_type="ngram-simple"), target, None,
-        load_workload(("code",)).head(1), repeats=1, warmup=False, engine=LOOKUP,
+        load_workload(("code",)).head(1), Settings(repeats=1, warmup=False, engine=LOOKUP),
     )  # fmt: skip
     assert m.failure is not None and m.failure.kind == "crash"
     assert str(m.failure).startswith("llama-lookup exited without its statistics: ")
@@ -492,7 +494,7 @@ def test_missing_binary_is_a_recorded_failure(tmp_path: Path, target: Path) -> N
     (bin_dir / LOOKUP).unlink()
     m = measure(
         old, HOST, Config(spec_type="ngram-simple"), target, None,
-        load_workload(("code",)).head(1), repeats=1, engine="auto",
+        load_workload(("code",)).head(1), Settings(repeats=1, engine="auto"),
     )  # fmt: skip
     assert m.engine == LOOKUP and m.failure is not None and m.failure.kind == "crash"
     assert str(m.failure).startswith(
@@ -525,11 +527,11 @@ def con(specreg_home: Path):  # type: ignore[no-untyped-def]
 
 
 def plan(con, install, target, draft, config, engine="legacy", task="code", force=False):  # type: ignore[no-untyped-def]
-    return runs.plan(
-        con, install, detect_host(), target, draft, config.with_(threads=THREADS),
-        load_workload((task,)).head(1), task=task, n_predict=N_PREDICT, repeats=1,
-        contention_retries=0, engine=engine, force=force,
-    )  # fmt: skip
+    spec = runs.RunSpec(
+        target, draft, config.with_(threads=THREADS), load_workload((task,)).head(1), task=task
+    )
+    settings = Settings(n_predict=N_PREDICT, repeats=1, retries=0, engine=engine)
+    return runs.plan(con, install, detect_host(), spec, settings, force=force)
 
 
 @pytest.mark.llama

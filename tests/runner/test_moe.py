@@ -20,6 +20,7 @@ from specreg.registry.db import opened
 from specreg.registry.run_store import get_run
 from specreg.registry.scan import model_record
 from specreg.runner import runs
+from specreg.runner.settings import Settings
 from specreg.runner.workload import load_workload
 from specreg.samples.small_models import SmallModels
 from specreg.samples.synthetic import SyntheticModels, write_moe_gguf
@@ -35,10 +36,9 @@ def plan(con, install, target, draft=None, config=None, repeats=2):  # type: ign
     # prose-1 ends inside a sentence (" and"), so the model's first token is a confident one.
     workload = load_workload(("prose",)).head(1)
     config = (config or Config()).with_(threads=THREADS)
-    return runs.plan(
-        con, install, detect_host(), target, draft, config, workload,
-        task="prose", n_predict=N_PREDICT, repeats=repeats, contention_retries=0,
-    )  # fmt: skip
+    spec = runs.RunSpec(target, draft, config, workload, task="prose")
+    settings = Settings(n_predict=N_PREDICT, repeats=repeats, retries=0)
+    return runs.plan(con, install, detect_host(), spec, settings)
 
 
 def flag_pairs(argv: tuple[str, ...] | list[str]) -> set[tuple[str, str]]:

@@ -30,6 +30,7 @@ from specreg.runner.protocol import (
     replay_flags,
     warmup_text,
 )
+from specreg.runner.settings import Settings
 from specreg.runner.workload import Prompt, Workload
 from specreg.terms import SPEC_TYPES
 
@@ -81,10 +82,10 @@ def workload(n: int = 3) -> Workload:
 
 def run(spec_type: str, engine: MemoryEngine, *, repeats: int = 3, retries: int = 0, **kw):  # type: ignore[no-untyped-def]
     wl = kw.pop("wl", None) or workload()
+    settings = Settings(repeats=repeats, retries=retries, warm_first=kw.pop("warm_first", None))
     protocol = plan_protocol(
-        spec_type, wl, repeats=repeats, contention_retries=retries,
-        process_per_sample=engine.process_per_sample, **kw,
-    )  # fmt: skip
+        spec_type, wl, settings, process_per_sample=engine.process_per_sample, **kw
+    )
     return protocol, collect(engine, wl, protocol, HOST, n_predict=N)
 
 

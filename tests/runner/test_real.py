@@ -18,6 +18,7 @@ from specreg.registry.db import opened
 from specreg.registry.queries import resolve_model
 from specreg.registry.run_store import get_run
 from specreg.runner import runs
+from specreg.runner.settings import Settings
 from specreg.runner.workload import load_workload
 from specreg.samples.small_models import SmallModels
 
@@ -32,10 +33,9 @@ THREADS = 1
 def plan(con, install, target, draft=None, config=None, task="code", n=1, repeats=2, force=False):  # type: ignore[no-untyped-def]
     workload = load_workload((task,)).head(n)
     config = (config or Config()).with_(threads=THREADS)
-    return runs.plan(
-        con, install, detect_host(), target, draft, config, workload,
-        task=task, n_predict=N_PREDICT, repeats=repeats, contention_retries=0, force=force,
-    )  # fmt: skip
+    spec = runs.RunSpec(target, draft, config, workload, task=task)
+    settings = Settings(n_predict=N_PREDICT, repeats=repeats, retries=0)
+    return runs.plan(con, install, detect_host(), spec, settings, force=force)
 
 
 @pytest.fixture

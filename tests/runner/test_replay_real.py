@@ -24,6 +24,7 @@ from specreg.llama.server import Completion, LlamaServer
 from specreg.registry.db import opened
 from specreg.registry.run_store import get_run
 from specreg.runner import runs
+from specreg.runner.settings import Settings
 from specreg.runner.workload import Prompt, load_workload
 from specreg.samples.small_models import SmallModels
 
@@ -94,10 +95,9 @@ def test_recorded_figures_are_the_first_encounter_ones(
     config = Config(spec_type=spec_type, threads=1, k=4 if draft else None)
 
     def run(cfg: Config, d: Path | None) -> runs.RunOutcome:
-        p = runs.plan(
-            con, llama_install, detect_host(), target, d, cfg, workload, task="code",
-            n_predict=N_PREDICT, repeats=REPEATS, contention_retries=2,
-        )  # fmt: skip
+        spec = runs.RunSpec(target, d, cfg, workload, task="code")
+        settings = Settings(n_predict=N_PREDICT, repeats=REPEATS, retries=2)
+        p = runs.plan(con, llama_install, detect_host(), spec, settings)
         return runs.run(con, p)
 
     plain = run(Config(threads=1), None).measurement
@@ -162,10 +162,13 @@ def test_warm_regime_reports_later_prompts_apart(
     con: duckdb.DuckDBPyConnection, llama_install: LlamaInstall, small_models: SmallModels
 ) -> None:
     workload = load_workload(("code", "json"))  # six distinct prompts, once each
+    spec = runs.RunSpec(
+        small_models.smollm2.path, None, Config(spec_type="ngram-mod", threads=1), workload,
+        task="code,json",
+    )  # fmt: skip
     p = runs.plan(
-        con, llama_install, detect_host(), small_models.smollm2.path, None,
-        Config(spec_type="ngram-mod", threads=1), workload, task="code,json",
-        n_predict=N_PREDICT, repeats=3, warm_first=3,
+        con, llama_install, detect_host(), spec,
+        Settings(n_predict=N_PREDICT, repeats=3, warm_first=3),
     )  # fmt: skip
     out = runs.run(con, p)
     assert out.measurement.ok, out.measurement.failure
@@ -196,11 +199,11 @@ def test_warm_regime_refuses_what_it_cannot_measure(
     again = Workload("again", (*code.prompts, Prompt("x", "code", code.prompts[0].text)))
 
     def plan(workload: Workload, warm_first: int, **kw: object) -> runs.Plan:
-        return runs.plan(
-            con, llama_install, detect_host(), small_models.smollm2.path, None,
-            Config(spec_type="ngram-mod", threads=1), workload, warm_first=warm_first,
-            **kw,  # type: ignore[arg-type]
-        )  # fmt: skip
+        spec = runs.RunSpec(
+            small_models.smollm2.path, None, Config(spec_type="ngram-mod", threads=1), workload
+        )
+        settings = Settings(warm_first=warm_first, **kw)  # type: ignore[arg-type]
+        return runs.plan(con, llama_install, detect_host(), spec, settings)
 
     with pytest.raises(UsageError, match="x repeat.* must be new"):
         plan(again, 3)

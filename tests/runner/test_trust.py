@@ -293,7 +293,7 @@ def test_start_and_finish_replace_the_running_record(specreg_home: Path) -> None
 def test_a_run_whose_later_repeats_accept_far_more_is_recorded_untrusted() -> None:
     from specreg.llama.config import Config
     from specreg.runner.measurement import PromptResult
-    from specreg.runner.runs import to_record
+    from specreg.runner.records import to_record
 
     from support.measurements import PROMPT, completion, measurement
 

@@ -12,7 +12,7 @@ from specreg.llama.server import TokenProbs
 from specreg.registry.db import opened
 from specreg.registry.run_store import get_run, list_runs, record_run
 from specreg.runner.measurement import Probe, PromptResult, first_divergence
-from specreg.runner.runs import to_record
+from specreg.runner.records import to_record
 from specreg.runner.verify import judge
 
 from support.measurements import HOST, PROMPT, completion, measurement

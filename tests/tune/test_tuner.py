@@ -15,8 +15,10 @@ from specreg.recommender.local import draft_fields, target_fields
 from specreg.recommender.recommend import Option
 from specreg.registry.queries import get_model
 from specreg.registry.run_store import RunRecord, record_run
+from specreg.runner.calibrate import Bench
+from specreg.runner.settings import Settings
 from specreg.terms import Method
-from specreg.tune.tuner import TuneStep, cost_rank, tune
+from specreg.tune.tuner import TuneRequest, TuneStep, cost_rank, tune
 
 from support.recommender import demo_model
 
@@ -62,8 +64,8 @@ def _simulated_runner(con, target):  # type: ignore[no-untyped-def]
 def test_tune_finds_the_best_with_a_quarter_of_the_sweep(demo_con) -> None:  # type: ignore[no-untyped-def]
     target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
     result = tune(
-        demo_con, target.model_id, _simulated_runner(demo_con, target), host=HOST,
-        task="code", budget=50,
+        demo_con, TuneRequest(target.model_id, task="code", budget=50),
+        _simulated_runner(demo_con, target), host=HOST,
     )  # fmt: skip
     sweep = [_true_tps(demo_con, target, o) for o in result.final.options]
     assert result.n_candidates == len(sweep) >= 20
@@ -76,8 +78,8 @@ def test_tune_finds_the_best_with_a_quarter_of_the_sweep(demo_con) -> None:  # t
 def test_tune_stops_at_the_budget(demo_con) -> None:  # type: ignore[no-untyped-def]
     target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
     result = tune(
-        demo_con, target.model_id, _simulated_runner(demo_con, target), host=HOST,
-        task="code", budget=2,
+        demo_con, TuneRequest(target.model_id, task="code", budget=2),
+        _simulated_runner(demo_con, target), host=HOST,
     )  # fmt: skip
     assert result.n_runs == 2 and result.stop_reason == "budget spent"
 
@@ -104,11 +106,12 @@ def test_tune_on_real_small_models_picks_within_the_noise_of_the_best(
         scan_paths(con, [m.path for m in small_models.all])
         run = llama_runner(
             con, llama_install, host, target, load_workload(("code",)).head(1),
-            task="code", n_predict=64, repeats=3, threads=1,
+            task="code", settings=Settings(n_predict=64, repeats=3, threads=1),
         )  # fmt: skip
         calibrate = calibrate_if_missing(
-            con, target, llama_install, host, threads=1, repetitions=2, gen_tokens=32
-        )
+            con, target, llama_install, host, settings=Settings(threads=1),
+            bench=Bench(repetitions=2, gen_tokens=32),
+        )  # fmt: skip
         from specreg.recommender.recommend import recommend
         from specreg.recommender.train import fit
 
@@ -116,7 +119,7 @@ def test_tune_on_real_small_models_picks_within_the_noise_of_the_best(
         model = fit().predictor()
         n_sweep = len(recommend(con, str(target), model=model, host=facts, task="code").options)
         budget = n_sweep // 4  # the claim: a quarter of the grid's runs
-        result = tune(con, str(target), run, host=facts, task="code", budget=budget)
+        result = tune(con, TuneRequest(str(target), task="code", budget=budget), run, host=facts)
         assert result.best is not None and result.best.measured_tps
 
         def measured(o: Option) -> TuneStep:
@@ -241,7 +244,7 @@ def test_tune_settles_with_interleaved_runs_while_budget_lasts(demo_con) -> None
         )  # fmt: skip
         return tps, record_run(demo_con, rec)
 
-    result = tune(demo_con, target.model_id, noisy, host=HOST, task="code", budget=12)
+    result = tune(demo_con, TuneRequest(target.model_id, task="code", budget=12), noisy, host=HOST)
     settling = [s for s in result.steps if s.reason.startswith("settle")]
     assert len(settling) >= 2 and len(settling) % 2 == 0
     assert [s.reason for s in settling[:2]] == [
