@@ -157,39 +157,26 @@ def _backend_options(func: Any) -> Any:
 )
 @db_option
 @json_option
-def serve_cmd(
-    targets: tuple[str, ...],
-    listening: dict[str, Any],
-    backends: dict[str, Any],
-    policy: dict[str, Any],
-    llama_bin: Path | None,
-    host_query: HostQuery,
-    dry_run: bool,
-    db_path: Path | None,
-    as_json: bool,
-) -> None:
+def serve_cmd(targets: tuple[str, ...], listening: dict[str, Any], backends: dict[str, Any],
+              policy: dict[str, Any], llama_bin: Path | None, host_query: HostQuery,
+              dry_run: bool, db_path: Path | None, as_json: bool) -> None:  # fmt: skip
     """Serve TARGETs (model paths, names or ids; default: the roles in specreg.yaml) with an
     OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health).
 
     Each request is classified into a task (or forced with an X-Specreg-Task header or a
     `model` of `TARGET:TASK`) and forwarded to a llama-server running a configuration for
-    that task: chosen per request among a few candidates at the load it meets (adaptive), or
-    the one pinned with --pin or in specreg.yaml, else the top of `recommend` for this host
-    (fixed). Backends whose cores overlap never decode at once: a request waits for its
-    cores, or joins a lossless backend of its target with a free slot. Every request is
-    recorded as a run (`specreg runs`). SIGTERM or Ctrl-C stops the server and every
-    backend. --host-facts and --cores (another host's facts) go with --dry-run: the route
-    table that host would get.
+    it: chosen per request at the load it meets (adaptive), or pinned (--pin, specreg.yaml),
+    else recommended (fixed). Backends on the same cores never decode at once; each request
+    is recorded as a run. SIGTERM or Ctrl-C stops everything. --host-facts and --cores
+    (another host) go with --dry-run, which needs no llama.cpp.
     """
     serving = _serving()
     if host_query.elsewhere and not dry_run:
         raise UsageError("--host-facts and --cores describe another host: add --dry-run")
     options = serving.ServeOptions.of(**listening, **policy)
     if options.public and not options.loopback:
-        err_console().print(
-            f"warning: listening on {options.host} without a key (--public): anyone who can "
-            "reach this machine can use these models"
-        )
+        err_console().print(f"warning: listening on {options.host} without a key (--public): "
+                            "anyone who can reach this machine can use these models")  # fmt: skip
     plan = serving.ServePlan(llama_bin=llama_bin, host_query=host_query,
                              policy=policy["policy"], dry_run=dry_run, **backends)  # fmt: skip
     prepared = serving.prepare(resolve_db(db_path), targets, plan)
@@ -197,11 +184,9 @@ def serve_cmd(
     if dry_run:
         _print_routes(prepared.table, router.status() if router.adaptive else None, as_json)
         return
-    why = serving.serve(
-        prepared.table, prepared.install, prepared.host, resolve_db(db_path), options,
-        on_ready=lambda status: _print_ready(options.url, prepared.table, status),
-        router=router, traffic=prepared.traffic,
-    )  # fmt: skip
+    why = serving.serve(prepared.table, prepared.install, prepared.host,
+                        resolve_db(db_path), options, router=router, traffic=prepared.traffic,
+                        on_ready=lambda st: _print_ready(options.url, prepared.table, st))  # fmt: skip
     err_console().print(f"stopped ({why}); every backend has exited")
 
 
