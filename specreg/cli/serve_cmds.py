@@ -184,9 +184,11 @@ def serve_cmd(targets: tuple[str, ...], listening: dict[str, Any], backends: dic
     if dry_run:
         _print_routes(prepared.table, router.status() if router.adaptive else None, as_json)
         return
-    why = serving.serve(prepared.table, prepared.install, prepared.host,
-                        resolve_db(db_path), options, router=router, traffic=prepared.traffic,
-                        on_ready=lambda st: _print_ready(options.url, prepared.table, st))  # fmt: skip
+    def ready(status: list[BackendStatus]) -> None:
+        _print_ready(options.url, prepared.table, status)
+
+    why = serving.serve(prepared.table, prepared.install, prepared.host, resolve_db(db_path),
+                        options, on_ready=ready, router=router, traffic=prepared.traffic)  # fmt: skip
     err_console().print(f"stopped ({why}); every backend has exited")
 
 
