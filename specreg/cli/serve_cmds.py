@@ -188,7 +188,8 @@ def serve_cmd(targets: tuple[str, ...], listening: dict[str, Any], backends: dic
         _print_ready(options.url, prepared.table, status)
 
     why = serving.serve(prepared.table, prepared.install, prepared.host, resolve_db(db_path),
-                        options, on_ready=ready, router=router, traffic=prepared.traffic)  # fmt: skip
+                        options, on_ready=ready, router=router,
+                        traffic=prepared.traffic)  # fmt: skip
     err_console().print(f"stopped ({why}); every backend has exited")
 
 
