@@ -10,7 +10,8 @@ stream of distinct code, prose, summarize and JSON requests), each sent once per
 Loads, mixed tasks: closed-loop clients at 1, 2, 4 and 8 (each sends its next request when its
 last is answered); an open-loop Poisson arrival rate (about 70 % of the plain peer's capacity
 at four clients); and a varying load (a burst of 8 at once, then 8 single requests, twice).
-Systems, each fresh for each load:
+Systems (the peers fresh for each load; each serve started once, serving every load in turn
+as a deployment would, its policy learning as it goes):
   (a) one llama-server with -np equal to the concurrency, plain (the peer);
   (b) the same with the best single-stream speculative configuration (--spec, or draft-simple
       with --draft);
@@ -259,19 +260,39 @@ class Bench:
         return Process(argv, env, home / "serve.log", "/health")
 
 
-SystemStart = Callable[[int], Process]  # the load's concurrency -> a fresh system
+SystemStart = Callable[[int], Process]  # the load's concurrency -> a system
+
+
+class Lasting:
+    """A server that, like a deployment, lives through every load (its policy learns as it
+    serves); `stop_all` ends it."""
+
+    def __init__(self, start: Callable[[], Process]):
+        self.start = start
+        self.proc: Process | None = None
+
+    def __call__(self, concurrency: int) -> Process:
+        if self.proc is None:
+            self.proc = self.start()
+        return self.proc
+
+    def stop_all(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
 
 
 def systems(b: Bench) -> dict[str, SystemStart]:
+    """The peers get a fresh llama-server for each load (-np = its concurrency); each serve
+    starts once and serves every load, as a deployment does."""
     out: dict[str, SystemStart] = {
         "(a) llama-server plain": lambda c: b.llama_server(c, False),
         "(b) llama-server " + b.spec: lambda c: b.llama_server(c, True),
     }
     if b.baseline is not None:
         base = b.baseline
-        out["(c) today's serve, fixed"] = lambda c: b.serve(base, "--policy", "fixed")
-        out["(c) today's serve, adaptive"] = lambda c: b.serve(base, "--policy", "adaptive")
-    out["(d) new serve"] = lambda c: b.serve(None)
+        out["(c) today's serve, fixed"] = Lasting(lambda: b.serve(base, "--policy", "fixed"))
+        out["(c) today's serve, adaptive"] = Lasting(lambda: b.serve(base, "--policy", "adaptive"))
+    out["(d) new serve"] = Lasting(lambda: b.serve(None))
     return out
 
 
@@ -281,7 +302,8 @@ def run_load(start: SystemStart, concurrency: int,
     try:
         return asyncio.run(work(proc.url))
     finally:
-        proc.stop()
+        if not isinstance(start, Lasting):
+            proc.stop()
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -344,6 +366,9 @@ def main() -> None:
         results += poisson(start_of, prompts, args, results)
         results += varying_loads(start_of, prompts, args)
     finally:
+        for start in start_of.values():
+            if isinstance(start, Lasting):
+                start.stop_all()
         if baseline is not None:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
                             str(baseline)], capture_output=True)  # fmt: skip
