@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specreg.host.topology import INTERLEAVE, Placement, format_cpu_list, parse_cpu_list
+from specreg.llamacpp import Flag
 
 # linux/mempolicy.h
 MPOL_INTERLEAVE = 3
@@ -63,9 +64,9 @@ def launch_flags(placement: Placement, numactl: str | None) -> list[str]:
     numactl also `-C MASK --cpu-strict 1`, so llama.cpp pins one thread on each core's first
     CPU (the draft's and the batch threads follow these unless set)."""
     n = str(placement.threads)
-    flags = ["-t", n, "-tb", n]
+    flags = [Flag.THREADS, n, Flag.THREADS_BATCH, n]
     if numactl is None:
-        flags += ["-C", cpu_mask(placement.cpus), "--cpu-strict", "1"]
+        flags += [Flag.CPU_MASK, cpu_mask(placement.cpus), Flag.CPU_STRICT, "1"]
     return flags
 
 

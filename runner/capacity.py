@@ -35,6 +35,7 @@ from specreg.host.topology import Placement, Topology, layouts
 from specreg.llama.config import Config, server_argv
 from specreg.llama.install import LlamaInstall
 from specreg.llama.server import Completion, LlamaServer
+from specreg.llamacpp import ServerFlag
 from specreg.registry.capacity import (
     CONTEXT_LONG,
     CONTEXT_SHORT,
@@ -229,7 +230,7 @@ def _servers(
         config = cand.config.with_(threads=p.threads, ctx=ctx * slots)
         flags = server_argv(config, Path(target.path), draft, install.dialect, host)
         command = [*launch_prefix(p, host.numactl), str(install.server), *flags,
-                   "-np", str(slots), *launch_flags(p, host.numactl)]  # fmt: skip
+                   ServerFlag.PARALLEL, str(slots), *launch_flags(p, host.numactl)]  # fmt: skip
         out.append(LlamaServer(command, env=host.env(), log_path=log_path, append_log=True,
                                request_timeout=REQUEST_TIMEOUT_S))  # fmt: skip
     return out

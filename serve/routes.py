@@ -27,6 +27,7 @@ from specreg.jsonout import document
 from specreg.llama.config import SPEC_NONE, SPEC_TYPES, Config, server_argv
 from specreg.llama.install import LlamaInstall
 from specreg.llama.options import option_config
+from specreg.llamacpp import Flag, ServerFlag
 from specreg.recommender.advisor import Advisor
 from specreg.recommender.recommend import Option, Recommendation
 from specreg.registry.queries import ModelRecord, get_model
@@ -478,10 +479,10 @@ def _backend(
     if place is not None and config.threads is None:
         config = config.with_(threads=place.threads)  # one thread per core of the placement
     flags = (
-        "-np",
+        ServerFlag.PARALLEL,
         str(shape.slots),
-        "--metrics",
-        "--alias",
+        ServerFlag.METRICS,
+        ServerFlag.ALIAS,
         target.name,
         # llama-server divides its context among the slots: each request gets config.ctx
         *server_argv(
@@ -519,7 +520,7 @@ def _pinning(place: Placement, config: Config, host: Host) -> list[str]:
     many), and without numactl llama.cpp's own CPU mask."""
     flags = launch_flags(place, host.numactl)
     threads = str(config.threads or place.threads)
-    return ["-tb", threads, *flags[4:]]  # flags[:4] is -t N -tb N
+    return [Flag.THREADS_BATCH, threads, *flags[4:]]  # flags[:4] is -t N -tb N
 
 
 @dataclass(frozen=True)
@@ -741,7 +742,7 @@ def ngram_cache_note(backend: BackendSpec) -> str | None:
     """
     if "ngram-cache" not in backend.config.spec_type.split(","):
         return None
-    static = "--lookup-cache-static" in backend.flags
+    static = Flag.LOOKUP_CACHE_STATIC in backend.flags
     head = (
         f"{backend.name} runs ngram-cache: llama-server keeps its per-slot context cache across "
         "requests and adds a request's text only once it outgrows the longest earlier one, so "

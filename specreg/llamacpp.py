@@ -72,6 +72,9 @@ class Flag:
     VERSION = "--version"
     MODEL = "-m"
     THREADS = "-t"
+    THREADS_BATCH = "-tb"  # prompt processing and batches
+    CPU_MASK = "-C"  # hex, CPU 0 in the lowest bit
+    CPU_STRICT = "--cpu-strict"  # 1: one thread per CPU of the mask
     CTX = "-c"
     PROMPT = "-p"
     PROMPT_FILE = "-f"  # drops one trailing newline of the file

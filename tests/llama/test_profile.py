@@ -39,11 +39,8 @@ PARTS = (
 # Spellings other programs share (python -c/-m, cc -o, click's own options): a literal of these
 # is not necessarily llama.cpp's, so only the argv builders' use of them is reviewed by eye.
 SHARED = {"-m", "-t", "-c", "-f", "-p", "-n", "-o", "-r", "--help", "--version", "--host", "--port"}
-# Literals still spelled outside the profile, in parts this change did not own: serve/routes.py
-# builds its backends' extra flags itself (issue 38 leaves serve/ to its own change).
-LEFT: dict[str, set[str]] = {
-    "serve/routes.py": {"-np", "--metrics", "--alias", "--lookup-cache-static"}
-}
+# Literals still spelled outside the profile (none left).
+LEFT: dict[str, set[str]] = {}
 # Parts allowed to start processes: llama/ (llama.cpp), host/ (this machine's probes).
 STARTERS = ("llama", "host")
 # specreg/sources.py runs `pip download` for the pinned sdist and the sample wheels: samples/,
