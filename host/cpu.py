@@ -7,6 +7,7 @@ let a measurement see that and take the sample again.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 
 def cpu_ticks_total() -> int | None:
@@ -20,14 +21,35 @@ def cpu_ticks_total() -> int | None:
     return sum(values[:8]) - idle
 
 
-def _cpu_ticks_pid(pid: int) -> int | None:
+def ticks_per_s() -> int:
+    """Clock ticks per second, the unit of the CPU times in /proc."""
+    return os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """One process as its /proc/PID/stat shows it."""
+
+    pid: int
+    ppid: int
+    name: str
+    ticks: int  # CPU time it used, user and system, in clock ticks
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """`pid`'s /proc/PID/stat, or None where the process is gone or the file unreadable."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             stat = fh.read()
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime
+    # the name, in parentheses, may hold spaces and parentheses itself: split after the last
+    head, _, rest = stat.rpartition(")")
+    fields = rest.split()
+    if len(fields) < 13:
+        return None
+    name = head.partition("(")[2]
+    return ProcStat(pid, int(fields[1]), name, int(fields[11]) + int(fields[12]))  # utime, stime
 
 
 class CpuWatch:
@@ -39,11 +61,11 @@ class CpuWatch:
 
     def __init__(self, *pids: int):
         self.pids = pids  # the servers measured (their own CPU is not foreign)
-        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.hz = ticks_per_s()
 
     def _servers(self) -> int | None:
-        ticks = [_cpu_ticks_pid(pid) for pid in self.pids]
-        return None if None in ticks else sum(t for t in ticks if t is not None)
+        stats = [proc_stat(pid) for pid in self.pids]
+        return None if None in stats else sum(s.ticks for s in stats if s is not None)
 
     def __enter__(self) -> CpuWatch:
         self.total0 = cpu_ticks_total()

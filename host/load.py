@@ -42,6 +42,7 @@ from typing import IO, Any
 
 from specreg.errors import HostBusy
 from specreg.host import progress
+from specreg.host.cpu import ProcStat, cpu_ticks_total, proc_stat, ticks_per_s
 
 ENV_MAX_LOAD = "SPECREG_MAX_LOAD"
 ENV_LOAD_WAIT = "SPECREG_LOAD_WAIT"
@@ -154,33 +155,7 @@ def using(policy: LoadPolicy) -> Iterator[LoadPolicy]:
 # -- who uses the CPU --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Proc:
-    pid: int
-    ppid: int
-    name: str
-    ticks: int
-
-
-def _hz() -> int:
-    return os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _read_proc(pid: int) -> _Proc | None:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    head, _, rest = stat.rpartition(")")
-    fields = rest.split()
-    if len(fields) < 13:
-        return None
-    name = head.partition("(")[2]
-    return _Proc(pid, int(fields[1]), name, int(fields[11]) + int(fields[12]))
-
-
-def _processes() -> dict[int, _Proc]:
+def _processes() -> dict[int, ProcStat]:
     out = {}
     try:
         names = os.listdir("/proc")
@@ -188,16 +163,10 @@ def _processes() -> dict[int, _Proc]:
         return {}
     for entry in names:
         if entry.isdigit():
-            p = _read_proc(int(entry))
+            p = proc_stat(int(entry))
             if p is not None:
                 out[p.pid] = p
     return out
-
-
-def _busy_ticks() -> int | None:
-    from specreg.host.cpu import cpu_ticks_total
-
-    return cpu_ticks_total()
 
 
 def _cmdline(pid: int) -> str:
@@ -212,7 +181,7 @@ def _cmdline(pid: int) -> str:
 _SPECREG = re.compile(r"(^|[/\s])specreg(\s|$)|-m specreg\b")
 
 
-def _ancestors(pid: int, procs: dict[int, _Proc]) -> Iterator[int]:
+def _ancestors(pid: int, procs: dict[int, ProcStat]) -> Iterator[int]:
     seen = set()
     while pid > 1 and pid not in seen:
         seen.add(pid)
@@ -279,11 +248,11 @@ def sample_load(window_s: float = WINDOW_S, logical_cpus: int | None = None) -> 
     """What other processes used over `window_s`: their share of the CPU in cores, and the
     busiest of them by name. This process and its descendants do not count."""
     cpus = logical_cpus or os.cpu_count() or 1
-    hz = _hz()
-    before, total0 = _processes(), _busy_ticks()
+    hz = ticks_per_s()
+    before, total0 = _processes(), cpu_ticks_total()
     t0 = time.monotonic()
     time.sleep(window_s)
-    after, total1 = _processes(), _busy_ticks()
+    after, total1 = _processes(), cpu_ticks_total()
     wall = max(time.monotonic() - t0, 1e-3)
     me = os.getpid()
     mine = {me} | {pid for pid in after if me in _ancestors(pid, after)}
@@ -308,7 +277,9 @@ def sample_load(window_s: float = WINDOW_S, logical_cpus: int | None = None) -> 
     return LoadSample(wall, foreign, cpus, tuple(consumers))
 
 
-def _consumer(p: _Proc, percent: float, procs: dict[int, _Proc], holder: Holder | None) -> Consumer:
+def _consumer(
+    p: ProcStat, percent: float, procs: dict[int, ProcStat], holder: Holder | None
+) -> Consumer:
     chain = [p.pid, *_ancestors(p.pid, procs)]
     if holder is not None and holder.pid in chain:
         who = "another specreg measurement" if holder.pid != p.pid else None

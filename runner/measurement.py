@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -91,8 +91,10 @@ class PromptResult:
 
 
 @dataclass(frozen=True)
-class Measurement:
-    """The outcome of one configuration on one workload; `failure` set when it failed."""
+class MeasuredOn:
+    """What a measurement is of: the configuration and its files, the llama.cpp and the host
+    it runs on, the workload, and the tokens and repeats asked for. Known before it starts
+    (RunStart), kept in what it produced (Measurement)."""
 
     config: Config
     target: Path
@@ -102,6 +104,12 @@ class Measurement:
     workload: Workload
     n_predict: int
     repeats: int
+
+
+@dataclass(frozen=True)
+class Measurement(MeasuredOn):
+    """The outcome of one configuration on one workload; `failure` set when it failed."""
+
     argv: tuple[str, ...]
     started_at: datetime
     seconds: float
@@ -183,17 +191,9 @@ class Measurement:
 
 
 @dataclass(frozen=True)
-class RunStart:
+class RunStart(MeasuredOn):
     """What every engine knows when a measurement starts; `finish` makes the Measurement."""
 
-    config: Config
-    target: Path
-    draft: Path | None
-    install: LlamaInstall
-    host: Host
-    workload: Workload
-    n_predict: int
-    repeats: int
     engine: str
     started_at: datetime
     t0: float  # time.monotonic() at the start
@@ -218,15 +218,9 @@ class RunStart:
         failure: ServerFailed | None = None,
         protocol: Protocol | None = None,
     ) -> Measurement:
+        measured_on = {f.name: getattr(self, f.name) for f in fields(MeasuredOn)}
         return Measurement(
-            config=self.config,
-            target=self.target,
-            draft=self.draft,
-            install=self.install,
-            host=self.host,
-            workload=self.workload,
-            n_predict=self.n_predict,
-            repeats=self.repeats,
+            **measured_on,
             argv=argv,
             started_at=self.started_at,
             seconds=time.monotonic() - self.t0,

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 from gguf.constants import TokenType
 
-from specreg.auditor import Verdict, audit_all, check_pair, compatible_drafts, rules_for_build
+from specreg.auditor import (
+    PairVerdict,
+    Verdict,
+    audit_all,
+    check_pair,
+    compatible_drafts,
+    rules_for_build,
+)
 from specreg.auditor.rules import PINNED_BUILD, RULESETS
 from specreg.auditor.vocab import (
     dna_strip_start,
@@ -29,6 +36,12 @@ def _registry(tmp_path: Path, *paths: Path) -> Path:
         result = scan_paths(con, list(paths))
     assert result.ok, result.errors
     return db
+
+
+def _checked(tmp_path: Path, target: Path, draft: Path) -> PairVerdict:
+    """`target` against `draft`, the two scanned into a registry of their own."""
+    with opened(_registry(tmp_path, target, draft), read_only=True) as con:
+        return check_pair(con, str(target), str(draft))
 
 
 def test_rules_are_keyed_by_build() -> None:
@@ -88,15 +101,9 @@ def test_hybriddna_marker_is_stripped_like_the_loader(gguf_factory) -> None:  # 
 
 
 def test_incompatible_pair_explains_every_check(vocab_dir: Path, tmp_path: Path) -> None:
-    db = _registry(
-        tmp_path, vocab_dir / "ggml-vocab-llama-spm.gguf", vocab_dir / "ggml-vocab-qwen2.gguf"
+    pv = _checked(
+        tmp_path, vocab_dir / "ggml-vocab-qwen2.gguf", vocab_dir / "ggml-vocab-llama-spm.gguf"
     )
-    with opened(db, read_only=True) as con:
-        pv = check_pair(
-            con,
-            str(vocab_dir / "ggml-vocab-qwen2.gguf"),
-            str(vocab_dir / "ggml-vocab-llama-spm.gguf"),
-        )
     assert pv.verdict is Verdict.INCOMPATIBLE and not pv.compatible and pv.llama_accepts is False
     assert {c.name for c in pv.checks if c.llama_check} == {
         "vocab_type",
@@ -132,15 +139,9 @@ def test_incompatible_pair_explains_every_check(vocab_dir: Path, tmp_path: Path)
 def test_real_extra_tokens_are_risky(vocab_dir: Path, tmp_path: Path) -> None:
     """Phi-3 (32,064) vs Llama SPM (32,000): llama.cpp accepts, but 11 of the 64 extra ids are
     real tokens such as <|endoftext|> and <|assistant|>."""
-    db = _registry(
-        tmp_path, vocab_dir / "ggml-vocab-llama-spm.gguf", vocab_dir / "ggml-vocab-phi-3.gguf"
+    pv = _checked(
+        tmp_path, vocab_dir / "ggml-vocab-phi-3.gguf", vocab_dir / "ggml-vocab-llama-spm.gguf"
     )
-    with opened(db, read_only=True) as con:
-        pv = check_pair(
-            con,
-            str(vocab_dir / "ggml-vocab-phi-3.gguf"),
-            str(vocab_dir / "ggml-vocab-llama-spm.gguf"),
-        )
     assert pv.llama_accepts is True and pv.verdict is Verdict.RISKY and not pv.compatible
     extra = pv.check("extra_tokens").values
     assert extra["side"] == "target" and extra["count"] == 64 and not extra["only_padding"]
@@ -183,9 +184,7 @@ def test_missing_bos_is_risky(gguf_factory, tmp_path: Path) -> None:  # type: ig
     toks = [f"t{i}" for i in range(64)]
     a = gguf_factory("a.gguf", tokens=toks, model="t5", pre=None, general_name="ta")
     b = gguf_factory("b.gguf", tokens=toks, model="t5", pre=None, general_name="tb")
-    db = _registry(tmp_path, a, b)
-    with opened(db, read_only=True) as con:
-        pv = check_pair(con, str(a), str(b))
+    pv = _checked(tmp_path, a, b)
     assert pv.llama_accepts and pv.check("bos").values["target_id"] == -1
     assert pv.verdict is Verdict.RISKY and not pv.check("bos_present").passed
 

@@ -35,6 +35,13 @@ def _with_token(vocab, token_id: int, text: str):  # type: ignore[no-untyped-def
     return dataclasses.replace(vocab, tokens=tuple(tokens))
 
 
+def _q2_k(model: DemoModel, filename: str) -> DemoModel:
+    """A demo model quantized to Q2_K, in one file."""
+    return dataclasses.replace(
+        model, weight_type=Q.Q2_K, filename=filename, name=f"{model.name} Q2_K", n_split=1
+    )
+
+
 def extra_models() -> list[DemoModel]:
     """Drafts the seed rows name that the demo collection does not hold."""
     demo = {m.name: m for _, m in demo_models()}
@@ -77,20 +84,8 @@ def extra_models() -> list[DemoModel]:
             Arch("qwen2", 28, 1536, 8960, 12, 2, 151936),
             q25,
         ),
-        dataclasses.replace(
-            demo["Qwen3 Next 80B A3B Instruct"],
-            weight_type=Q.Q2_K,
-            filename="Qwen3-Next-80B-A3B-Instruct-Q2_K.gguf",
-            name="Qwen3 Next 80B A3B Instruct Q2_K",
-            n_split=1,
-        ),
-        dataclasses.replace(
-            demo["Qwen2.5 Coder 32B Instruct"],
-            weight_type=Q.Q2_K,
-            filename="Qwen2.5-Coder-32B-Instruct-Q2_K.gguf",
-            name="Qwen2.5 Coder 32B Instruct Q2_K",
-            n_split=1,
-        ),
+        _q2_k(demo["Qwen3 Next 80B A3B Instruct"], "Qwen3-Next-80B-A3B-Instruct-Q2_K.gguf"),
+        _q2_k(demo["Qwen2.5 Coder 32B Instruct"], "Qwen2.5-Coder-32B-Instruct-Q2_K.gguf"),
     ]
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import click
 import pytest
 
-from specreg.cli.main import COMMAND_MODULES, cli
 from specreg.runner.settings import Settings
 from specreg.terms import DEFAULT_N_PREDICT, DEFAULT_REPEATS, STARTUP_TIMEOUT_S
+
+from support.cli import command_options
 
 # Commands that state their own default, and why: agree generates the target's text to score
 # (longer than a timed sample), tune spends fewer samples per run to afford more runs.
@@ -18,27 +19,12 @@ OWN_DEFAULT = {("agree", "--n-predict"): 160, ("tune", "--repeat"): 2}
 NOT_STARTUP = {"quality", "agree"}
 
 
-def options() -> list[tuple[str, click.Option]]:
-    ctx = click.Context(cli)
-    out = []
-    for name in sorted(COMMAND_MODULES):
-        command = cli.get_command(ctx, name)
-        assert command is not None
-        pairs = [(name, command)]
-        if isinstance(command, click.Group):
-            pairs = [(f"{name} {s}", command.get_command(ctx, s)) for s in command.commands]
-        for path, cmd in pairs:
-            assert cmd is not None
-            out += [(path, p) for p in cmd.params if isinstance(p, click.Option)]
-    return out
-
-
 @pytest.mark.parametrize(
     ("flag", "default"),
     [("--n-predict", DEFAULT_N_PREDICT), ("--repeat", DEFAULT_REPEATS), ("--timeout", None)],
 )
 def test_measuring_options_default_to_the_core(flag: str, default: int | None) -> None:
-    found = [(path, p) for path, p in options() if flag in p.opts]
+    found = [(path, p) for path, p in command_options() if flag in p.opts]
     assert len(found) >= 3, found
     for path, param in found:
         if flag == "--timeout":
@@ -59,7 +45,7 @@ def test_the_core_uses_the_same_defaults() -> None:
 
 
 def test_threads_is_at_least_one_everywhere() -> None:
-    found = [(path, p) for path, p in options() if "--threads" in p.opts]
+    found = [(path, p) for path, p in command_options() if "--threads" in p.opts]
     assert len(found) >= 6, found
     for path, param in found:
         assert param.default is None, path

@@ -11,27 +11,16 @@ import click
 import pytest
 
 from specreg.cli.common import TaskChoice
-from specreg.cli.main import COMMAND_MODULES, cli
 from specreg.quality.kld import quality_texts, shipped_text
 from specreg.terms import TASK_ALIASES, TASK_CHOICES, TASKS
 
+from support.cli import command_options
 from support.cli import specreg_without_llama as specreg
 from support.fixtures import MOE_KV
 
 
-def task_options() -> list[tuple[str, click.Parameter]]:
-    ctx = click.Context(cli)
-    out = []
-    for name in sorted(COMMAND_MODULES):
-        command = cli.get_command(ctx, name)
-        assert command is not None
-        commands = [(name, command)]
-        if isinstance(command, click.Group):
-            commands = [(f"{name} {s}", command.get_command(ctx, s)) for s in command.commands]
-        for path, cmd in commands:
-            assert cmd is not None
-            out += [(path, p) for p in cmd.params if "--task" in getattr(p, "opts", ())]
-    return out
+def task_options() -> list[tuple[str, click.Option]]:
+    return [(path, p) for path, p in command_options() if "--task" in p.opts]
 
 
 def test_every_task_option_takes_the_same_words() -> None:

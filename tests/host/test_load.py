@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -112,16 +113,34 @@ def test_a_busy_host_is_waited_for_saying_what_for_then_allowed_when_asked(
     assert notes.lines[-1].endswith("the run is recorded as disturbed")
 
 
-def test_measurements_take_turns_and_the_one_that_waits_says_for_whom(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(load.ENV_LOCK, str(tmp_path / "host.lock"))
-    held = tmp_path / "held"
-    other = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(held), "2"])
+@pytest.fixture
+def lock_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The host's measurement lock, in this test's folder."""
+    path = tmp_path / "host.lock"
+    monkeypatch.setenv(load.ENV_LOCK, str(path))
+    return path
+
+
+@contextmanager
+def other_holder(script: str, held: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """Another process running `script` (its arguments: `args`), once it has written `held` to
+    say it holds the lock; killed after the block."""
+    other = subprocess.Popen([sys.executable, "-c", script, *args])
     try:
         while not held.exists():
             assert other.poll() is None, "the other measurement ended early"
-            time.sleep(0.05)
+            time.sleep(0.01)
+        yield other
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_measurements_take_turns_and_the_one_that_waits_says_for_whom(
+    tmp_path: Path, lock_file: Path
+) -> None:
+    held = tmp_path / "held"
+    with other_holder(HOLD_LOCK, held, str(held), "2") as other:
         holder = load.lock_holder()
         assert holder is not None and holder.pid == other.pid
         notes = Notes()
@@ -133,9 +152,6 @@ def test_measurements_take_turns_and_the_one_that_waits_says_for_whom(
             f"waiting for specreg measurement (pid {other.pid}: the other measurement) to "
             "finish before measuring plain on t.gguf (taking turns)"
         )
-    finally:
-        other.kill()
-        other.wait()
 
 
 SLOW_TO_SIGN = """
@@ -152,17 +168,11 @@ with open(sys.argv[1], "a+") as fh:
 
 
 def test_a_wait_that_begins_before_the_holder_signs_still_names_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, lock_file: Path
 ) -> None:
     """CI's race: the lock was taken, its name not yet written; the first note must wait."""
-    monkeypatch.setenv(load.ENV_LOCK, str(tmp_path / "host.lock"))
     held = tmp_path / "held"
-    other = subprocess.Popen(
-        [sys.executable, "-c", SLOW_TO_SIGN, str(tmp_path / "host.lock"), str(held)]
-    )
-    try:
-        while not held.exists():
-            time.sleep(0.01)
+    with other_holder(SLOW_TO_SIGN, held, str(lock_file), str(held)) as other:
         notes = Notes()
         with progress.listening(notes), load.measurement_lock("plain on t.gguf"):
             pass
@@ -170,20 +180,11 @@ def test_a_wait_that_begins_before_the_holder_signs_still_names_it(
             f"waiting for specreg measurement (pid {other.pid}: the slow signer) to "
             "finish before measuring plain on t.gguf (taking turns)"
         )
-    finally:
-        other.kill()
-        other.wait()
 
 
-def test_a_lock_held_past_the_bound_is_a_refusal(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(load.ENV_LOCK, str(tmp_path / "host.lock"))
+def test_a_lock_held_past_the_bound_is_a_refusal(tmp_path: Path, lock_file: Path) -> None:
     held = tmp_path / "held"
-    other = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(held), "30"])
-    try:
-        while not held.exists():
-            time.sleep(0.05)
+    with other_holder(HOLD_LOCK, held, str(held), "30") as other:
         lock = load.measurement_lock("x", policy=load.LoadPolicy(lock_wait_s=0.5))
         with pytest.raises(HostBusy) as err, lock:
             pass
@@ -191,9 +192,6 @@ def test_a_lock_held_past_the_bound_is_a_refusal(
             f"host busy: specreg measurement (pid {other.pid}: the other measurement) has held "
             "the measurement lock"
         )
-    finally:
-        other.kill()
-        other.wait()
 
 
 SPREAD_29X = (3.6, 38.8, 104.7)  # issue 28's run: a median of 38.8 against about 95 quiet

@@ -17,7 +17,13 @@ from specreg.llama.install import DIALECT_SPEC_TYPE, LlamaInstall
 from specreg.llama.process import ServerFailed
 from specreg.registry.calibration import KIND_BATCH, KIND_GEN, latest_calibration
 from specreg.registry.db import opened
-from specreg.runner.calibrate import Bench, DraftChoice, calibrate_target
+from specreg.runner.calibrate import (
+    DEFAULT_BENCH,
+    Bench,
+    CalibrationResult,
+    DraftChoice,
+    calibrate_target,
+)
 
 # One row as the pinned llama-bench prints it (-o jsonl), trimmed to the fields it always has.
 ROW = {
@@ -91,6 +97,14 @@ def registry(tmp_path: Path, gguf_factory) -> tuple[Path, Path]:  # type: ignore
     return db, model
 
 
+def _calibrate_alone(
+    db: Path, model: Path, install: LlamaInstall, bench: Bench = DEFAULT_BENCH
+) -> CalibrationResult:
+    """`model` alone (no drafts) calibrated on the fake host."""
+    drafts = DraftChoice(auto=False)
+    return calibrate_target(db, str(model), install=install, host=HOST, bench=bench, drafts=drafts)
+
+
 def _alive(pids: Path) -> list[int]:
     out = []
     for line in pids.read_text().split():
@@ -119,14 +133,8 @@ def test_contention_rule() -> None:
 def test_curve_is_stored_per_host_and_model(tmp_path: Path, registry: tuple[Path, Path]) -> None:
     db, model = registry
     install, pids = fake_install(tmp_path)
-    result = calibrate_target(
-        db,
-        str(model),
-        install=install,
-        host=HOST,
-        bench=Bench(batch_sizes=(1, 2, 4), gen_tokens=16, repetitions=3),
-        drafts=DraftChoice(auto=False),
-    )
+    bench = Bench(batch_sizes=(1, 2, 4), gen_tokens=16, repetitions=3)
+    result = _calibrate_alone(db, model, install, bench)
     (rec,) = result.records
     # this machine's own background load may make some tests run again; the count adds up
     assert result.reruns == sum(p.reruns for p in rec.points)
@@ -161,14 +169,8 @@ def test_curve_is_stored_per_host_and_model(tmp_path: Path, registry: tuple[Path
 def test_a_disturbed_test_is_measured_again(tmp_path: Path, registry: tuple[Path, Path]) -> None:
     db, model = registry
     install, _ = fake_install(tmp_path, "burn")
-    result = calibrate_target(
-        db,
-        str(model),
-        install=install,
-        host=HOST,
-        bench=Bench(batch_sizes=(1, 2, 4), gen_tokens=0, repetitions=2),
-        drafts=DraftChoice(auto=False),
-    )
+    bench = Bench(batch_sizes=(1, 2, 4), gen_tokens=0, repetitions=2)
+    result = _calibrate_alone(db, model, install, bench)
     (rec,) = result.records
     by_n = {p.n_tokens: p for p in rec.batch}
     assert by_n[2].reruns >= 1
@@ -181,7 +183,7 @@ def test_crash_is_one_line_with_llamas_message(tmp_path: Path, registry: tuple[P
     db, model = registry
     install, pids = fake_install(tmp_path, "crash")
     with pytest.raises(ServerFailed) as err:
-        calibrate_target(db, str(model), install=install, host=HOST, drafts=DraftChoice(auto=False))
+        _calibrate_alone(db, model, install)
     assert str(err.value).startswith(
         "llama-bench exited with code 1: llama_model_load: error loading model: tensor "
         "'blk.0' data is not within the file bounds"

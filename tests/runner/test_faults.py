@@ -23,6 +23,8 @@ from specreg.errors import LlamaError, SpecregError
 from specreg.llama.install import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, find_llama
 from specreg.registry.db import opened
 from specreg.registry.run_store import list_runs
+from specreg.runner.measurement import Measurement
+from specreg.runner.settings import Settings
 
 from support.fake_server import HELP_DRAFT_MAX, HELP_UNKNOWN, alive, assert_no_strays, make_fake
 
@@ -127,35 +129,27 @@ def test_hang_at_startup_times_out(tmp_path: Path, target: Path, specreg_home: P
     assert_no_strays(pids)
 
 
-def test_hang_during_request_times_out(tmp_path: Path, target: Path, specreg_home: Path) -> None:
+def measure_plain(bin_dir: Path, target: Path, settings: Settings) -> Measurement:
+    """Plain decoding of one code prompt, through the fake llama-server in `bin_dir`."""
     from specreg.host.machine import detect_host
     from specreg.llama.config import Config
     from specreg.runner.measure import measure
-    from specreg.runner.settings import Settings
     from specreg.runner.workload import load_workload
 
+    workload = load_workload(("code",)).head(1)
+    return measure(find_llama(bin_dir), detect_host(), Config(), target, None, workload, settings)
+
+
+def test_hang_during_request_times_out(tmp_path: Path, target: Path, specreg_home: Path) -> None:
     bin_dir, pids = make_fake(tmp_path, "stall")
-    m = measure(
-        find_llama(bin_dir),
-        detect_host(),
-        Config(),
-        target,
-        None,
-        load_workload(("code",)).head(1),
-        Settings(repeats=1, warmup=False, request_timeout=1.5),
-    )
+    m = measure_plain(bin_dir, target, Settings(repeats=1, warmup=False, request_timeout=1.5))
     assert m.failure is not None and m.failure.kind == "timeout"
     assert "did not answer /completion within 2 s" in str(m.failure)
     assert_no_strays(pids)
 
 
 def test_interrupt_kills_the_server(tmp_path: Path, target: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from specreg.host.machine import detect_host
     from specreg.llama import server as server_mod
-    from specreg.llama.config import Config
-    from specreg.runner.measure import measure
-    from specreg.runner.settings import Settings
-    from specreg.runner.workload import load_workload
 
     bin_dir, pids = make_fake(tmp_path, "ok")
 
@@ -164,15 +158,7 @@ def test_interrupt_kills_the_server(tmp_path: Path, target: Path, monkeypatch) -
 
     monkeypatch.setattr(server_mod.LlamaServer, "complete", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        measure(
-            find_llama(bin_dir),
-            detect_host(),
-            Config(),
-            target,
-            None,
-            load_workload(("code",)).head(1),
-            Settings(repeats=1),
-        )
+        measure_plain(bin_dir, target, Settings(repeats=1))
     assert_no_strays(pids)
 
 

@@ -8,15 +8,9 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from specreg.host.machine import detect_host
-from specreg.llama.config import Config
-from specreg.llama.install import LlamaInstall
-from specreg.serve.app import Service
-from specreg.serve.backends import BackendPool
 from specreg.serve.classify import fitted_classifier, labelled_prompts
-from specreg.serve.routes import BackendSpec, Route, RouteTable, Target
-from specreg.serve.serving import run_template
-from specreg.terms import TASKS
+
+from support.serve import front_without_backend
 
 
 def test_bare_code_and_inline_summaries_are_classified() -> None:
@@ -37,22 +31,7 @@ def test_bare_code_and_inline_summaries_are_classified() -> None:
 
 @pytest.fixture
 def client(tmp_path: Path) -> TestClient:
-    target = Target("tiny", "f" * 32, "/models/tiny.gguf")
-    spec = BackendSpec(
-        name="tiny-plain", target=target, config=Config(), draft_id=None, draft_path=None,
-        prefix=(), binary="/nonexistent/llama-server", flags=("-m", target.path),
-    )  # fmt: skip
-    routes = tuple(Route("tiny", task, spec.name, "plain", "pinned", "test") for task in TASKS)
-    table = RouteTable((target,), routes, (spec,))
-    install = LlamaInstall(Path("/nonexistent"), "test", "0 (test)", "spec-type", (), ())
-    service = Service(
-        table,
-        BackendPool(table, env={}, logs=tmp_path / "logs"),
-        fitted_classifier(),
-        templates={spec.name: run_template(spec, install, detect_host())},
-        ready_timeout=0.1,
-    )
-    return TestClient(service.app)
+    return TestClient(front_without_backend(tmp_path).app)
 
 
 def test_an_unknown_model_is_404_even_with_one_target(client: TestClient) -> None:

@@ -19,12 +19,12 @@ from specreg.registry.run_store import list_runs
 from specreg.registry.scan import model_record
 from specreg.samples.small_models import SmallModels
 from specreg.serve.app import Service
-from specreg.serve.backends import BackendPool
-from specreg.serve.classify import fitted_classifier
 from specreg.serve.recorder import RunRecorder
-from specreg.serve.routes import BackendSpec, Route, RouteTable, Shape, Target, plan_routes
-from specreg.serve.serving import is_loopback, run_template
+from specreg.serve.routes import RouteTable, Shape, Target, plan_routes
+from specreg.serve.serving import is_loopback
 from specreg.terms import TASKS
+
+from support.serve import front_without_backend
 
 SPEC = """\
 version: 1
@@ -217,23 +217,8 @@ def test_only_loopback_is_loopback() -> None:
 
 @pytest.fixture
 def service(tmp_path: Path, specreg_home: Path) -> Service:
-    target = Target("tiny", "f" * 32, "/models/tiny.gguf")
-    spec = BackendSpec(
-        name="tiny-plain", target=target, config=Config(), draft_id=None, draft_path=None,
-        prefix=(), binary="/nonexistent/llama-server", flags=("-m", target.path),
-    )  # fmt: skip
-    routes = tuple(Route("tiny", task, spec.name, "plain", "pinned", "test") for task in TASKS)
-    table = RouteTable((target,), routes, (spec,))
-    install = LlamaInstall(Path("/nonexistent"), "test", "0 (test)", "spec-type", (), ())
-    pool = BackendPool(table, env={}, logs=tmp_path / "logs")
-    return Service(
-        table,
-        pool,
-        fitted_classifier(),
-        templates={spec.name: run_template(spec, install, detect_host())},
-        recorder=RunRecorder(specreg_home / "registry.duckdb"),
-        max_body=2000,
-        ready_timeout=0.1,
+    return front_without_backend(
+        tmp_path, recorder=RunRecorder(specreg_home / "registry.duckdb"), max_body=2000
     )
 
 

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from typing import Any
 
+import click
+
+from specreg.cli.main import COMMAND_MODULES, cli
+
 
 def specreg(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`specreg ARGS` in a subprocess. Output bytes that are not UTF-8 come back as lone
@@ -40,3 +44,20 @@ def specreg_without_llama(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "specreg", *args], capture_output=True, text=True, env=env
     )
+
+
+def command_options() -> list[tuple[str, click.Option]]:
+    """Every option of every command the user runs, with the command's path (`run`, `llama
+    build`): a group stands for its subcommands."""
+    ctx = click.Context(cli)
+    out = []
+    for name in sorted(COMMAND_MODULES):
+        command = cli.get_command(ctx, name)
+        assert command is not None
+        commands = [(name, command)]
+        if isinstance(command, click.Group):
+            commands = [(f"{name} {s}", command.get_command(ctx, s)) for s in command.commands]
+        for path, cmd in commands:
+            assert cmd is not None
+            out += [(path, p) for p in cmd.params if isinstance(p, click.Option)]
+    return out

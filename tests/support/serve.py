@@ -1,5 +1,6 @@
 """Starting `specreg serve` as a process in tests: wait until /health answers, or fail with
-its log; read its policy status; stop it."""
+its log; read its policy status; stop it. And a front in process whose only backend never
+starts, for the answers the front gives on its own."""
 
 from __future__ import annotations
 
@@ -13,8 +14,16 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
+from specreg.host.machine import detect_host
+from specreg.llama.config import Config
 from specreg.llama.install import LlamaInstall
 from specreg.llama.process import free_port
+from specreg.serve.app import Service
+from specreg.serve.backends import BackendPool
+from specreg.serve.classify import fitted_classifier
+from specreg.serve.routes import BackendSpec, Route, RouteTable, Target
+from specreg.serve.serving import run_template
+from specreg.terms import TASKS
 
 STARTUP_S = 180.0
 
@@ -77,3 +86,25 @@ def start_serve(cls: type[S], home: Path, llama: LlamaInstall, model: Path, *arg
     served = cls(proc, f"http://127.0.0.1:{port}", log)
     wait_healthy(proc, served.url, log)
     return served
+
+
+def front_without_backend(tmp_path: Path, **options: Any) -> Service:
+    """A front that serves one target, `tiny`, on one plain backend whose llama-server does
+    not exist, so it never becomes ready: what answers is the front itself. `options` go to
+    Service (a recorder, max_body)."""
+    target = Target("tiny", "f" * 32, "/models/tiny.gguf")
+    spec = BackendSpec(
+        name="tiny-plain", target=target, config=Config(), draft_id=None, draft_path=None,
+        prefix=(), binary="/nonexistent/llama-server", flags=("-m", target.path),
+    )  # fmt: skip
+    routes = tuple(Route("tiny", task, spec.name, "plain", "pinned", "test") for task in TASKS)
+    table = RouteTable((target,), routes, (spec,))
+    install = LlamaInstall(Path("/nonexistent"), "test", "0 (test)", "spec-type", (), ())
+    return Service(
+        table,
+        BackendPool(table, env={}, logs=tmp_path / "logs"),
+        fitted_classifier(),
+        templates={spec.name: run_template(spec, install, detect_host())},
+        ready_timeout=0.1,
+        **options,
+    )

@@ -18,7 +18,7 @@ from specreg.registry.run_store import RunRecord, record_run
 from specreg.runner.calibrate import Bench
 from specreg.runner.settings import Settings
 from specreg.terms import Method
-from specreg.tune.tuner import TuneRequest, TuneStep, cost_rank, tune
+from specreg.tune.tuner import TuneRequest, TuneResult, TuneStep, cost_rank, tune
 
 from support.recommender import demo_model
 
@@ -61,12 +61,15 @@ def _simulated_runner(con, target):  # type: ignore[no-untyped-def]
     return run
 
 
+def _tune_simulated(con, target, budget: int) -> TuneResult:  # type: ignore[no-untyped-def]
+    """`tune` for code within `budget` runs, each run simulated on the "true" host."""
+    request = TuneRequest(target.model_id, task="code", budget=budget)
+    return tune(con, request, _simulated_runner(con, target), host=HOST)
+
+
 def test_tune_finds_the_best_with_a_quarter_of_the_sweep(demo_con) -> None:  # type: ignore[no-untyped-def]
     target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
-    result = tune(
-        demo_con, TuneRequest(target.model_id, task="code", budget=50),
-        _simulated_runner(demo_con, target), host=HOST,
-    )  # fmt: skip
+    result = _tune_simulated(demo_con, target, budget=50)
     sweep = [_true_tps(demo_con, target, o) for o in result.final.options]
     assert result.n_candidates == len(sweep) >= 20
     assert result.best is not None and result.best.measured_tps is not None
@@ -77,10 +80,7 @@ def test_tune_finds_the_best_with_a_quarter_of_the_sweep(demo_con) -> None:  # t
 
 def test_tune_stops_at_the_budget(demo_con) -> None:  # type: ignore[no-untyped-def]
     target = demo_model(demo_con, "Qwen2.5-Coder", "32B")
-    result = tune(
-        demo_con, TuneRequest(target.model_id, task="code", budget=2),
-        _simulated_runner(demo_con, target), host=HOST,
-    )  # fmt: skip
+    result = _tune_simulated(demo_con, target, budget=2)
     assert result.n_runs == 2 and result.stop_reason == "budget spent"
 
 
