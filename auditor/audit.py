@@ -27,7 +27,7 @@ from specreg.auditor.checks import (
     vocab_checks,
     vocab_signature,
 )
-from specreg.auditor.pairs import VocabCache, judge, vision_dirs
+from specreg.auditor.pairs import VocabCache, judge, target_names, vision_dirs
 from specreg.auditor.rules import PINNED_RULES, RuleSet
 from specreg.auditor.verdict import Verdict
 from specreg.registry.audits import AuditClassVerdict as ClassVerdict  # the stored row
@@ -305,8 +305,9 @@ def _bound_pairs(
 ) -> None:
     """Bound drafts (EAGLE-3, DFlash, DSpark) against every model.
 
-    They skip the vocabulary check; their binding reads the target's shape, so the memo key
-    holds that shape instead of a vocabulary class.
+    llama.cpp runs no vocabulary check for them; their binding reads the target's shape, their
+    vocabulary is their target's and they may name the model they were trained for, so the
+    memo key holds the target's shape, vocabulary and names.
     """
     memo: dict[tuple[Any, ...], tuple[Verdict, tuple[str, ...]]] = {}
     for d in bound:
@@ -319,6 +320,8 @@ def _bound_pairs(
             key = (
                 d_key,
                 _cap_signature(t, vdirs),
+                vocab_signature(t),  # a head carries its target's vocabulary
+                target_names(t),  # and may name the model it was trained for
                 t.embedding_length,
                 t.block_count,
                 t.bos_id is None,
