@@ -40,7 +40,7 @@ def compat(target: str, draft: str, rules: RuleSet, db_path: Path | None, as_jso
     """Will DRAFT speculate for TARGET with llama.cpp, and if not, exactly why.
 
     Models by path, name or id. Exit 0 if compatible (warnings allowed), 1 if llama.cpp refuses
-    the pair or it is risky at run time.
+    the pair or it is risky at run time, or DRAFT is not a draft (TARGET itself, or as large).
     """
     from specreg.auditor import check_pair
     from specreg.registry.db import opened
@@ -48,7 +48,7 @@ def compat(target: str, draft: str, rules: RuleSet, db_path: Path | None, as_jso
     with opened(resolve_db(db_path), read_only=True) as con:
         pv = check_pair(con, target, draft, rules)
     present(pv, as_json, _print_verdict)
-    if not pv.compatible:
+    if not pv.compatible or pv.not_a_draft:
         _exit_findings()
 
 
@@ -65,12 +65,18 @@ def _print_verdict(pv: PairVerdict) -> None:
     from rich.table import Table
 
     out = console()
-    out.print(f"{pv.verdict.text}: {clip(pv.draft.label)} as draft for {clip(pv.target.label)}")
+    draft, target = clip(pv.draft.label), clip(pv.target.label)
+    if pv.not_a_draft:
+        out.print(f"not a draft: {draft} for {target}: {pv.not_a_draft}")
+    else:
+        out.print(f"{pv.verdict.text}: {draft} as draft for {target}")
     if pv.same_model:
         out.print(
             f"note: TARGET and DRAFT are the same file ({pv.target.model_id[:10]}, "
             f"{clip(pv.target.path)}): a model drafting for itself only adds work"
         )
+    if pv.not_a_draft:
+        out.print(f"llama.cpp's own check alone: {pv.verdict.text}")
     out.print(f"rules: llama.cpp {pv.rules_label}")
     table = Table(show_header=True, header_style="bold")
     for col in ("check", "result", "evidence"):

@@ -34,7 +34,8 @@ def test_compat_json(scanned_db: Path) -> None:
     )
     doc = json.loads(out)
     assert code == 0
-    assert doc["version"] == "1" and doc["kind"] == "compat"
+    assert doc["version"] == "2" and doc["kind"] == "compat"
+    assert doc["not_a_draft"] is None
     assert doc["compatible"] is True and doc["verdict"] in (
         "compatible",
         "compatible-with-warnings",
@@ -60,6 +61,25 @@ def test_compat_exit_codes(scanned_db: Path) -> None:
         "error: no model matches 'no-such-model': give a path, an id from `specreg models`, "
         "or a name"
     )
+
+
+def test_compat_of_a_larger_or_the_same_model_is_not_a_draft(scanned_db: Path) -> None:
+    """Issue 41, point 7: the arguments swapped, or one model twice, exit 1 with "not a draft"
+    as `drafts` says it, and no flags to run it."""
+    db = ["--db", str(scanned_db)]
+    big, small = "Qwen2.5 Coder 32B Instruct", "Qwen2.5 Coder 0.5B Instruct"
+    for target, draft, why in (
+        (small, big, "21.1 GB of weights against the target's 672.6 MB: a draft must be smaller"),
+        (big, big, "it is the target itself"),
+    ):
+        r = _specreg("compat", target, draft, *db)
+        assert r.returncode == 1, r.stderr
+        first = r.stdout.splitlines()[0]
+        assert first.startswith(f"not a draft: {draft} for {target}: {why}"), r.stdout
+        assert "llama.cpp's own check alone: compatible" in r.stdout
+        assert "flags:" not in r.stdout
+        doc = json.loads(_specreg("compat", target, draft, *db, "--json").stdout)
+        assert doc["not_a_draft"].startswith(why) and doc["flags"] == []
 
 
 def test_drafts_lists_rejected_on_request(scanned_db: Path) -> None:
