@@ -49,7 +49,8 @@ class PairSummary:
 @dataclass(frozen=True)
 class AuditResult:
     JSON_KIND = "audit"
-    JSON_VERSION = "1"
+    # 2: each pair names its models ("target_name", "draft_name") beside their ids
+    JSON_VERSION = "2"
 
     rules_label: str
     llama_build: int
@@ -68,10 +69,26 @@ class AuditResult:
     """Distinct token lists compared text by text (the expensive step)."""
     audit_id: int | None = None
     """The saved audit's id in the registry (None until saved)."""
+    names: dict[str, str] = field(default_factory=dict)
+    """Model id -> the name a model is shown by (`ModelRecord.display_name`)."""
 
     @property
     def n_pairs(self) -> int:
         return self.n_models * (self.n_models - 1)
+
+    @property
+    def accepted(self) -> tuple[PairSummary, ...]:
+        """The pairs llama.cpp's check lets through (risky ones included), by target name,
+        then verdict, then draft name: what `audit` names."""
+        ok = [p for p in self.pairs if p.verdict is not Verdict.INCOMPATIBLE]
+        return tuple(
+            sorted(
+                ok, key=lambda p: (self.name(p.target_id), p.verdict.rank, self.name(p.draft_id))
+            )
+        )
+
+    def name(self, model_id: str) -> str:
+        return self.names.get(model_id, model_id)
 
     @property
     def findings(self) -> tuple[PairSummary, ...]:
@@ -84,7 +101,9 @@ class AuditResult:
         pairs = [
             {
                 "target": p.target_id,
+                "target_name": self.name(p.target_id),
                 "draft": p.draft_id,
+                "draft_name": self.name(p.draft_id),
                 "verdict": p.verdict.value,
                 "compatible": p.verdict in (Verdict.COMPATIBLE, Verdict.WARNINGS),
                 "findings": list(p.findings),
@@ -162,6 +181,7 @@ def audit_all(
         refusals=dict(tally.refusals),
         seconds=time.perf_counter() - t0,
         vocab_comparisons=classes.n_text,
+        names={m.model_id: m.display_name for m in models if m.model_id},
     )
 
 

@@ -124,6 +124,36 @@ def test_audit_persists_and_fails_on_findings(scanned_db: Path) -> None:
     assert "pairs pass llama.cpp's check but are risky" in proc.stdout
 
 
+def test_audit_names_the_pairs(scanned_db: Path) -> None:
+    """Issue 41, point 8: the pairs llama.cpp accepts by target and draft name in the text, and
+    every pair's names beside its ids in --json."""
+    from support.tty import name_on_one_line, specreg_tty, too_wide
+
+    db = ["--db", str(scanned_db)]
+    doc = json.loads(_specreg("audit", *db, "--json").stdout)
+    assert doc["version"] == "2"
+    models = json.loads(_specreg("models", *db, "--json").stdout)["models"]
+    name = {m["model_id"]: m["name"] or Path(m["path"]).name for m in models}
+    assert doc["pairs"] and all(
+        (p["target_name"], p["draft_name"]) == (name[p["target"]], name[p["draft"]])
+        for p in doc["pairs"]
+    )
+    accepted = [p for p in doc["pairs"] if p["verdict"] != "incompatible"]
+    code, screen = specreg_tty("audit", *db, columns=80)
+    assert code == 0, screen
+    assert f"pairs llama.cpp accepts ({len(accepted)}; " in screen
+    named = screen.split("pairs llama.cpp accepts")[1]
+    assert not too_wide(named, 80), too_wide(named, 80)
+    lines = named.splitlines()
+    for p in accepted:  # each pair on a line of its own: the target's id, then the draft's
+        assert any(
+            line.startswith(p["target"][:10]) and f" {p['draft'][:10]} " in line for line in lines
+        ), (p, screen)
+        assert name_on_one_line(p["target_name"], named) and name_on_one_line(
+            p["draft_name"], named
+        )
+
+
 def test_graph_export(scanned_db: Path, tmp_path: Path) -> None:
     db = ["--db", str(scanned_db)]
     code, out = _run("graph", "export", "--format", "json", *db)
