@@ -31,7 +31,7 @@ from specreg.registry.queries import (
     resolve_model,
 )
 from specreg.registry.vocab_store import Vocab, load_vocab
-from specreg.terms import SPEC_MTP
+from specreg.terms import DRAFT_MODEL_TYPES, SPEC_DRAFT_SIMPLE, SPEC_MTP
 
 
 def vision_dirs(models: Iterable[ModelRecord]) -> frozenset[str]:
@@ -247,6 +247,39 @@ def check_pair(
     found = remedies_for(t, Verdict.INCOMPATIBLE, (), rules, alts)
     remedies = tuple(r for r in found if not r.startswith("use an n-gram"))
     return dataclasses.replace(pv, flags=(), not_a_draft=why, remedies=remedies or pv.remedies)
+
+
+# What llama.cpp calls a draft head's file type, from its --spec-type (draft-eagle3: eagle3).
+HEAD_SPEC_PREFIX = "draft-"
+
+
+def head_kind(spec_type: str | None) -> str | None:
+    """The draft head kind a speculative type needs (`draft-eagle3`: `eagle3`), None for a type
+    that drafts with a plain model or none."""
+    if spec_type in DRAFT_MODEL_TYPES and spec_type != SPEC_DRAFT_SIMPLE:
+        return spec_type.removeprefix(HEAD_SPEC_PREFIX)
+    return None
+
+
+def spec_type_refusal(spec_type: str | None, d: ModelFacts, name: str = "the draft") -> str | None:
+    """Why `d` cannot draft as `spec_type` (the one model drafter of a stack), or None: a head
+    type (draft-eagle3, draft-dflash, draft-dspark) reads the target's hidden states and needs a
+    head of its kind (llama.cpp: "draft model is not eagle3"); draft-simple runs a plain model,
+    never a head."""
+    kind = head_kind(spec_type)
+    if kind is not None and d.draft_kind != kind:
+        what = f"a draft head ({d.draft_kind})" if d.draft_kind else "a plain model"
+        instead = f"draft-{d.draft_kind}" if d.draft_kind else SPEC_DRAFT_SIMPLE
+        return (
+            f"--spec-type {spec_type} needs a draft head ({kind}) trained for the target, and "
+            f"{name} is {what}: run it with --spec-type {instead}"
+        )
+    if spec_type == SPEC_DRAFT_SIMPLE and d.draft_kind:
+        return (
+            f"{name} is a draft head ({d.draft_kind}), which draft-simple cannot run: use "
+            f"--spec-type draft-{d.draft_kind}"
+        )
+    return None
 
 
 def not_a_draft(t: ModelRecord, d: ModelRecord) -> str | None:
