@@ -227,7 +227,8 @@ def model_names(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, str
     as shown)]. A model answers to its `general.name`; its basename, alone and with its size label
     (`Qwen2.5-Coder 32B`); its name with its quant (the alias `specreg init` writes); and the
     file name and stem of each of its files and the links to them (serve's model ids are
-    stems made safe, which the key reads alike)."""
+    stems made safe, which the key reads alike, with the id's first 8 characters after a stem
+    two targets share)."""
     found: dict[str, list[tuple[str, str]]] = {}
 
     def add(model_id: str, shown: str | None) -> None:
@@ -246,6 +247,8 @@ def model_names(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, str
         for path in paths or ():
             for shown in _file_names(path):
                 add(model_id, shown)
+        if paths:  # serve's id when two targets share a stem: the stem and the id's start
+            add(model_id, f"{_file_names(paths[0])[1]}-{model_id[:8]}")
     files = con.execute("SELECT model_id, path, links FROM files WHERE model_id IS NOT NULL")
     for model_id, path, links in files.fetchall():
         for p in (path, *(links or ())):

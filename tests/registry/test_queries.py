@@ -145,6 +145,9 @@ def test_names_as_a_user_types_them(tmp_path: Path, gguf_factory) -> None:
         served = safe_name("Model+v2 (final)")
         assert served == "Model-v2-final"
         assert queries.resolve_model(con, served).model_id == odd.model_id
+        # two targets with one stem: serve adds the id's start to the second
+        twice = f"Qwen2.5-Coder-32B-Instruct-Q4_K_M-{big.model_id[:8]}"
+        assert queries.resolve_model(con, twice).model_id == big.model_id
 
 
 def test_a_forgiving_name_two_models_answer_to_names_both(tmp_path: Path, gguf_factory) -> None:
