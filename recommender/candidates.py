@@ -31,7 +31,6 @@ from specreg.terms import (
     Method,
     canonical_task,
 )
-from specreg.text import shell_join
 
 K_GRID = (2, 3, 4, 6, 8, 12, 16, 24, 32)
 NGRAM_K_GRID = (8, 16, 32)
@@ -177,10 +176,11 @@ def head_advice(g: Grounds, requested: Stack | None, task: str) -> list[str]:
     for head, spec_type in g.heads:
         if wanted is not None and head.draft_kind != wanted:
             continue
-        run = shell_join(
-            ["specreg", "run", g.target.model_id[:10], "--draft", head.model_id[:10],
-             "--spec-type", spec_type, "--task", task]
-        )  # fmt: skip
+        # ids, a type and a task: nothing to quote
+        run = (
+            f"specreg run {g.target.model_id[:10]} --draft {head.model_id[:10]} "
+            f"--spec-type {spec_type} --task {task}"
+        )
         prefix = f"no candidate for --spec-type {spec_type}: " if wanted else ""
         out.append(
             f"{prefix}{head.display_name} ({head.model_id[:10]}) is a draft head for {target} "
