@@ -9,6 +9,8 @@ The functions other parts call:
 - `build_graph(con, rules=None) -> networkx.Graph`
 - `rules_for_build(build) -> RuleSet` (None: the pinned llama.cpp build)
 - `target_refusal(model) -> Check | None` (why no draft can make this model a target)
+- `spec_type_refusal(spec_type, draft) -> str | None` (a head type with a plain model, or
+  draft-simple with a head)
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from specreg.auditor.pairs import (
     check_pair,
     compatible_drafts,
     draftless_modes,
+    head_kind,
     not_a_draft,
     ref,
+    spec_type_refusal,
 )
 from specreg.auditor.rules import (
     PINNED_RULES,
@@ -146,9 +150,11 @@ __all__ = [
     "compatible_drafts",
     "current_graph",
     "drafts_for",
+    "head_kind",
     "not_a_draft",
     "rules_for_build",
     "rules_for_version",
+    "spec_type_refusal",
     "stored_graph",
     "target_refusal",
 ]

@@ -27,7 +27,7 @@ from specreg.auditor.checks import (
     vocab_checks,
     vocab_signature,
 )
-from specreg.auditor.pairs import VocabCache, judge, vision_dirs
+from specreg.auditor.pairs import VocabCache, judge, target_names, vision_dirs
 from specreg.auditor.rules import PINNED_RULES, RuleSet
 from specreg.auditor.verdict import Verdict
 from specreg.registry.audits import AuditClassVerdict as ClassVerdict  # the stored row
@@ -49,7 +49,8 @@ class PairSummary:
 @dataclass(frozen=True)
 class AuditResult:
     JSON_KIND = "audit"
-    JSON_VERSION = "1"
+    # 2: each pair names its models ("target_name", "draft_name") beside their ids
+    JSON_VERSION = "2"
 
     rules_label: str
     llama_build: int
@@ -68,10 +69,26 @@ class AuditResult:
     """Distinct token lists compared text by text (the expensive step)."""
     audit_id: int | None = None
     """The saved audit's id in the registry (None until saved)."""
+    names: dict[str, str] = field(default_factory=dict)
+    """Model id -> the name a model is shown by (`ModelRecord.display_name`)."""
 
     @property
     def n_pairs(self) -> int:
         return self.n_models * (self.n_models - 1)
+
+    @property
+    def accepted(self) -> tuple[PairSummary, ...]:
+        """The pairs llama.cpp's check lets through (risky ones included), by target name,
+        then verdict, then draft name: what `audit` names."""
+        ok = [p for p in self.pairs if p.verdict is not Verdict.INCOMPATIBLE]
+        return tuple(
+            sorted(
+                ok, key=lambda p: (self.name(p.target_id), p.verdict.rank, self.name(p.draft_id))
+            )
+        )
+
+    def name(self, model_id: str) -> str:
+        return self.names.get(model_id, model_id)
 
     @property
     def findings(self) -> tuple[PairSummary, ...]:
@@ -84,7 +101,9 @@ class AuditResult:
         pairs = [
             {
                 "target": p.target_id,
+                "target_name": self.name(p.target_id),
                 "draft": p.draft_id,
+                "draft_name": self.name(p.draft_id),
                 "verdict": p.verdict.value,
                 "compatible": p.verdict in (Verdict.COMPATIBLE, Verdict.WARNINGS),
                 "findings": list(p.findings),
@@ -162,6 +181,7 @@ def audit_all(
         refusals=dict(tally.refusals),
         seconds=time.perf_counter() - t0,
         vocab_comparisons=classes.n_text,
+        names={m.model_id: m.display_name for m in models if m.model_id},
     )
 
 
@@ -305,8 +325,9 @@ def _bound_pairs(
 ) -> None:
     """Bound drafts (EAGLE-3, DFlash, DSpark) against every model.
 
-    They skip the vocabulary check; their binding reads the target's shape, so the memo key
-    holds that shape instead of a vocabulary class.
+    llama.cpp runs no vocabulary check for them; their binding reads the target's shape, their
+    vocabulary is their target's and they may name the model they were trained for, so the
+    memo key holds the target's shape, vocabulary and names.
     """
     memo: dict[tuple[Any, ...], tuple[Verdict, tuple[str, ...]]] = {}
     for d in bound:
@@ -319,6 +340,8 @@ def _bound_pairs(
             key = (
                 d_key,
                 _cap_signature(t, vdirs),
+                vocab_signature(t),  # a head carries its target's vocabulary
+                target_names(t),  # and may name the model it was trained for
                 t.embedding_length,
                 t.block_count,
                 t.bos_id is None,

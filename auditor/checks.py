@@ -373,6 +373,55 @@ def binding_check(t: ModelFacts, d: ModelFacts) -> Check:
     )
 
 
+def head_vocab_check(t: ModelFacts, d: ModelFacts, outcome: VocabOutcome) -> Check:
+    """A draft head (EAGLE-3, DFlash) is converted with its target's tokenizer and proposes
+    that vocabulary's ids: a head whose vocabulary llama.cpp's rule would not take for the
+    target's was trained for another model (`outcome`: `vocab_checks` of the two)."""
+    kind = d.draft_kind
+    values = {
+        "target_n_tokens": t.n_tokens,
+        "draft_n_tokens": d.n_tokens,
+        "target_tok_pre": t.tok_pre,
+        "draft_tok_pre": d.tok_pre,
+        "failed": [c.name for c in outcome.checks if not c.passed],
+    }
+    if outcome.accepts:
+        return Check(
+            "head_vocab", True, Severity.BLOCKS, f"{kind} head's vocabulary is the target's", values
+        )
+    why = "; ".join(c.message for c in outcome.checks if not c.passed)
+    return Check(
+        "head_vocab",
+        False,
+        Severity.BLOCKS,
+        f"{kind} head's vocabulary is not the target's ({why}): it was trained for another model",
+        values,
+    )
+
+
+def head_target_check(t: ModelFacts, d: ModelFacts, target_names: tuple[str, ...]) -> Check | None:
+    """The model a draft head names as its base (`general.base_model.0.name`) against the target's
+    names, compared as `queries.name_key` compares them; None when the head names none. Another
+    model of the same shape and vocabulary runs, with the acceptance of a head not trained on it."""
+    from specreg.registry.queries import name_key
+
+    base = _binding_value(_binding(d), "base_model.0.name")
+    if not isinstance(base, str) or not name_key(base):
+        return None
+    keys = {name_key(n) for n in target_names if n}
+    values = {"trained_for": base, "target_names": list(target_names)}
+    if name_key(base) in keys:
+        return Check("head_target", True, Severity.WARNS, f"trained for {base}, the target", values)
+    shown = target_names[0] if target_names else "another model"
+    return Check(
+        "head_target",
+        False,
+        Severity.WARNS,
+        f"{d.draft_kind} head trained for {base}, not {shown}: expect a lower acceptance",
+        values,
+    )
+
+
 def _mmproj_check(role: str) -> Check:
     return Check(
         f"{role}_is_language_model",

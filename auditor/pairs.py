@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -14,6 +15,8 @@ from specreg.auditor.checks import (
     advisory_checks,
     binding_check,
     capability_checks,
+    head_target_check,
+    head_vocab_check,
     risk_checks,
     vocab_checks,
     vocab_signature,
@@ -28,7 +31,7 @@ from specreg.registry.queries import (
     resolve_model,
 )
 from specreg.registry.vocab_store import Vocab, load_vocab
-from specreg.terms import SPEC_MTP
+from specreg.terms import DRAFT_MODEL_TYPES, SPEC_DRAFT_SIMPLE, SPEC_MTP
 
 
 def vision_dirs(models: Iterable[ModelRecord]) -> frozenset[str]:
@@ -51,6 +54,14 @@ class VocabCache:
         return self._vocabs[sha]
 
 
+def target_names(m: ModelRecord) -> tuple[str, ...]:
+    """What a model is called where a draft head names the model it was trained for."""
+    names = [m.name, m.basename and m.size_label and f"{m.basename} {m.size_label}"]
+    if m.basename and m.size_label and m.finetune:
+        names.append(f"{m.basename} {m.size_label} {m.finetune}")
+    return tuple(n for n in names if n)
+
+
 def ref(m: ModelRecord) -> ModelRef:
     return ModelRef(m.model_id or "", m.display_name, m.path or "")
 
@@ -65,8 +76,11 @@ def pair_checks(
     rules: RuleSet,
     vocab: VocabOutcome | None,
     vision: bool = False,
+    target_names: tuple[str, ...] = (),
 ) -> tuple[tuple[Check, ...], str | None]:
-    """All checks of (t, d) given the vocabulary outcome; also the --spec-type to use."""
+    """All checks of (t, d) given the vocabulary outcome (for a draft head too, when it carries
+    a vocabulary); also the --spec-type to use. `target_names`: what the target is called, for
+    the model a draft head says it was trained for."""
     checks: list[Check] = []
     kind = d.draft_kind
     if kind:
@@ -83,6 +97,11 @@ def pair_checks(
             )
         else:
             checks.append(binding_check(t, d))
+            if vocab is not None:  # the head carries a vocabulary: its target's
+                checks.append(head_vocab_check(t, d, vocab))
+            trained_for = head_target_check(t, d, target_names)
+            if trained_for is not None:
+                checks.append(trained_for)
     else:
         spec_type = rules.draft_simple_type or "draft"
         assert vocab is not None
@@ -155,10 +174,10 @@ def judge(
     alternatives: Iterable[ModelRecord] = (),
     vision_dirs: frozenset[str] = frozenset(),
 ) -> PairVerdict:
-    if outcome is None and not d.draft_kind:
+    if outcome is None and (not d.draft_kind or d.n_tokens):
         outcome = vocab_checks(t, d, vocabs.get(t.vocab_sha), vocabs.get(d.vocab_sha), rules)
     vision = bool(t.path) and os.path.dirname(t.path or "") in vision_dirs
-    checks, spec_type = pair_checks(t, d, rules, outcome, vision)
+    checks, spec_type = pair_checks(t, d, rules, outcome, vision, target_names(t))
     verdict = verdict_of(checks)
     accepts = None if d.draft_kind else (outcome.accepts if outcome else None)
     flags: tuple[str, ...] = ()
@@ -220,14 +239,56 @@ def check_pair(
     if pv.verdict is not Verdict.COMPATIBLE and pv.remedies:
         alts = [a for a in _alternatives(t, models, rules, vocabs) if a.model_id != d.model_id]
         pv = judge(t, d, rules, vocabs, alternatives=alts, vision_dirs=vdirs)
-    return pv
+    why = not_a_draft(t, d)
+    if why is None:
+        return pv
+    # no flags to run it; the drafts that exist instead
+    alts = [a for a in _alternatives(t, models, rules, vocabs) if a.model_id != d.model_id]
+    found = remedies_for(t, Verdict.INCOMPATIBLE, (), rules, alts)
+    remedies = tuple(r for r in found if not r.startswith("use an n-gram"))
+    return dataclasses.replace(pv, flags=(), not_a_draft=why, remedies=remedies or pv.remedies)
+
+
+# What llama.cpp calls a draft head's file type, from its --spec-type (draft-eagle3: eagle3).
+HEAD_SPEC_PREFIX = "draft-"
+
+
+def head_kind(spec_type: str | None) -> str | None:
+    """The draft head kind a speculative type needs (`draft-eagle3`: `eagle3`), None for a type
+    that drafts with a plain model or none."""
+    if spec_type in DRAFT_MODEL_TYPES and spec_type != SPEC_DRAFT_SIMPLE:
+        return spec_type.removeprefix(HEAD_SPEC_PREFIX)
+    return None
+
+
+def spec_type_refusal(spec_type: str | None, d: ModelFacts, name: str = "the draft") -> str | None:
+    """Why `d` cannot draft as `spec_type` (the one model drafter of a stack), or None: a head
+    type (draft-eagle3, draft-dflash, draft-dspark) reads the target's hidden states and needs a
+    head of its kind (llama.cpp: "draft model is not eagle3"); draft-simple runs a plain model,
+    never a head."""
+    kind = head_kind(spec_type)
+    if kind is not None and d.draft_kind != kind:
+        what = f"a draft head ({d.draft_kind})" if d.draft_kind else "a plain model"
+        instead = f"draft-{d.draft_kind}" if d.draft_kind else SPEC_DRAFT_SIMPLE
+        return (
+            f"--spec-type {spec_type} needs a draft head ({kind}) trained for the target, and "
+            f"{name} is {what}: run it with --spec-type {instead}"
+        )
+    if spec_type == SPEC_DRAFT_SIMPLE and d.draft_kind:
+        return (
+            f"{name} is a draft head ({d.draft_kind}), which draft-simple cannot run: use "
+            f"--spec-type draft-{d.draft_kind}"
+        )
+    return None
 
 
 def not_a_draft(t: ModelRecord, d: ModelRecord) -> str | None:
-    """Why `d` is no draft for `t` whatever llama.cpp says, or None: a model whose weights are
-    as large as the target's or larger, in all or in those read per token, cannot make the
-    target faster and needs at least its memory again. A smaller quant of the target itself
-    (a self-draft) is smaller and stays a draft."""
+    """Why `d` is no draft for `t` whatever llama.cpp says, or None: the target itself, or a
+    model whose weights are as large as the target's or larger, in all or in those read per
+    token, cannot make the target faster and needs at least its memory again. A smaller quant
+    of the target itself (a self-draft) is smaller and stays a draft."""
+    if t.model_id and t.model_id == d.model_id:
+        return "it is the target itself"
     if t.n_bytes and d.n_bytes:
         if d.n_bytes >= t.n_bytes:
             return (

@@ -84,7 +84,8 @@ class ModelRef:
 @dataclass(frozen=True)
 class PairVerdict:
     JSON_KIND = "compat"
-    JSON_VERSION = "1"
+    # 2: "not_a_draft" (why the draft cannot make the target faster, or null)
+    JSON_VERSION = "2"
 
     target: ModelRef
     draft: ModelRef
@@ -98,6 +99,9 @@ class PairVerdict:
     spec_type: str | None
     """The --spec-type this pair runs with (draft-simple, draft-eagle3, ...), None if it cannot."""
     flags: tuple[str, ...] = ()
+    not_a_draft: str | None = None
+    """Why the draft is no draft for the target whatever llama.cpp says (`pairs.not_a_draft`:
+    the target itself, or as large as it): set by `check_pair`, None otherwise."""
 
     @property
     def compatible(self) -> bool:
@@ -153,7 +157,11 @@ class PairVerdict:
     def to_json(self) -> dict[str, Any]:
         from specreg.jsonout import document
 
-        payload = {**self.as_dict(), "same_model": self.same_model}
+        payload = {
+            **self.as_dict(),
+            "same_model": self.same_model,
+            "not_a_draft": self.not_a_draft,
+        }
         return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
 

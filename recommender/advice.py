@@ -8,8 +8,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from specreg.auditor import head_kind
 from specreg.recommender.acceptance import ACC_AGREEMENT
-from specreg.recommender.candidates import K_GRID, Ask, Grounds
+from specreg.recommender.candidates import K_GRID, Ask, Grounds, head_advice
 from specreg.recommender.features import ConfigFacts, feature_matrix
 from specreg.recommender.predictor import SpeedPredictor
 from specreg.recommender.ranking import MIN_GAIN, Ranking
@@ -40,8 +41,11 @@ def advice(
     if not g.drafts:
         out.append(_no_draft_advice(target, g.base, model, ask.task))
     requested = ask.requested
-    if requested is not None and not any(o.spec_type == requested.spelled for o in options):
+    heads = head_advice(g, requested, ask.task)  # draft heads: not scored, said why
+    missing = requested is not None and not any(o.spec_type == requested.spelled for o in options)
+    if missing and requested is not None and not head_kind(requested.model_drafter):
         out.append(_no_candidate(requested, target, ask.task))
+    out.extend(heads)
     out.extend(_agreement_advice(options))
     if memory := memory_advice(options):
         out.append(memory)

@@ -77,6 +77,7 @@ class Grounds:
     cal: Calibration  # this host's llama-bench curves: verify cost per K, step ratios
     base: ConfigFacts  # plain decoding of the target on this host
     caches: tuple[LookupCache, ...]  # the workload caches ngram-cache may read
+    heads: tuple[tuple[ModelRecord, str], ...] = ()  # compatible draft heads, their spec type
 
     def cache(self, name: str) -> LookupCache | None:
         """The usable cache called `name` (None for "", a candidate without one)."""
@@ -97,7 +98,7 @@ def grounds(
         for o in observations
         if o.source == "local" and o.group == target.model_id and o.host == host.fingerprint
     )
-    drafts = usable_drafts(con, target)
+    drafts, heads = drafts_and_heads(con, target)
     cal = load_calibration(
         con, host.fingerprint, target.model_id, [d.model_id for d, _ in drafts],
         threads=host.physical_cores,
@@ -109,6 +110,7 @@ def grounds(
         cal=cal,
         base=base_config(target, host, ask, local, cal),
         caches=tuple(usable_caches(con, target, ask.task)),
+        heads=tuple(heads),
     )
 
 
@@ -134,12 +136,24 @@ def usable_drafts(
     con: duckdb.DuckDBPyConnection, target: ModelRecord
 ) -> list[tuple[ModelRecord, str]]:
     """Compatible drafts (best first) with their tokenizer relation, via the auditor."""
+    return drafts_and_heads(con, target)[0]
+
+
+def drafts_and_heads(
+    con: duckdb.DuckDBPyConnection, target: ModelRecord
+) -> tuple[list[tuple[ModelRecord, str]], list[tuple[ModelRecord, str]]]:
+    """Compatible plain drafts (best first) with their tokenizer relation, and the compatible
+    draft heads (EAGLE-3, DFlash) with their --spec-type, via the auditor. A head is not scored:
+    the speed model has no runs of one (`head_advice` says so)."""
     from specreg.auditor import compatible_drafts
 
-    out = []
+    out, heads = [], []
     for pv in compatible_drafts(con, target):
         if pv.spec_type != DEFAULT_TYPE_OF[Method.DRAFT]:
-            continue  # EAGLE-3 / DFlash heads are not modelled by the prior; None cannot run
+            head = get_model(con, pv.draft.model_id)
+            if head is not None and head.draft_kind and pv.spec_type:
+                heads.append((head, pv.spec_type))
+            continue
         d = get_model(con, pv.draft.model_id)
         if d is None or d.draft_kind or (d.n_bytes or 0) > MAX_DRAFT_SHARE * (target.n_bytes or 0):
             continue  # a draft bigger than the target cannot pay for itself
@@ -147,7 +161,49 @@ def usable_drafts(
         if any(c.name == "pre_tokenizer" and not c.passed for c in pv.checks):
             relation = "pre-tokenizer-differs"
         out.append((d, relation))
-    return out[:MAX_DRAFTS]
+    return out[:MAX_DRAFTS], heads
+
+
+def head_advice(g: Grounds, requested: Stack | None, task: str) -> list[str]:
+    """What recommend says of draft heads, which it does not score: each compatible head, the
+    type it runs as and how to measure it; for a requested head type (`--spec-type
+    draft-eagle3`), why nothing of that type is listed (a plain draft never runs as one)."""
+    from specreg.auditor import head_kind
+
+    target = g.target.display_name
+    wanted = head_kind(requested.model_drafter) if requested is not None else None
+    out = []
+    for head, spec_type in g.heads:
+        if wanted is not None and head.draft_kind != wanted:
+            continue
+        # ids, a type and a task: nothing to quote
+        run = (
+            f"specreg run {g.target.model_id[:10]} --draft {head.model_id[:10]} "
+            f"--spec-type {spec_type} --task {task}"
+        )
+        prefix = f"no candidate for --spec-type {spec_type}: " if wanted else ""
+        out.append(
+            f"{prefix}{head.display_name} ({head.model_id[:10]}) is a draft head for {target} "
+            f"(--spec-type {spec_type}), not ranked: the speed model has no runs of "
+            f"{head.draft_kind} heads to predict one from; measure it: {run}"
+        )
+    if wanted is not None and not out:
+        out.append(
+            f"no candidate for --spec-type {requested.spelled if requested else ''}: it needs a "
+            f"draft head ({wanted}) trained for {target}, and the registry holds none; a plain "
+            "draft model runs as draft-simple"
+        )
+    return out
+
+
+def _head_type_mismatch(c: ConfigFacts, draft: ModelRecord | None) -> bool:
+    """A candidate whose stack drafts with a head type (draft-eagle3) but holds a plain draft."""
+    from specreg.auditor import head_kind
+
+    if not c.stack:
+        return False
+    kind = head_kind(parse_stack(c.stack).model_drafter)
+    return kind is not None and (draft is None or draft.draft_kind != kind)
 
 
 def base_config(
@@ -233,11 +289,12 @@ def _lossless_candidates(g: Grounds, requested: Stack | None) -> list[Candidate]
     if (g.target.nextn_predict_layers or 0) > 0:
         for k in MTP_K_GRID:
             cands.append((base.with_(method=Method.MTP, k=k, **cal.target_fields(k)), None))
-    cands += stack_candidates(
+    stacked = stack_candidates(
         list(cands), list(g.caches), base, cal.target_fields,
         ngram_n=NGRAM_MATCH_DEFAULT, ngram_ks=NGRAM_K_GRID, requested=requested,
     )  # fmt: skip
-    return cands
+    # a head type never runs a plain draft model (llama.cpp: "draft model is not eagle3")
+    return cands + [(c, d) for c, d in stacked if not _head_type_mismatch(c, d)]
 
 
 def config_key(c: ConfigFacts) -> tuple[object, ...]:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from specreg.errors import AmbiguousModel, ModelNotFound
+from specreg.registry.hub_cache import repo_id, snapshot_name
 from specreg.registry.text import fs_path, path_text
+from specreg.text import clip
 
 if TYPE_CHECKING:
     import duckdb
@@ -195,8 +198,101 @@ def model_id_at_path(
     return str(row[0]) if row else None
 
 
+# What a forgiving name ignores: case, and every character but letters, digits and dots
+# (spaces, hyphens, underscores, slashes; `2.5` and `25` stay different).
+_NAME_NOISE = re.compile(r"[^\w.]+|_+")
+_SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")
+# Names compared for the nearest ones are cut to this many characters (a name may be huge).
+_SUGGEST_CHARS = 120
+
+
+def name_key(text: str) -> str:
+    """A name as `resolve_model` compares it forgivingly: case, spaces, hyphens, underscores
+    and other punctuation but the dot ignored (`Qwen2.5-Coder_32B` is `qwen2.5coder32b`)."""
+    return _NAME_NOISE.sub("", text.casefold())
+
+
+def _file_names(path: str) -> list[str]:
+    """What a file is called by people: its file name, its stem, the stem of its split set,
+    and for a Hugging Face cache file its repository (`ORG/NAME`)."""
+    base = os.path.basename(path)
+    stem = base[:-5] if base.lower().endswith(".gguf") else base
+    names = [base, stem, _SPLIT_SUFFIX.sub("", stem)]
+    repo = repo_id(path)
+    return names + [repo] if repo else names
+
+
+def model_names(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, str]]]:
+    """Every name a model answers to forgivingly, by `name_key`: key -> [(model id, the name
+    as shown)]. A model answers to its `general.name`; its basename, alone and with its size label
+    (`Qwen2.5-Coder 32B`); its name with its quant (the alias `specreg init` writes); and the
+    file name and stem of each of its files and the links to them (serve's model ids are
+    stems made safe, which the key reads alike, with the id's first 8 characters after a stem
+    two targets share)."""
+    found: dict[str, list[tuple[str, str]]] = {}
+
+    def add(model_id: str, shown: str | None) -> None:
+        key = name_key(shown or "")
+        if key and (model_id, shown) not in found.setdefault(key, []):
+            found[key].append((model_id, shown or ""))
+
+    rows = con.execute("SELECT model_id, name, basename, size_label, quant, paths FROM models")
+    for model_id, name, basename, size_label, quant, paths in rows.fetchall():
+        add(model_id, name)
+        add(model_id, basename)
+        if basename and size_label:
+            add(model_id, f"{basename} {size_label}")
+        if name and quant:
+            add(model_id, f"{name} {quant}")
+        for path in paths or ():
+            for shown in _file_names(path):
+                add(model_id, shown)
+        if paths:  # serve's id when two targets share a stem: the stem and the id's start
+            add(model_id, f"{_file_names(paths[0])[1]}-{model_id[:8]}")
+    files = con.execute("SELECT model_id, path, links FROM files WHERE model_id IS NOT NULL")
+    for model_id, path, links in files.fetchall():
+        for p in (path, *(links or ())):
+            for shown in _file_names(p):
+                add(model_id, shown)
+    return found
+
+
+def _nearest(ref: str, names: dict[str, list[tuple[str, str]]], n: int = 3) -> list[str]:
+    """The names closest to `ref` (difflib's ratio over the forgiving keys), one per model."""
+    import difflib
+
+    cut = {key[:_SUGGEST_CHARS]: key for key in names}
+    close = difflib.get_close_matches(name_key(ref)[:_SUGGEST_CHARS], list(cut), n=3 * n)
+    out: list[str] = []
+    seen: set[str] = set()
+    for short in close:
+        model_id, shown = names[cut[short]][0]
+        if model_id not in seen:
+            seen.add(model_id)
+            out.append(f"{clip(shown, 60)} ({model_id[:10]})")
+    return out[:n]
+
+
+def _choose(ref: str, rows: list[tuple[Any, ...]]) -> ModelRecord:
+    present = [r for r in rows if _record(r).status != "gone"] or rows
+    if len(present) > 1:
+        # two quants of one model share a name: each is shown by id, quant and file
+        ids = "; ".join(_record(r).choice_label for r in present[:5])
+        more = f"; and {len(present) - 5} more" if len(present) > 5 else ""
+        raise AmbiguousModel(
+            f"'{ref}' matches {len(present)} models ({ids}{more}): give an id or path"
+        )
+    return _record(present[0])
+
+
 def resolve_model(con: duckdb.DuckDBPyConnection, ref: str | os.PathLike[str]) -> ModelRecord:
-    """A model by file path (any part or symlink), id or id prefix, or exact name/basename."""
+    """A model by file path (any part or symlink), id or id prefix, or name.
+
+    A name is first matched exactly (`general.name`, `general.basename`), then forgivingly
+    (`name_key`: case, spaces, hyphens and underscores ignored) against every name
+    `model_names` lists: the name, basename and size label, name and quant, each file's name
+    and stem. A name several models answer to is an error naming them; one no model answers
+    to is an error naming the nearest."""
     ref_s = os.fspath(ref)
     if os.path.exists(ref_s):
         model_id = model_id_at_path(con, ref_s)
@@ -210,30 +306,38 @@ def resolve_model(con: duckdb.DuckDBPyConnection, ref: str | os.PathLike[str]) -
         " ORDER BY status = 'gone', model_id",
         [ref_s, ref_s, ref_s],
     ).fetchall()
-    if not rows:
-        raise ModelNotFound(
-            f"no model matches '{ref_s}': give a path, an id from `specreg models`, or a name"
-        )
-    present = [r for r in rows if _record(r).status != "gone"] or rows
-    if len(present) > 1:
-        # two quants of one model share a name: each is shown by id, quant and file
-        ids = "; ".join(_record(r).choice_label for r in present[:5])
-        more = f"; and {len(present) - 5} more" if len(present) > 5 else ""
-        raise AmbiguousModel(
-            f"'{ref_s}' matches {len(present)} models ({ids}{more}): give an id or path"
-        )
-    return _record(present[0])
+    if rows:
+        return _choose(ref_s, rows)
+    names = model_names(con)
+    ids = sorted({model_id for model_id, _ in names.get(name_key(ref_s), [])})
+    if ids:
+        rows = con.execute(
+            _SELECT + " WHERE list_contains(?, model_id) ORDER BY status = 'gone', model_id",
+            [ids],
+        ).fetchall()
+        return _choose(ref_s, rows)
+    nearest = _nearest(ref_s, names)
+    hint = f" (nearest: {', '.join(nearest)})" if nearest else ""
+    raise ModelNotFound(
+        f"no model matches '{ref_s}': give a path, an id from `specreg models`, or a name{hint}"
+    )
 
 
 def model_fs_paths(con: duckdb.DuckDBPyConnection, model_id: str) -> tuple[str, ...]:
     """The model's present files as the OS names them, in split order: exact even for names
-    that are not UTF-8 (`ModelRecord.paths` holds those escaped, for display)."""
+    that are not UTF-8 (`ModelRecord.paths` holds those escaped, for display). A Hugging Face
+    cache blob is given by its snapshot link, the name llama.cpp's split loader and people read.
+    """
     rows = con.execute(
-        "SELECT path, path_raw FROM files WHERE model_id = ? AND status = 'ok'"
+        "SELECT path, path_raw, links FROM files WHERE model_id = ? AND status = 'ok'"
         " ORDER BY split_no, path",
         [model_id],
     ).fetchall()
-    return tuple(fs_path(text, bytes(raw) if raw is not None else None) for text, raw in rows)
+    out = []
+    for text, raw, links in rows:
+        named = snapshot_name(text, links or ()) if raw is None else None
+        out.append(named or fs_path(text, bytes(raw) if raw is not None else None))
+    return tuple(out)
 
 
 def model_kv(con: duckdb.DuckDBPyConnection, model_id: str) -> list[tuple[str, str, Any]]:

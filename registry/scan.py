@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from specreg.errors import GGUFError, ModelNotFound, UsageError
 from specreg.registry import parts as P
 from specreg.registry import scan_store as store
+from specreg.registry.hub_cache import snapshot_name
 from specreg.registry.queries import ModelRecord, resolve_model
 from specreg.registry.sql import transaction
 from specreg.registry.text import clean_reason, path_raw, path_text
@@ -266,10 +267,23 @@ class _File:
     # facts, key/values and vocabulary are taken and the parsed header dropped at once, so
     # the next file reuses its memory instead of faulting in fresh pages.
     prepared: _Prepared | None = None
+    # What the file is known by where that is not its real path: a Hugging Face cache blob's
+    # snapshot link (`models--ORG--NAME/snapshots/REV/FILE.gguf`), never its hash.
+    name: str | None = None
 
     @property
     def text(self) -> str:
         return path_text(self.path)
+
+    @property
+    def named(self) -> str:
+        """The path the file is known by, as the OS names it (for the split sets' names too)."""
+        return self.name or self.path
+
+    @property
+    def shown(self) -> str:
+        """`named` as text: how the file's model and the scan's lists show it."""
+        return path_text(self.named)
 
 
 def _clashes(found: Found) -> tuple[dict[str, list[str]], list[ScanIssue]]:
@@ -299,6 +313,9 @@ def classify(
     files: dict[str, _File] = {}
     for real, links in kept.items():
         f = files[real] = _File(real, [path_text(link) for link in links], known.get(real))
+        f.name = snapshot_name(real, links, look=True)
+        if f.name is not None and path_text(f.name) not in f.links:
+            f.links.append(path_text(f.name))  # found by looking: recorded with the file
         try:
             st = os.stat(real)
         except OSError as err:
@@ -339,7 +356,7 @@ def _read(f: _File) -> None:
         )
         return
     f.header = header
-    f.part = F.part_info(header, Path(f.path))
+    f.part = F.part_info(header, Path(f.named))
 
 
 def read_headers(
@@ -381,7 +398,7 @@ def _read_it(f: _File, vocabs: VocabJobs) -> _File:
         if blob is not None:
             vocabs.pack_here(blob)
         f.prepared = _Prepared(
-            F.model_facts([(Path(f.path), f.header)], expected_parts=1, missing=[]),
+            F.model_facts([(Path(f.named), f.header)], expected_parts=1, missing=[]),
             F.kv_rows(f.header),
             blob.vocab_sha if blob is not None else None,
         )
@@ -406,11 +423,13 @@ class _ModelPlan:
 
 
 def _group_key(f: _File) -> tuple[str, ...]:
-    name = os.path.basename(f.path)
+    """Parts of a split set share their folder and name prefix (a hub cache's blobs, their
+    snapshot's); any other file is a group of its own, keyed by the name it is shown by."""
+    name = os.path.basename(f.named)
     m = P.SPLIT_NAME.match(name)
     if m and f.part is not None and f.part.split_count > 1:
-        return (os.path.dirname(f.path), m["prefix"], m["count"])
-    return (f.path,)
+        return (os.path.dirname(f.named), m["prefix"], m["count"])
+    return (f.named,)
 
 
 def group_models(files: Iterable[_File]) -> dict[tuple[str, ...], list[_File]]:
@@ -454,13 +473,13 @@ def plan_models(
         ]
         model_id = P.model_id_for(first.part.header_sha256)
         if model_id in seen:
-            plan.duplicates.append((first.text, seen[model_id]))
+            plan.duplicates.append((first.shown, seen[model_id]))
         else:
-            seen[model_id] = first.text
+            seen[model_id] = first.shown
             old = stored.get(model_id)
             status = "incomplete" if missing else "present"
             dirty = any(m.state in ("new", "changed") for m in members)
-            same = old is not None and old.paths == tuple(m.text for m in members)
+            same = old is not None and old.paths == tuple(m.shown for m in members)
             if not dirty and same and old is not None and old.status == status:
                 pass  # unchanged: its facts stay
             else:
@@ -517,7 +536,7 @@ def _prepare_parts(
     for m in members:
         if m.header is None:
             _read(m)
-    parts = [(Path(m.path), m.header) for m in members if m.header is not None]
+    parts = [(Path(m.named), m.header) for m in members if m.header is not None]
     if len(parts) != len(members):
         return None
     first = parts[0][1]
@@ -635,8 +654,8 @@ def scan_paths(
         scan_id=scan_id,
         roots=tuple(row.roots),
         n_files=row.n_files,
-        new=tuple(sorted(f.text for f in files.values() if f.state == "new")),
-        changed=tuple(sorted(f.text for f in files.values() if f.state == "changed")),
+        new=tuple(sorted(f.shown for f in files.values() if f.state == "new")),
+        changed=tuple(sorted(f.shown for f in files.values() if f.state == "changed")),
         n_unchanged=row.n_unchanged,
         removed=tuple(write.removed),
         errors=tuple(issues),

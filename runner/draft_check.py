@@ -24,11 +24,18 @@ def refuse_incompatible_draft(
     install: LlamaInstall,
     target: ModelRecord,
     draft: ModelRecord,
+    spec_type: str | None = None,
 ) -> None:
     """Raise `IncompatibleDraft` with the auditor's reasons and remedies when `draft` cannot
-    draft for `target` under the rules of `install`'s build; return quietly otherwise."""
-    from specreg.auditor import Verdict, check_pair, rules_for_version
+    draft for `target` under the rules of `install`'s build, or cannot draft as `spec_type` (a
+    plain model as draft-eagle3, a head as draft-simple); return quietly otherwise."""
+    from specreg.auditor import Verdict, check_pair, rules_for_version, spec_type_refusal
 
+    wrong_kind = spec_type_refusal(
+        spec_type, draft, f"{draft.display_name} ({draft.model_id[:10]})"
+    )
+    if wrong_kind is not None:
+        raise IncompatibleDraft(f"{wrong_kind} ({param('force')} runs it anyway)")
     pv = check_pair(con, target, draft, rules_for_version(install.version, install.dialect))
     if pv.verdict is not Verdict.INCOMPATIBLE:
         return

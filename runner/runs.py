@@ -211,7 +211,7 @@ def plan(
     target_rec = model_record(con, spec.target)
     draft_rec = model_record(con, spec.draft) if spec.draft is not None else None
     if draft_rec is not None and not force:
-        refuse_incompatible_draft(con, install, target_rec, draft_rec)
+        refuse_incompatible_draft(con, install, target_rec, draft_rec, config.stack.model_drafter)
     config, cache, notes = _stack_checks(
         con, config, chosen, target_rec, spec.workload, spec.lookup_cache
     )

@@ -5,7 +5,8 @@ Each file carries the metadata and the tensor table a real conversion of that mo
 data, so a tree that looks like the reference host's 2 TB collection costs almost no disk.
 Tokenizers are synthetic but keep each model line's real sizes, special ids and add_bos rules:
 Qwen2.5 and Qwen3 share a base vocabulary, the 32B/7B Qwen2.5 pad it to 152,064, the
-DeepSeek distills change the special tokens, Llama 3 and Gemma 3 are lines of their own.
+DeepSeek distills change the special tokens, Llama 3, Gemma 3 and GLM-4.5 are lines of their
+own (no demo model drafts for GLM-4.5 Air but its own MTP head, as with the real files).
 
 `specreg demo` writes it (`make_demo_tree`); tests build their own trees from the same pieces
 (`Arch`, `Vocab`, `DemoModel`, `write_demo_model`).
@@ -54,7 +55,7 @@ class Vocab:
 @lru_cache(maxsize=8)
 def _base_tokens(kind: str, n: int) -> tuple[str, ...]:
     # Distinct, deterministic texts; the byte-level vocabularies get "Ġ"-style pieces.
-    prefix = {"qwen": "Ġq", "llama3": "Ġl", "gemma": "▁g"}[kind]
+    prefix = {"qwen": "Ġq", "llama3": "Ġl", "gemma": "▁g", "glm4": "Ġz"}[kind]
     return tuple(f"{prefix}{i:x}" for i in range(n))
 
 
@@ -156,6 +157,73 @@ def llama3_vocab() -> Vocab:
         add_bos=True,
         chat_template="{{ bos_token }}{% for m in messages %}"
         "<|start_header_id|>{{ m.role }}<|end_header_id|>{{ m.content }}<|eot_id|>"
+        "{% endfor %}",
+    )
+
+
+# GLM-4.5's added tokens from id 151,329 on, as its tokenizer numbers them.
+GLM4_SPECIALS = (
+    "<|endoftext|>",
+    "[MASK]",
+    "[gMASK]",
+    "[sMASK]",
+    "<sop>",
+    "<eop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
+    "<|begin_of_audio|>",
+    "<|end_of_audio|>",
+    "<|begin_of_transcription|>",
+    "<|end_of_transcription|>",
+    "<|code_prefix|>",
+    "<|code_middle|>",
+    "<|code_suffix|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "/nothink",
+    "<|begin_of_box|>",
+    "<|end_of_box|>",
+    "<|image|>",
+    "<|video|>",
+)
+
+
+def glm4_vocab() -> Vocab:
+    """GLM-4.5 (Air): a byte-level BPE of its own (pre-tokenizer `glm4`), 151,329 tokens, its
+    specials, padding to 151,552 embedding rows. As llama.cpp's converter writes it: BOS
+    [gMASK] (the `glm4` pre-tokenizer adds none), EOS and padding <|endoftext|>, EOT <|user|>."""
+    n_base = 151329
+    tokens = list(_base_tokens("glm4", n_base)) + list(GLM4_SPECIALS)
+    types = [int(TokenType.NORMAL)] * n_base + [int(TokenType.CONTROL)] * len(GLM4_SPECIALS)
+    while len(tokens) < 151552:
+        tokens.append(f"[PAD{len(tokens)}]")
+        types.append(int(TokenType.UNUSED))
+    special = {t: n_base + i for i, t in enumerate(GLM4_SPECIALS)}
+    return Vocab(
+        "gpt2",
+        "glm4",
+        tuple(tokens),
+        tuple(types),
+        bos_id=special["[gMASK]"],
+        eos_id=special["<|endoftext|>"],
+        eot_id=special["<|user|>"],
+        pad_id=special["<|endoftext|>"],
+        add_bos=False,
+        chat_template="[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}"
         "{% endfor %}",
     )
 
@@ -741,7 +809,7 @@ def demo_models() -> list[tuple[str, DemoModel]]:
                     shared_expert=True,
                     nextn_layers=1,
                 ),
-                qwen_vocab("qwen2.5"),
+                glm4_vocab(),
                 size_label="106B-A12B",
                 organization="Zai Org",
             ),

@@ -22,7 +22,7 @@ from specreg.errors import EXIT_FINDINGS
 from specreg.text import clip, shell_join
 
 if TYPE_CHECKING:
-    from specreg.auditor import AuditResult, DraftList, PairVerdict, Severity
+    from specreg.auditor import AuditResult, DraftList, PairSummary, PairVerdict, Severity
     from specreg.auditor.rules import RuleSet
 
 
@@ -40,7 +40,7 @@ def compat(target: str, draft: str, rules: RuleSet, db_path: Path | None, as_jso
     """Will DRAFT speculate for TARGET with llama.cpp, and if not, exactly why.
 
     Models by path, name or id. Exit 0 if compatible (warnings allowed), 1 if llama.cpp refuses
-    the pair or it is risky at run time.
+    the pair or it is risky at run time, or DRAFT is not a draft (TARGET itself, or as large).
     """
     from specreg.auditor import check_pair
     from specreg.registry.db import opened
@@ -48,7 +48,7 @@ def compat(target: str, draft: str, rules: RuleSet, db_path: Path | None, as_jso
     with opened(resolve_db(db_path), read_only=True) as con:
         pv = check_pair(con, target, draft, rules)
     present(pv, as_json, _print_verdict)
-    if not pv.compatible:
+    if not pv.compatible or pv.not_a_draft:
         _exit_findings()
 
 
@@ -65,12 +65,18 @@ def _print_verdict(pv: PairVerdict) -> None:
     from rich.table import Table
 
     out = console()
-    out.print(f"{pv.verdict.text}: {clip(pv.draft.label)} as draft for {clip(pv.target.label)}")
+    draft, target = clip(pv.draft.label), clip(pv.target.label)
+    if pv.not_a_draft:
+        out.print(f"not a draft: {draft} for {target}: {pv.not_a_draft}")
+    else:
+        out.print(f"{pv.verdict.text}: {draft} as draft for {target}")
     if pv.same_model:
         out.print(
             f"note: TARGET and DRAFT are the same file ({pv.target.model_id[:10]}, "
             f"{clip(pv.target.path)}): a model drafting for itself only adds work"
         )
+    if pv.not_a_draft:
+        out.print(f"llama.cpp's own check alone: {pv.verdict.text}")
     out.print(f"rules: llama.cpp {pv.rules_label}")
     table = Table(show_header=True, header_style="bold")
     for col in ("check", "result", "evidence"):
@@ -173,6 +179,10 @@ def audit(fail_on_findings: bool, rules: RuleSet, db_path: Path | None, as_json:
         _exit_findings()
 
 
+# `audit` names at most this many pairs on a terminal; --json lists every one.
+AUDIT_PAIRS_SHOWN = 60
+
+
 def _print_audit(result: AuditResult) -> None:
     from specreg.auditor import Verdict
 
@@ -186,11 +196,53 @@ def _print_audit(result: AuditResult) -> None:
         out.print(f"  {verdict.text}: {result.counts.get(verdict.value, 0)}")
     for name, n in sorted(result.refusals.items(), key=lambda kv: -kv[1]):
         out.print(f"  refused by {name}: {n}")
+    _print_accepted(result)
     if result.findings:
         out.print(
             f"{len(result.findings)} pairs pass llama.cpp's check but are risky; "
             "see `specreg compat TARGET DRAFT`"
         )
+
+
+def _print_accepted(result: AuditResult) -> None:
+    """The pairs llama.cpp accepts, by name: target, draft, verdict and what it found."""
+    from specreg.cli.tables import Column, fitted_table, model_cell
+
+    accepted = result.accepted
+    if not accepted:
+        return
+    out = console()
+    shown = accepted[:AUDIT_PAIRS_SHOWN]
+    out.print(
+        f"pairs llama.cpp accepts ({len(accepted)}; `specreg compat TARGET DRAFT` explains one):"
+    )
+    cols = [
+        Column(
+            "target",
+            [model_cell(result.name(p.target_id), model_id=p.target_id) for p in shown],
+            flexible=True,
+        ),
+        Column(
+            "draft",
+            [model_cell(result.name(p.draft_id), model_id=p.draft_id) for p in shown],
+            flexible=True,
+        ),
+        Column("verdict: findings", [_pair_verdict(p) for p in shown], wrap=True, min_width=10),
+    ]
+    table, _ = fitted_table(cols, out.width)
+    out.print(table)
+    if len(accepted) > len(shown):
+        out.print(f"... and {len(accepted) - len(shown)} more: --json lists every pair")
+
+
+def _pair_verdict(pair: PairSummary) -> str:
+    """A pair's verdict in a word, then the checks that found something."""
+    from specreg.auditor import Verdict
+
+    word = {Verdict.WARNINGS: "warnings", Verdict.RISKY: "risky"}.get(pair.verdict)
+    if word is None:
+        return pair.verdict.text
+    return f"{word}: {', '.join(pair.findings)}" if pair.findings else word
 
 
 @click.group()

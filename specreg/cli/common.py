@@ -181,7 +181,8 @@ def err_console() -> SafeConsole:
 
 
 class ModelRef(click.ParamType):
-    """A model by path, id prefix or name: anything `queries.resolve_model` takes, not blank."""
+    """A model by path, id prefix or name: anything `queries.resolve_model` takes, not blank.
+    An alias the working folder's specreg.yaml declares stands for its model's id."""
 
     name = "model"
 
@@ -189,7 +190,44 @@ class ModelRef(click.ParamType):
         text = str(value)
         if not text.strip():
             self.fail("empty: give a path, an id from `specreg models`, or a name", param, ctx)
-        return text
+        return declared_id(text) or text
+
+
+def declared_id(ref: str, spec_path: Path | None = None) -> str | None:
+    """The id of the model specreg.yaml (default: the working folder's) declares with the alias
+    `ref`, compared as model names are (`queries.name_key`: case, spaces, hyphens, underscores
+    ignored); None when no alias is `ref` (or two models share it), `ref` is a file, or there is
+    no valid specreg.yaml (`specreg plan` is where a broken one is reported)."""
+    from specreg.declare import SPEC_FILENAME
+    from specreg.registry.queries import name_key
+
+    path = spec_path or Path(SPEC_FILENAME)
+    try:
+        if not path.is_file() or Path(ref).exists():
+            return None
+        mtime = path.stat().st_mtime_ns
+    except (OSError, ValueError):  # a name too long or odd to be a path is a name
+        return None
+    return _declared_aliases(path.resolve(), mtime).get(name_key(ref))
+
+
+@functools.lru_cache(maxsize=4)
+def _declared_aliases(path: Path, mtime_ns: int) -> dict[str, str]:
+    """`name_key(alias)` -> model id for every alias of specreg.yaml at `path` (as of
+    `mtime_ns`) that names one model."""
+    from specreg.declare.spec import load_spec
+    from specreg.errors import SpecregError
+    from specreg.registry.queries import name_key
+
+    try:
+        spec, _ = load_spec(path)
+    except (SpecregError, OSError, ValueError):
+        return {}
+    ids: dict[str, set[str]] = {}
+    for model in spec.models:
+        for alias in model.aliases:
+            ids.setdefault(name_key(alias), set()).add(model.id)
+    return {key: next(iter(found)) for key, found in ids.items() if key and len(found) == 1}
 
 
 class FiniteFloat(click.ParamType):

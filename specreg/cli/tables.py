@@ -140,7 +140,8 @@ def fitted_table(
         dropped.append(col.header)
     room = _room(kept, width)
     names = [c for c in kept if c.flexible]
-    name_width = max(MIN_NAME_WIDTH, min(max((c.width for c in names), default=0), room - wrap_min))
+    share = (room - wrap_min) // max(len(names), 1)  # two name columns (audit's pairs) halve it
+    name_width = max(MIN_NAME_WIDTH, min(max((c.width for c in names), default=0), share))
     wraps = [c for c in kept if c.wrap]
     # each wrapped column gets its minimum, then what is left in the order of the columns
     extra = max(room - name_width * len(names), 0) - sum(min(c.min_width, c.width) for c in wraps)

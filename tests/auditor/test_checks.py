@@ -279,3 +279,62 @@ def test_vision_target_is_risky_on_old_builds(gguf_factory, tmp_path: Path) -> N
     )
     s = audit_old.summary(new.target.model_id, new.draft.model_id)
     assert s is not None and s.verdict is Verdict.RISKY and "vision_target" in s.findings
+
+
+HEAD = "EAGLE3 LLaMA3.1 Instruct 8B"
+
+
+def test_an_eagle3_head_is_checked_for_its_targets_vocabulary(scanned_db: Path) -> None:
+    """Issue 41, point 5: GLM 4.5 Air is 4096 wide like Llama 3.1 8B, but the head carries Llama
+    3's 128,256-token vocabulary, not GLM's 151,552: incompatible, with the reason, and the
+    audit says the same."""
+    with opened(scanned_db, read_only=True) as con:
+        glm = check_pair(con, "GLM 4.5 Air", HEAD)
+        own = check_pair(con, "Meta Llama 3.1 8B Instruct", HEAD)
+        audit = audit_all(con)
+    assert glm.verdict is Verdict.INCOMPATIBLE and glm.spec_type is None and not glm.flags
+    assert glm.check("draft_binding").passed  # the shape alone fits
+    vocab = glm.check("head_vocab")
+    assert not vocab.passed and "151552 vs 128256 tokens" in vocab.message
+    assert vocab.message.endswith("it was trained for another model")
+    assert "trained for Meta Llama 3.1 8B Instruct, not GLM 4.5 Air" in (
+        glm.check("head_target").message
+    )
+    assert own.compatible and own.check("head_vocab").passed and own.check("head_target").passed
+    for pv in (glm, own):
+        summary = audit.summary(pv.target.model_id, pv.draft.model_id)
+        assert summary is not None and summary.verdict is pv.verdict
+
+
+def test_an_eagle3_head_on_another_model_of_its_shape_warns(gguf_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A head names the model it was trained for (general.base_model.0.name): another model of
+    that shape and vocabulary runs it, with a warning; one of another vocabulary cannot."""
+    big = (("token_embd.weight", (256, 4)),)
+    base = gguf_factory("base.gguf", general_name="Tiny Base", tensors=big)
+    other = gguf_factory("other.gguf", general_name="Tiny Other", tensors=big)
+    alien = gguf_factory(
+        "alien.gguf", general_name="Tiny Alien", tensors=big, tokens=[f"u{i}" for i in range(64)]
+    )
+    head = gguf_factory(
+        "head.gguf",
+        arch="eagle3",
+        general_name="Tiny Head",
+        kv={
+            "eagle3.target_hidden_size": 4,
+            "eagle3.target_layers": [0, 0, 0],
+            "general.base_model.0.name": "tiny-base",
+        },
+    )
+    db = _registry(tmp_path, base, other, alien, head)
+    with opened(db, read_only=True) as con:
+        own, elsewhere, refused = (check_pair(con, t, "Tiny Head") for t in (base, other, alien))
+        audit = audit_all(con)
+    assert own.verdict is Verdict.COMPATIBLE and own.check("head_target").passed
+    assert elsewhere.verdict is Verdict.WARNINGS
+    assert elsewhere.warnings == (
+        "eagle3 head trained for tiny-base, not Tiny Other: expect a lower acceptance",
+    )
+    assert refused.verdict is Verdict.INCOMPATIBLE and not refused.check("head_vocab").passed
+    for pv in (own, elsewhere, refused):
+        summary = audit.summary(pv.target.model_id, pv.draft.model_id)
+        assert summary is not None and summary.verdict is pv.verdict

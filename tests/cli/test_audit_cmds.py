@@ -34,7 +34,8 @@ def test_compat_json(scanned_db: Path) -> None:
     )
     doc = json.loads(out)
     assert code == 0
-    assert doc["version"] == "1" and doc["kind"] == "compat"
+    assert doc["version"] == "2" and doc["kind"] == "compat"
+    assert doc["not_a_draft"] is None
     assert doc["compatible"] is True and doc["verdict"] in (
         "compatible",
         "compatible-with-warnings",
@@ -60,6 +61,25 @@ def test_compat_exit_codes(scanned_db: Path) -> None:
         "error: no model matches 'no-such-model': give a path, an id from `specreg models`, "
         "or a name"
     )
+
+
+def test_compat_of_a_larger_or_the_same_model_is_not_a_draft(scanned_db: Path) -> None:
+    """Issue 41, point 7: the arguments swapped, or one model twice, exit 1 with "not a draft"
+    as `drafts` says it, and no flags to run it."""
+    db = ["--db", str(scanned_db)]
+    big, small = "Qwen2.5 Coder 32B Instruct", "Qwen2.5 Coder 0.5B Instruct"
+    for target, draft, why in (
+        (small, big, "21.1 GB of weights against the target's 672.6 MB: a draft must be smaller"),
+        (big, big, "it is the target itself"),
+    ):
+        r = _specreg("compat", target, draft, *db)
+        assert r.returncode == 1, r.stderr
+        first = r.stdout.splitlines()[0]
+        assert first.startswith(f"not a draft: {draft} for {target}: {why}"), r.stdout
+        assert "llama.cpp's own check alone: compatible" in r.stdout
+        assert "flags:" not in r.stdout
+        doc = json.loads(_specreg("compat", target, draft, *db, "--json").stdout)
+        assert doc["not_a_draft"].startswith(why) and doc["flags"] == []
 
 
 def test_drafts_lists_rejected_on_request(scanned_db: Path) -> None:
@@ -102,6 +122,36 @@ def test_audit_persists_and_fails_on_findings(scanned_db: Path) -> None:
     proc = _specreg("audit", *db, "--fail-on-findings")
     assert proc.returncode == 1
     assert "pairs pass llama.cpp's check but are risky" in proc.stdout
+
+
+def test_audit_names_the_pairs(scanned_db: Path) -> None:
+    """Issue 41, point 8: the pairs llama.cpp accepts by target and draft name in the text, and
+    every pair's names beside its ids in --json."""
+    from support.tty import name_on_one_line, specreg_tty, too_wide
+
+    db = ["--db", str(scanned_db)]
+    doc = json.loads(_specreg("audit", *db, "--json").stdout)
+    assert doc["version"] == "2"
+    models = json.loads(_specreg("models", *db, "--json").stdout)["models"]
+    name = {m["model_id"]: m["name"] or Path(m["path"]).name for m in models}
+    assert doc["pairs"] and all(
+        (p["target_name"], p["draft_name"]) == (name[p["target"]], name[p["draft"]])
+        for p in doc["pairs"]
+    )
+    accepted = [p for p in doc["pairs"] if p["verdict"] != "incompatible"]
+    code, screen = specreg_tty("audit", *db, columns=80)
+    assert code == 0, screen
+    assert f"pairs llama.cpp accepts ({len(accepted)}; " in screen
+    named = screen.split("pairs llama.cpp accepts")[1]
+    assert not too_wide(named, 80), too_wide(named, 80)
+    lines = named.splitlines()
+    for p in accepted:  # each pair on a line of its own: the target's id, then the draft's
+        assert any(
+            line.startswith(p["target"][:10]) and f" {p['draft'][:10]} " in line for line in lines
+        ), (p, screen)
+        assert name_on_one_line(p["target_name"], named) and name_on_one_line(
+            p["draft_name"], named
+        )
 
 
 def test_graph_export(scanned_db: Path, tmp_path: Path) -> None:

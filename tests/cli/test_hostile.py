@@ -127,16 +127,20 @@ def test_every_command_prints_model_text_escaped(
     r = specreg(*args, "--db", str(db))
     assert r.returncode in (0, 1), r.stderr
     assert_safe(r)
-    if command != ["audit"]:  # audit prints counts only
-        assert "\\x1b" in r.stdout  # the model text was shown, escaped
+    assert "\\x1b" in r.stdout  # the model text was shown, escaped (audit names pairs too)
 
 
 def test_errors_on_stderr_are_escaped(hostile: dict[str, Path]) -> None:
     r = specreg("show", HOSTILE, "--db", str(hostile["db"]))
     assert r.returncode == 2
     assert_safe(r)
+    known = ids(hostile)
+    nearest = ", ".join(  # the names closest to the one given (issue 41), escaped as well
+        f"{c}{SHOWN} ({known[k][:10]})" for c, k in (("T", "target"), ("O", "odd"), ("D", "draft"))
+    )
     assert r.stderr == (
-        f"error: no model matches '{SHOWN}': give a path, an id from `specreg models`, or a name\n"
+        f"error: no model matches '{SHOWN}': give a path, an id from `specreg models`, or a name"
+        f" (nearest: {nearest})\n"
     )
 
 

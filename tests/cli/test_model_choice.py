@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from support.cli import specreg
 from support.fixtures import GGUFFactory
 from support.tty import name_on_one_line, specreg_tty, too_wide
@@ -48,3 +50,27 @@ def test_models_at_80_columns_shows_whole_ids_and_file_names(gguf_factory: GGUFF
         assert m["model_id"][:10] in screen
     assert "smollm2-Q8_0.gguf" in screen and "smollm2-Q4_0.gguf" in screen
     assert name_on_one_line(NAME, screen), screen
+
+
+def test_an_alias_of_specreg_yaml_names_its_model(
+    gguf_factory: GGUFFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41, point 1: an alias the working folder's specreg.yaml declares names its model
+    wherever a model is named, forgivingly (case, spaces, hyphens, underscores ignored)."""
+    _two_quants(gguf_factory)
+    models = {
+        m["quant"]: m["model_id"] for m in json.loads(specreg("models", "--json").stdout)["models"]
+    }
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "specreg.yaml").write_text(
+        f'version: 1\nmodels:\n  "{models["Q4_0"]}":\n    aliases: [small_smol]\n',
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(work)
+    for ref in ("small_smol", "Small Smol", "SMALL-SMOL"):
+        r = specreg("show", ref, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["model"]["model_id"] == models["Q4_0"]
+    monkeypatch.chdir(tmp_path)  # another folder: its own declaration, or none
+    assert specreg("show", "small_smol").returncode == 2

@@ -52,7 +52,8 @@ def _sizes(db: Path) -> dict[str, int]:
 def test_drafts_lists_models_as_large_as_the_target_apart(scanned_db: Path) -> None:
     sizes = _sizes(scanned_db)
     for target, larger in (
-        ("Qwen2.5 Coder 32B Instruct", "GLM 4.5 Air"),
+        # (GLM 4.5 Air has a tokenizer of its own since issue 41: llama.cpp refuses it)
+        ("Qwen3 Coder 30B A3B Instruct", "Qwen3 Coder 480B A35B Instruct"),
         ("Gemma 3 1b It", "Gemma 3 27b It"),
     ):
         r = specreg("drafts", target, "--db", str(scanned_db), "--json")
@@ -221,7 +222,8 @@ def test_report_lists_larger_models_apart_as_drafts_does(scanned_db: Path) -> No
     name = {v.model_id: v.name for v in site.models}
     page = {t.model.name: t for t in site.targets}
     for target, larger in (
-        ("Qwen2.5 Coder 32B Instruct", "GLM 4.5 Air"),
+        # (GLM 4.5 Air has a tokenizer of its own since issue 41: llama.cpp refuses it)
+        ("Qwen3 Coder 30B A3B Instruct", "Qwen3 Coder 480B A35B Instruct"),
         ("Gemma 3 1b It", "Gemma 3 27b It"),
     ):
         tv = page[target]

@@ -7,8 +7,10 @@ import time
 import zlib
 from pathlib import Path
 
+import pytest
 from gguf.constants import Keys
 
+from specreg.errors import AmbiguousModel, ModelNotFound
 from specreg.registry import audits, queries
 from specreg.registry.db import opened
 from specreg.registry.gguf_header import read_header
@@ -102,3 +104,76 @@ def test_vocabularies_are_zstd_now_and_old_zlib_rows_still_load(
         _decode.cache_clear()
         old = load_vocab(con, "old")
     assert old.tokens.raw == tokens.raw and old.tokens[1000] == tokens[1000]
+
+
+def _two_coders(gguf_factory) -> Path:  # type: ignore[no-untyped-def]
+    for size, quant, ftype in (("32B", "Q4_K_M", 15), ("0.5B", "Q8_0", 7)):
+        path = gguf_factory(
+            f"Qwen2.5-Coder-{size}-Instruct-{quant}.gguf",
+            general_name=f"Qwen2.5 Coder {size} Instruct",
+            kv={
+                "general.basename": "Qwen2.5-Coder",
+                "general.size_label": size,
+                "general.file_type": ftype,
+            },
+        )
+    gguf_factory("Model+v2 (final).gguf", general_name="Odd One")
+    return path.parent
+
+
+def test_names_as_a_user_types_them(tmp_path: Path, gguf_factory) -> None:
+    """Issue 41, point 1: case, spaces, hyphens and underscores ignored; the name, the basename
+    with its size label, the name with its quant (what `specreg init` writes as an alias), the
+    file name and its stem, and serve's model id (the stem made safe)."""
+    from specreg.serve.routes import safe_name
+
+    folder = _two_coders(gguf_factory)
+    with opened(tmp_path / "r.duckdb") as con:
+        scan_paths(con, [folder])
+        big = queries.resolve_model(con, str(folder / "Qwen2.5-Coder-32B-Instruct-Q4_K_M.gguf"))
+        odd = queries.resolve_model(con, "Odd One")
+        for ref in (
+            "Qwen2.5-Coder-32B-Instruct",
+            "qwen2.5-coder-32b",
+            "QWEN2.5 CODER 32B INSTRUCT",
+            "Qwen2.5-Coder-32B-Instruct-Q4_K_M",
+            "qwen2.5_coder_32b_instruct_q4_k_m.gguf",
+            "Qwen2.5 Coder 32B Instruct Q4_K_M",
+        ):
+            assert queries.resolve_model(con, ref).model_id == big.model_id, ref
+        assert queries.resolve_model(con, "qwen2.5-coder-0.5b").model_id != big.model_id
+        served = safe_name("Model+v2 (final)")
+        assert served == "Model-v2-final"
+        assert queries.resolve_model(con, served).model_id == odd.model_id
+        # two targets with one stem: serve adds the id's start to the second
+        twice = f"Qwen2.5-Coder-32B-Instruct-Q4_K_M-{big.model_id[:8]}"
+        assert queries.resolve_model(con, twice).model_id == big.model_id
+
+
+def test_a_forgiving_name_two_models_answer_to_names_both(tmp_path: Path, gguf_factory) -> None:
+    folder = _two_coders(gguf_factory)
+    with opened(tmp_path / "r.duckdb") as con:
+        scan_paths(con, [folder])
+        with pytest.raises(AmbiguousModel) as err:
+            queries.resolve_model(con, "qwen2.5 coder")
+    assert str(err.value).startswith("'qwen2.5 coder' matches 2 models (")
+    assert "Qwen2.5-Coder-32B-Instruct-Q4_K_M.gguf" in str(err.value)
+    assert "Qwen2.5-Coder-0.5B-Instruct-Q8_0.gguf" in str(err.value)
+
+
+def test_no_match_names_the_nearest(tmp_path: Path, gguf_factory) -> None:
+    folder = _two_coders(gguf_factory)
+    with opened(tmp_path / "r.duckdb") as con:
+        scan_paths(con, [folder])
+        big = queries.resolve_model(con, "Qwen2.5 Coder 32B Instruct").model_id
+        with pytest.raises(ModelNotFound) as near:
+            queries.resolve_model(con, "qwen coder 32b")
+        with pytest.raises(ModelNotFound) as far:
+            queries.resolve_model(con, "no-such-model")
+    assert str(near.value).startswith(
+        "no model matches 'qwen coder 32b': give a path, an id from `specreg models`, or a name"
+        f" (nearest: Qwen2.5-Coder 32B ({big[:10]})"
+    )
+    assert str(far.value) == (
+        "no model matches 'no-such-model': give a path, an id from `specreg models`, or a name"
+    )

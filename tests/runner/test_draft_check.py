@@ -37,3 +37,30 @@ def test_an_incompatible_draft_is_refused_before_anything_runs(
     )
     assert forced.returncode == 2
     assert forced.stderr.startswith("error: --warm needs llama-server"), forced.stderr
+
+
+def test_a_head_type_with_a_plain_draft_is_refused(sparse_tree: Path, tmp_path: Path) -> None:
+    """Issue 41, point 5: --spec-type draft-eagle3 with a plain draft (llama.cpp: "draft model
+    is not eagle3"), and an EAGLE-3 head run as draft-simple, are refused before anything runs."""
+    db = str(tmp_path / "registry.duckdb")
+    assert specreg("scan", str(sparse_tree), "--db", db).returncode == 0
+    ids = {m["name"]: m["model_id"] for m in specreg_json("models", "--db", db, "--json")["models"]}
+    llama, plain, head = (
+        "Meta Llama 3.1 8B Instruct",
+        "Llama 3.2 1B Instruct",
+        "EAGLE3 LLaMA3.1 Instruct 8B",
+    )
+    r = specreg("run", llama, "--draft", plain, "--spec-type", "draft-eagle3", "--db", db)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        f"error: --spec-type draft-eagle3 needs a draft head (eagle3) trained for the target, and "
+        f"{plain} ({ids[plain][:10]}) is a plain model: run it with --spec-type draft-simple "
+        "(--force runs it anyway)"
+    )
+    r = specreg("run", llama, "--draft", head, "--db", db)  # draft-simple, the default
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        f"error: {head} ({ids[head][:10]}) is a draft head (eagle3), which draft-simple cannot "
+        "run: use --spec-type draft-eagle3 (--force runs it anyway)"
+    )
+    assert specreg_json("runs", "--db", db, "--json")["runs"] == []

@@ -44,3 +44,22 @@ def test_demo_vocabulary_bytes_equal_ggufs_own(tmp_path: Path) -> None:
     assert files["demo"] == files["gguf"]
     header = read_header(tmp_path / "demo.gguf")
     assert len(header.kv["tokenizer.ggml.tokens"]) == len(vocab.tokens) == 151936
+
+
+def test_the_demo_glm_has_its_own_tokenizer(scanned_db) -> None:  # type: ignore[no-untyped-def]
+    """Issue 41, point 6: real GLM-4.5 GGUFs carry GLM's own tokenizer (pre-tokenizer glm4,
+    151,552 rows, [gMASK] as BOS, <|user|> as EOT), so no other demo model drafts for GLM 4.5
+    Air: only its MTP head, as llama.cpp would have it."""
+    from specreg.auditor import compatible_drafts, drafts_for
+    from specreg.registry.db import opened
+    from specreg.registry.queries import list_models, resolve_model
+
+    with opened(scanned_db, read_only=True) as con:
+        glm = resolve_model(con, "GLM 4.5 Air")
+        others = [m for m in list_models(con) if m.model_id != glm.model_id]
+        drafts = compatible_drafts(con, glm, include_larger=True)
+        modes = drafts_for(con, glm).draftless
+    assert (glm.tok_model, glm.tok_pre, glm.n_tokens) == ("gpt2", "glm4", 151552)
+    assert (glm.bos_text, glm.eos_text, glm.eot_text) == ("[gMASK]", "<|endoftext|>", "<|user|>")
+    assert all(m.tok_fingerprint != glm.tok_fingerprint for m in others)
+    assert drafts == [] and modes[0] == "draft-mtp"
