@@ -104,9 +104,10 @@ def breaks_bound(o: Observation) -> bool:
     """A run that measured more speed-up than its own accepted / drafted allows: a
     verification yields at most 1 + acceptance x K tokens and costs at least one step."""
     c = o.config
-    if o.acceptance is None or c.k <= 0 or not c.baseline_tps > 0:
+    acc = o.reported_acceptance if o.reported_acceptance is not None else o.acceptance
+    if acc is None or c.k <= 0 or not c.baseline_tps > 0:
         return False
-    return o.speedup > 1.0 + o.acceptance * c.k + 1e-9
+    return o.speedup > 1.0 + acc * c.k + 1e-9
 
 
 def usable(o: Observation) -> bool:
@@ -315,12 +316,12 @@ def cite(
         ev = Evidence(
             row_id=o.row_id,
             source=o.source,
-            summary=_summary(o, same_t, dist) if not ran else _ran_summary(o),
+            summary=_summary(o, same_t, round(dist, 2)) if not ran else _ran_summary(o),
             tps=o.tps,
             speedup=None if math.isnan(sp) else sp,
             target=o.target_name or o.group,
             same_target=same_t,
-            distance=None if same_t else round(dist, 3),
+            distance=None if same_t else round(dist, 2),
             draft=o.draft_name or None,
             k=o.config.k if o.config.method is not Method.NONE else None,
             task=o.config.task,

@@ -66,6 +66,9 @@ class Observation:
     draft_key: str = ""  # the draft's identity across sources (`model_key`), or its model id
     quant: str = ""  # the target's quant (Q4_K_M), "" when unknown
     draft_quant: str = ""
+    # accepted/drafted as the source reports it for any method (`acceptance` is kept for draft
+    # rows only, which the fit reads): what the bound of speculation is checked with
+    reported_acceptance: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -456,6 +459,7 @@ def _seed_observations(skipped: list[tuple[str, str]]) -> Iterator[Observation]:
             ),
             draft_key=_group(r["draft_model"]) if method is Method.DRAFT else "",
             quant=(r["target_quant"] or _quant_of(r["target_model"]) or "").upper(),
+            reported_acceptance=acc / 100.0 if acc is not None else None,
             draft_quant=(r["draft_quant"] or "").upper() if method is Method.DRAFT else "",
         )  # fmt: skip
 
