@@ -20,15 +20,14 @@ import duckdb
 
 from specreg.recommender.costmodel import SERVER_PASS_FACTOR
 from specreg.registry.calibration import (
+    PASS_FALLBACK,
+    PASS_MEASURED,
     CalibrationRecord,
     PassFactorRecord,
     latest_pass_factor,
     list_calibrations,
 )
 from specreg.registry.queries import get_model
-
-PASS_MEASURED = "measured"
-PASS_FALLBACK = "fallback"
 
 
 @dataclass(frozen=True)

@@ -339,6 +339,9 @@ def latest_bandwidth(
 # -- llama-server's pass factor (migration 13) --------------------------------------------------
 
 PASS_FACTORS = "pass_factors"
+# Where the pass factor a figure is read with comes from.
+PASS_MEASURED = "measured"  # `specreg calibrate`, this host and model
+PASS_FALLBACK = "fallback"  # the cost model's constant, for a host never calibrated
 
 
 def m013_pass_factors(con: duckdb.DuckDBPyConnection) -> None:
