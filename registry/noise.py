@@ -16,11 +16,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
-
-from specreg.registry.sql import transaction
+if TYPE_CHECKING:  # read by the load guard and serve's policy: no database at import
+    import duckdb
 
 NOISE_FLOORS = "noise_floors"
 # The relative spread (max / min - 1) of repeats of one measurement assumed for a host whose
@@ -79,6 +78,8 @@ _COLUMNS = (
 
 
 def record_noise_floor(con: duckdb.DuckDBPyConnection, floor: NoiseFloor) -> None:
+    from specreg.registry.sql import transaction
+
     with transaction(con):
         con.execute(
             f"INSERT INTO {NOISE_FLOORS} ({', '.join(_COLUMNS)}) "
@@ -89,6 +90,8 @@ def record_noise_floor(con: duckdb.DuckDBPyConnection, floor: NoiseFloor) -> Non
 
 def latest_noise_floor(con: duckdb.DuckDBPyConnection, host_fingerprint: str) -> NoiseFloor | None:
     """This host's newest noise floor, None when never measured (or an older registry)."""
+    import duckdb
+
     try:
         row = con.execute(
             f"SELECT host_fingerprint, epoch(measured_at), spread, n_samples, source, model_id, "
