@@ -23,7 +23,7 @@ from specreg.errors import HostBusy, LlamaError
 from specreg.home import logs_dir
 from specreg.host.load import guarded
 from specreg.host.machine import Host
-from specreg.llama.bench import CONTENDED_SHARE, MIN_FOREIGN_S
+from specreg.llama.bench import contended
 from specreg.llama.config import Config, server_for
 from specreg.llama.install import LlamaInstall
 from specreg.llama.server import Completion
@@ -47,13 +47,6 @@ class PassFactorResult:
 
     record: PassFactorRecord | None
     skipped: str | None = None
-
-
-def _contended(c: Completion, logical_cpus: int) -> bool:
-    if c.foreign_cpu_s is None:
-        return False
-    allowed = max(MIN_FOREIGN_S, CONTENDED_SHARE * c.wall_s * max(1, logical_cpus))
-    return c.foreign_cpu_s > allowed
 
 
 def measure_pass_factor(
@@ -107,6 +100,6 @@ def measure_pass_factor(
             calibration_id=calibration.calibration_id,
             llama_version=install.version,
             foreign_cpu_s=sum(c.foreign_cpu_s or 0.0 for c in samples),
-            contended=any(_contended(c, host.logical_cpus) for c in samples),
+            contended=any(contended(c.foreign_cpu_s, c.wall_s, host.logical_cpus) for c in samples),
         )
     )
