@@ -111,7 +111,7 @@ def _option(
     short = max(0, weights - r.mem_bytes) if r.mem_bytes > 0 else 0
     cache = r.g.cache(c.lookup_cache)
     arithmetic = _arithmetic(scores, i, tps / plain_tps) if i > 0 else None
-    cited = cite(c, r.pool, r.g.identity(d), scores.plain_runs, ran)
+    cited = cite(c, r.pool, scores.identities[i], scores.plain_runs, ran)
     why = _why_lines(r, cand, i, a, arithmetic, cost, ran, cited)
     if short:
         why = (*why, _memory_why(weights, r.mem_bytes, draft=d is not None))

@@ -106,6 +106,7 @@ class Scores:
     ledger: tuple[tuple[tuple[str, float], ...], ...]  # what moved each speed-up beyond it
     twins: tuple[tuple[Observation, ...], ...]  # runs of exactly each candidate, this host
     plain_runs: PlainRuns  # every target's plain runs per host: which baselines to distrust
+    identities: tuple[Identity, ...]  # whose runs are each candidate's, as the stages read them
     stacks: tuple[StackSteps | None, ...] = ()  # draft stacks replayed on the target's text
 
     def speedup(self, i: int) -> float:
@@ -272,6 +273,7 @@ def score_configs(
         ledger=ledger.frozen(),
         twins=found,
         plain_runs=plain_runs,
+        identities=tuple(identities),
         stacks=tuple(stacks),
     )
 
