@@ -185,3 +185,38 @@ def test_every_option_of_the_demo_agrees_with_its_evidence(
                 n_named += sum(w.startswith("run ") for w in o.why)
     # the walk saw the collection: many options, citing runs, naming what differs
     assert n_options > 1000 and n_cited > n_options and n_named > 100
+
+
+def test_a_host_calibrated_for_the_target_is_not_the_reference_host(
+    demo_con: duckdb.DuckDBPyConnection, prior_model: SpeedPredictor
+) -> None:
+    """A host known by its own measurements of the target (here a calibration, with the
+    reference host's facts) no longer takes the reference host's runs as its own: they are
+    cited as another host's, named so where the figure stands apart, and bound nothing."""
+    from dataclasses import replace
+
+    from specreg.registry.calibration import record_calibration
+
+    from support.calibration import calibration_record
+
+    target = next(t for t in targets(demo_con) if t.display_name == "Qwen2.5 Coder 32B Instruct")
+    observations = load_prior().observations
+
+    def rec() -> Recommendation:
+        return recommend(
+            demo_con, target.model_id, model=prior_model, host=STATED, task="code",
+            observations=observations,
+        )  # fmt: skip
+
+    stated = rec()
+    assert any(e.same_host and not e.differs for o in stated.options for e in o.evidence)
+    cal = calibration_record(target.model_id, scale=10.0, threads=96)
+    record_calibration(demo_con, replace(cal, host_fingerprint=STATED.fingerprint or ""))
+    calibrated = rec()
+    assert calibrated.pass_factor is not None and calibrated.pass_factor.source == "fallback"
+    for o in calibrated.options:
+        assert all(not e.same_host and "host" in e.differs for e in o.evidence), o.label
+        assert not any(w.startswith("runs of exactly") for w in o.why)
+        assert not any("runs of exactly this configuration" in f for f, _ in (
+            o.arithmetic.factors if o.arithmetic else ()))  # fmt: skip
+        check_option(o, calibrated, target)
