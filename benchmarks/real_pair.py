@@ -21,17 +21,17 @@ registry (or --keep DIR, whose calibration and agreement are reused):
    acceptance against the one the run's accepted/drafted implies at its K. Target step: plain
    predicted against plain measured. Verify + draft cost: the seconds of one speculative step
    (tokens per step over t/s), predicted against measured, beside the target's verify pass
-   (llama-bench's over K + 1 tokens, times llama-server's SERVER_PASS_FACTOR), so the rest is
-   draft cost (and the logits rows of the drafted positions).
+   (llama-bench's over K + 1 tokens, times llama-server's pass factor as `calibrate` measured
+   it on this host), so the rest is draft cost (and the logits rows of the drafted positions).
 4. Tune against the exhaustive sweep: `tune` (default budget 6) replayed over the measurements
    of step 2: each run it asks for is answered with the measured t/s of that candidate; one the
    sweep did not measure is answered as a failed run and named. No run is recorded, so tune's
    refits see no new evidence (its ranking moves only through the measured steps). Its pick's
    measured t/s against the sweep's best (goal: within 5 % on at least 4 of the 5 tasks, with
    at most a third of the sweep's runs).
-5. The reference host (--reference): the K `recommend` picks for the shipped sweeps, scored
-   leave-family-out and on the held-out sweeps (benchmarks/recommender_cv.py), by size class
-   of target (32B, 70B and up, MoE) against the best constant K of that class.
+5. The reference host (--reference): the K `recommend` picks for the shipped sweeps that keep
+   the bound, leave-one-family-out, and for the held-out sweeps, against the best constant K
+   and the rule of thumb (benchmarks/k_choice.py).
 
 Measurements taken while other processes load the host are not quiet-host numbers: the load
 average before and after each phase is printed with the results.
@@ -54,11 +54,7 @@ from typing import Any
 
 from scipy.stats import spearmanr
 
-from specreg.recommender.costmodel import (
-    SERVER_PASS_FACTOR,
-    expected_tokens_per_step,
-    per_token_acceptance,
-)
+from specreg.recommender.costmodel import expected_tokens_per_step, per_token_acceptance
 from specreg.samples.qwen_pair import ensure_qwen_pair
 
 TASKS = ("code", "prose", "json", "summarize", "math")
@@ -242,7 +238,11 @@ def measure(
 
 
 def attribution(
-    c: Candidate, plain: Candidate, verify_ratio: dict[int, float], step_s: float | None = None
+    c: Candidate,
+    plain: Candidate,
+    verify_ratio: dict[int, float],
+    step_s: float | None = None,
+    pass_factor: float = 1.0,
 ) -> str:
     """Which part of the model misses for a candidate outside the goal. A step's cost is in
     seconds on both sides (tokens a step over t/s): counted in each side's own plain step, a
@@ -263,10 +263,10 @@ def attribution(
         step_pred = e_pred / c.predicted_tps
         step_meas = e_meas / c.measured_tps
         v = verify_ratio.get(c.k)
-        verify_s = v * step_s * SERVER_PASS_FACTOR if v and step_s else None
+        verify_s = v * step_s * pass_factor if v and step_s else None
         vtxt = (
             f"; the target's verify pass {verify_s * 1e3:.0f} ms (llama-bench's over K+1 = "
-            f"{v:.2f} steps, x{SERVER_PASS_FACTOR} in llama-server), so draft and the rest "
+            f"{v:.2f} steps, x{pass_factor:.3f} in llama-server), so draft and the rest "
             f"~{(step_meas - verify_s) * 1e3:.0f} ms measured vs "
             f"~{(step_pred - verify_s) * 1e3:.0f} predicted"
             if verify_s
@@ -286,7 +286,11 @@ def attribution(
 
 
 def task_report(
-    task: str, cands: list[Candidate], verify_ratio: dict[int, float], step_s: float | None = None
+    task: str,
+    cands: list[Candidate],
+    verify_ratio: dict[int, float],
+    step_s: float | None = None,
+    pass_factor: float = 1.0,
 ) -> dict[str, Any]:
     ok = [c for c in cands if c.measured_tps > 0]
     plain = cands[0]
@@ -326,7 +330,8 @@ def task_report(
     print(f"recommend's answer: {said}; measured: {right}")
     for c in ok:
         if abs(c.error) > TOLERANCE:
-            print(f"  miss {c.label} {c.error:+.0%}: {attribution(c, plain, verify_ratio, step_s)}")
+            why = attribution(c, plain, verify_ratio, step_s, pass_factor)
+            print(f"  miss {c.label} {c.error:+.0%}: {why}")
     return {
         "task": task,
         "spearman": rho,
@@ -393,204 +398,19 @@ def tune_replay(db: Path, target: Path, task: str, cands: list[Candidate], budge
 
 
 def reference_host() -> None:
-    """Leave-family-out and held-out K regret by size class (benchmarks/recommender_cv.py)."""
-    spec = importlib.util.spec_from_file_location("recommender_cv", HERE / "recommender_cv.py")
+    """The K recommend picks on the reference host's sweeps that keep the bound
+    (benchmarks/k_choice.py): leave-one-family-out, and the held-out sweeps."""
+    spec = importlib.util.spec_from_file_location("k_choice", HERE / "k_choice.py")
     assert spec is not None and spec.loader is not None
-    cv = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = cv  # dataclasses look their module up there
-    spec.loader.exec_module(cv)
-    from specreg.recommender.evaluate import RegretReport
-
-    data = cv.training_set(cv.load_prior().observations)
-    est = cv.SpeculationRegressor(n_members=2, random_state=0)
-    lfo = cv.leave_family_out(est, data, cv.load_sweep_series())
-    full = cv.fit_on(est, data)
-    held = cv.holdout_report(full)
-
-    def size_class(s: Any) -> str:
-        if "moe" in s.family.lower():
-            return "MoE"
-        if s.target_params_b >= 60:
-            return "70B and up"
-        if s.target_params_b >= 20:
-            return "32B"
-        return "smaller"
-
-    print("\n## reference host: K regret by size class (model's K vs the best constant K)")
-    print("| scored | class | sweeps | model regret | best constant K | its regret | goal |")
-    print("|---|---|---|---|---|---|---|")
-    for name, rep in (("leave-family-out", lfo), ("held-out sweeps", held)):
-        classes: dict[str, list[Any]] = {}
-        for s in rep.scores:
-            classes.setdefault(size_class(s), []).append(s)
-        for cls, scores in sorted(classes.items()):
-            r = RegretReport(tuple(scores))
-            k, best = r.best_constant
-            ok = "met" if r.mean_regret <= best + 1e-9 else f"MISSED by {r.mean_regret - best:.1%}"
-            print(
-                f"| {name} | {cls} | {len(scores)} | {r.mean_regret:.1%} | K={k} | {best:.1%} "
-                f"| {ok} |"
-            )
-    print("\n" + "\n".join(miss_attribution(cv, full, held)))
-    print("\n" + "\n".join(host_profile_picks(cv, full, held, size_class)))
-
-
-# The reference host's own verify-cost profile (Qwen2.5-Coder-32B Q4_K_M, llama-bench -p N,
-# measured by its owner in 2026; the shared peers notes): a check on the uncalibrated verify
-# model, never fitted on.
-REFERENCE_VERIFY_CHECK = {2: 1.64, 4: 1.58, 8: 2.07, 16: 2.09, 32: 3.70, 64: 4.96}
-# ... and its draft's cost: Qwen2.5-Coder-0.5B Q8_0 drafts at 185 t/s against the 32B's 142 ms
-# step, so a drafted token costs 5.4 / 142 of a target step.
-REFERENCE_DRAFT_CHECK = (1.0 / 185.0) / 0.142
-
-
-def miss_attribution(cv: Any, model: Any, held: Any) -> list[str]:
-    """Which part of the cost model misses where the model's K loses to the best K on a
-    held-out sweep: its per-token acceptance, draft cost and verify cost at both K, beside
-    the acceptance (costs as modelled), the burstiness of acceptance (`costmodel.
-    expected_tokens_per_step`, at the modelled acceptance and costs) and the draft-cost scale
-    (acceptance as modelled) that would reproduce the measured speed ratio of the two K (nan:
-    no value of that part alone can, so more than one part misses)."""
-    import numpy as np
-
-    from specreg.recommender import costmodel as cm
-    from specreg.recommender.features import column, feature_matrix
-
-    p = model.params_
-    lines = [
-        "### where the model's K loses on held-out sweeps (cost model, in target steps)",
-        "| sweep | K picked / best | measured ratio | model ratio | acceptance a | "
-        "a needed | burst needed | draft cost / step at picked, best | draft scale needed | "
-        "verify at picked, best |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    picks = {s.series: s for s in held.scores}
-    for base, k_tps, name in cv.holdout_sweeps():
-        s = picks[name]
-        if s.picked_k == s.best_k:
-            continue
-        ks = (s.picked_k, s.best_k)
-        X = feature_matrix(base.with_(k=k) for k in ks)
-        t_target = cm.baseline_seconds(X, p)
-        t_d = cm.draft_step_seconds(X, p, t_target)
-        a = float(cm.acceptance(X, p)[0])
-        k = column(X, "k")
-        share = cm.compute_share(X, p, column(X, "draft_bpw"), column(X, "draft_params_b"))
-        e = cm.expected_tokens_per_step(a, k)
-        draft = t_d * (cm.pass_ratio(e, share) + np.maximum(k - 1.0, 0.0)) / t_target
-        verify = cm.verify_ratio(X, p)
-        measured = k_tps[s.best_k] / k_tps[s.picked_k]
-
-        def ratio(
-            acc: float,
-            scale: float,
-            burst: float = 0.0,
-            k: Any = k,
-            v: Any = verify,
-            d: Any = draft,
-        ) -> float:
-            e2 = cm.expected_tokens_per_step(acc, k, burst)
-            tps = e2 / (v + scale * d)
-            return float(tps[1] / tps[0])
-
-        def solve(f: Any, lo: float, hi: float, measured: float = measured) -> float:
-            # f is monotone over [lo, hi]; nan when `measured` is outside its range
-            sign = 1.0 if f(hi) >= f(lo) else -1.0
-            if not sign * f(lo) <= sign * measured <= sign * f(hi):
-                return math.nan
-            for _ in range(60):
-                mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if sign * f(mid) < sign * measured else (lo, mid)
-            return (lo + hi) / 2
-
-        a_needed = solve(lambda x: ratio(x, 1.0), 0.0, 1.0 - 1e-9)
-        burst = solve(lambda x, a=a: ratio(a, 1.0, x), 0.0, 1.0)
-        scale = solve(lambda x, a=a: ratio(a, 1.0 / x), 1e-3, 1e3)
-        lines.append(
-            f"| {name} | {ks[0]} / {ks[1]} | {measured:.2f} | {ratio(a, 1.0):.2f} | {a:.3f} | "
-            f"{a_needed:.3f} | {burst:.2f} | {draft[0]:.2f}, {draft[1]:.2f} | "
-            f"{1.0 / scale if scale == scale else math.nan:.2f} | "
-            f"{verify[0]:.2f}, {verify[1]:.2f} |"
-        )
-    # the uncalibrated verify model against the reference host's own profile
-    q = cv.holdout_sweeps()[0][0]
-    q = q.with_(target_params_b=32.8, target_active_b=32.8, target_bpw=4.85, target_gb=19.9)
-    Xv = feature_matrix(q.with_(k=n - 1) for n in REFERENCE_VERIFY_CHECK)
-    mod = cm.verify_ratio(Xv, p)
-    lines.append(
-        "verify model vs the reference host's own profile (32B Q4_K_M, pass over N tokens): "
-        + ", ".join(
-            f"N={n} {m:.2f}x (host {h:.2f}x)"
-            for (n, h), m in zip(REFERENCE_VERIFY_CHECK.items(), mod, strict=True)
-        )
-    )
-    d = q.with_(draft_params_b=0.494, draft_bpw=8.5, draft_gb=0.531)
-    Xd = feature_matrix([d.with_(k=1)])
-    t_target = cm.baseline_seconds(Xd, p)
-    t_draft = float((cm.draft_step_seconds(Xd, p, t_target) / t_target)[0])
-    lines.append(
-        "draft model vs the same host (a token of Qwen2.5-Coder-0.5B Q8_0, in 32B Q4_K_M steps): "
-        f"{t_draft:.3f} (host {REFERENCE_DRAFT_CHECK:.3f})"
-    )
-    return lines
-
-
-def host_profile_picks(cv: Any, model: Any, held: Any, size_class: Any) -> list[str]:
-    """Two checks on the held-out sweeps that no fit can move.
-
-    1. The model's picks with the reference host's own verify curve (`REFERENCE_VERIFY_CHECK`,
-       interpolated over N, the same for every size: a dense model's bytes and arithmetic both
-       scale with its parameters) in place of the modelled one, at prediction only.
-    2. The physical bound between neighbouring K: tokens per step grow at most by
-       (K2 + 1) / (K1 + 1) (every position's acceptance is at most the one before it), and a
-       step never costs less at a larger K, so a pair's speed cannot rise by more. A sweep
-       that does measured its K values under different conditions (prompts, load)."""
-    import numpy as np
-
-    from specreg.recommender import costmodel as cm
-    from specreg.recommender.features import column, feature_matrix
-
-    n = np.array([1.0, *REFERENCE_VERIFY_CHECK])
-    v = np.array([1.0, *REFERENCE_VERIFY_CHECK.values()])
-
-    def host_verify(X: Any, p: Any) -> Any:
-        k = column(X, "k")
-        return np.interp(k + 1.0, n, v) + k * np.nan_to_num(column(X, "output_share"))
-
-    lines = [
-        "### held-out sweeps: the host's own verify curve, and the physical bound on K",
-        "| sweep | class | best K | picked (model) | picked (host verify curve) | "
-        "steps beyond the bound (measured rise / largest possible) |",
-        "|---|---|---|---|---|---|",
-    ]
-    regrets: dict[str, list[float]] = {}
-    scores = {s.series: s for s in held.scores}
-    modelled = cm.verify_ratio
-    for base, k_tps, name in cv.holdout_sweeps():
-        ks = sorted(k_tps)
-        X = feature_matrix(base.with_(k=k) for k in ks)
-        cm.verify_ratio = host_verify
-        try:
-            host = ks[int(np.argmax(model.predict(X)))]
-        finally:
-            cm.verify_ratio = modelled
-        cls = size_class(scores[name])
-        regrets.setdefault(cls, []).append(1.0 - k_tps[host] / max(k_tps.values()))
-        beyond = [
-            f"K{a}->K{b} {k_tps[b] / k_tps[a]:.2f} / {(b + 1) / (a + 1):.2f}"
-            for a, b in zip(ks, ks[1:], strict=False)
-            if k_tps[b] / k_tps[a] > (b + 1) / (a + 1)
-        ]
-        best = max(k_tps, key=k_tps.__getitem__)
-        lines.append(
-            f"| {name} | {cls} | {best} | {scores[name].picked_k} | {host} | "
-            f"{', '.join(beyond) or '-'} |"
-        )
-    lines.append(
-        "regret of the picks with the host's verify curve: "
-        + ", ".join(f"{c} {float(np.mean(r)):.1%}" for c, r in sorted(regrets.items()))
-    )
-    return lines
+    kc = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = kc  # dataclasses look their module up there
+    spec.loader.exec_module(kc)
+    est = kc.SpeculationRegressor(n_members=0, random_state=0)
+    lfo, lfo_out = kc.leave_family_out(est, True)
+    held, held_out = kc.holdout(est, True)
+    print("\n" + kc.table("reference host: leave-one-family-out (benchmarks/k_choice.py)",
+                           lfo, lfo_out))  # fmt: skip
+    print("\n" + kc.table("reference host: held-out sweeps", held, held_out))
 
 
 def main() -> None:
@@ -648,6 +468,15 @@ def main() -> None:
             verify_ratio = {int(k): float(v) for k, v in r["verify_ratio"].items()}
             step_s = r.get("gen_seconds")
     print(f"calibrated verify cost of K+1 tokens in plain steps: {verify_ratio}")
+    pf, noise = cal.get("pass_factor") or {}, cal.get("noise_floor") or {}
+    pass_factor = float(pf.get("value") or 1.0)
+    skipped = f"; {pf['skipped']}" if pf.get("skipped") else ""
+    print(
+        f"pass factor {pass_factor:.3f} ({pf.get('source')}: llama-server "
+        f"{(pf.get('server_seconds') or 0) * 1e3:.1f} ms a token, llama-bench "
+        f"{(pf.get('bench_seconds') or 0) * 1e3:.1f}{skipped}); noise floor "
+        f"{noise.get('spread')} ({noise.get('source')})"
+    )
     for task in tasks:
         t0, load0 = time.monotonic(), loadavg()
         doc = predict_cli.cached(
@@ -680,7 +509,7 @@ def main() -> None:
             measure(measure_cli, target, draft, task, c, args.n_predict, args.repeat,
                     None if args.prompts == "all" else int(args.prompts))  # fmt: skip
         print(f"measured {task}: load {load0} -> {loadavg()}")
-        reports.append(task_report(task, cands, verify_ratio, step_s))
+        reports.append(task_report(task, cands, verify_ratio, step_s, pass_factor))
     print("\n## tune (default budget 6, replayed over the sweep above) against the sweep's best")
     print("| task | tune's pick | its t/s | sweep best | t/s | loss | runs | goal | runs asked |")
     print("|---|---|---|---|---|---|---|---|---|")

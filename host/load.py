@@ -44,6 +44,10 @@ from specreg.errors import HostBusy
 from specreg.host import progress
 from specreg.host.cpu import ProcStat, cpu_ticks_total, proc_stat, ticks_per_s
 
+# the relative spread assumed until `specreg calibrate` measured one: the one noise figure of a
+# host, as the recommender and serve's policy read it too (registry/noise.py)
+from specreg.registry.noise import DEFAULT_NOISE_FLOOR as DEFAULT_NOISE_FLOOR
+
 ENV_MAX_LOAD = "SPECREG_MAX_LOAD"
 ENV_LOAD_WAIT = "SPECREG_LOAD_WAIT"
 ENV_LOCK_WAIT = "SPECREG_LOCK_WAIT"
@@ -61,7 +65,6 @@ LOAD_SHARE = 0.1
 # MIN_SPREAD (short samples of a few tokens jitter more than llama-bench's long ones).
 SPREAD_FACTOR = 4.0
 MIN_SPREAD = 0.35
-DEFAULT_NOISE_FLOOR = 0.1  # relative spread assumed until `specreg calibrate` measured one
 NOTE_EVERY_S = 10.0  # how often a wait says again what it waits for
 # The holder writes its name just after it takes the lock: a wait this young says nothing
 # until it can say whom it waits for.

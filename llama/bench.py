@@ -47,10 +47,16 @@ class BenchTest:
     foreign_cpu_s: float | None
 
     def contended(self, logical_cpus: int) -> bool:
-        if self.foreign_cpu_s is None:
-            return False
-        allowed = max(MIN_FOREIGN_S, CONTENDED_SHARE * self.wall_s * max(1, logical_cpus))
-        return self.foreign_cpu_s > allowed
+        return contended(self.foreign_cpu_s, self.wall_s, logical_cpus)
+
+
+def contended(foreign_cpu_s: float | None, wall_s: float, logical_cpus: int) -> bool:
+    """Whether other processes took more of the CPU during a timed measurement than
+    CONTENDED_SHARE of every logical CPU (at least MIN_FOREIGN_S)."""
+    if foreign_cpu_s is None:
+        return False
+    allowed = max(MIN_FOREIGN_S, CONTENDED_SHARE * wall_s * max(1, logical_cpus))
+    return foreign_cpu_s > allowed
 
 
 def bench_argv(

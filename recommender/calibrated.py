@@ -18,8 +18,53 @@ from typing import Any
 
 import duckdb
 
-from specreg.registry.calibration import CalibrationRecord, list_calibrations
+from specreg.recommender.costmodel import SERVER_PASS_FACTOR
+from specreg.registry.calibration import (
+    PASS_FALLBACK,
+    PASS_MEASURED,
+    CalibrationRecord,
+    PassFactorRecord,
+    latest_pass_factor,
+    list_calibrations,
+)
 from specreg.registry.queries import get_model
+
+
+@dataclass(frozen=True)
+class PassFactor:
+    """What llama-server's passes cost against llama-bench's on this host for the target: as
+    `specreg calibrate` measured it (`record`), else the constant SERVER_PASS_FACTOR."""
+
+    value: float
+    source: str  # PASS_MEASURED | PASS_FALLBACK
+    record: PassFactorRecord | None = None
+
+    @property
+    def label(self) -> str:
+        if self.record is not None:
+            r = self.record
+            return (
+                f"pass factor {self.value:.3f} (measured by specreg calibrate on "
+                f"{r.measured_at:%Y-%m-%d}: llama-server {r.server_seconds * 1e3:.1f} ms a token "
+                f"against llama-bench's {r.bench_seconds * 1e3:.1f})"
+            )
+        return (
+            f"pass factor {self.value:.2f} (fallback constant: this host's was never measured; "
+            "run specreg calibrate)"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.record
+        return {
+            "value": self.value,
+            "source": self.source,
+            "measured_at": r.measured_at.isoformat() if r is not None else None,
+            "server_seconds": r.server_seconds if r is not None else None,
+            "bench_seconds": r.bench_seconds if r is not None else None,
+        }
+
+
+FALLBACK_PASS = PassFactor(SERVER_PASS_FACTOR, PASS_FALLBACK)
 
 
 @dataclass(frozen=True)
@@ -29,6 +74,15 @@ class Calibration:
     target: CalibrationRecord | None
     drafts: dict[str, CalibrationRecord]  # model id -> its calibration
     vocab: dict[str, int] = field(default_factory=dict)  # draft model id -> its n_vocab
+    pass_factor: PassFactorRecord | None = None  # the target's, at the same thread count
+
+    @property
+    def pass_factor_figure(self) -> PassFactor:
+        """The pass factor every calibrated figure is read with, and where it comes from."""
+        r = self.pass_factor
+        if r is None or not r.factor > 0:
+            return FALLBACK_PASS
+        return PassFactor(r.factor, PASS_MEASURED, r)
 
     @property
     def threads(self) -> int | None:
@@ -40,6 +94,8 @@ class Calibration:
         if t is None or t.gen_seconds is None or not t.batch:
             return {}
         out: dict[str, Any] = {"target_step_s": float(t.gen_seconds)}
+        if self.pass_factor is not None and self.pass_factor.factor > 0:
+            out["pass_factor"] = float(self.pass_factor.factor)
         if k:
             out["verify_ratio"] = float(t.verify_ratio(k))
         return out
@@ -103,4 +159,5 @@ def load_calibration(
         rec = get_model(con, d)
         if rec is not None and rec.n_tokens:
             vocab[d] = int(rec.n_tokens)
-    return Calibration(target, drafts, vocab)
+    factor = latest_pass_factor(con, host_fingerprint, target_id, target.threads)
+    return Calibration(target, drafts, vocab, factor)

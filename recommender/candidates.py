@@ -15,11 +15,13 @@ import numpy as np
 from specreg.errors import UsageError
 from specreg.host.facts import HostFacts
 from specreg.recommender.calibrated import Calibration, load_calibration
+from specreg.recommender.evidence import Identity, identity_keys
 from specreg.recommender.features import ConfigFacts
 from specreg.recommender.local import NGRAM_MATCH_DEFAULT, draft_fields, target_fields
 from specreg.recommender.prior import Observation
 from specreg.recommender.stacks import stack_candidates
 from specreg.registry.lookup_caches import LookupCache, list_caches
+from specreg.registry.noise import FALLBACK_NOISE, NoiseFigure, noise_figure
 from specreg.registry.queries import ModelRecord, get_model, resolve_model
 from specreg.stacks import Stack, parse_stack
 from specreg.terms import (
@@ -77,11 +79,27 @@ class Grounds:
     cal: Calibration  # this host's llama-bench curves: verify cost per K, step ratios
     base: ConfigFacts  # plain decoding of the target on this host
     caches: tuple[LookupCache, ...]  # the workload caches ngram-cache may read
+    host: HostFacts
     heads: tuple[tuple[ModelRecord, str], ...] = ()  # compatible draft heads, their spec type
+    noise: NoiseFigure = FALLBACK_NOISE  # the noise of one measurement on this host
 
     def cache(self, name: str) -> LookupCache | None:
         """The usable cache called `name` (None for "", a candidate without one)."""
         return next((c for c in self.caches if name and c.name == name), None)
+
+    def identity(self, draft: ModelRecord | None) -> Identity:
+        """Who a candidate with `draft` is, as evidence tells runs of it from others."""
+        t = self.target
+        d = (
+            identity_keys(draft.model_id, draft.display_name, draft.path)
+            if draft is not None
+            else frozenset()
+        )
+        return Identity(
+            identity_keys(t.model_id, t.display_name, t.path), d, self.host,
+            (t.quant or "").upper(), ((draft.quant or "") if draft is not None else "").upper(),
+            by_facts=self.cal.target is None,
+        )  # fmt: skip
 
 
 def grounds(
@@ -111,6 +129,8 @@ def grounds(
         base=base_config(target, host, ask, local, cal),
         caches=tuple(usable_caches(con, target, ask.task)),
         heads=tuple(heads),
+        host=host,
+        noise=noise_figure(con, host.fingerprint),
     )
 
 

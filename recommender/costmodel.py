@@ -3,12 +3,14 @@
 Decoding one token on a CPU reads the active weights once, so on a big host its time is about
 `bytes read / bandwidth` (divided by an efficiency the host reaches) plus a fixed overhead.
 Speculation drafts K tokens (K cheap draft steps), then verifies them in one target pass over
-K + 1 tokens. That pass costs what the host's roofline says: as long as the arithmetic of K + 1
-tokens hides under the time the weights take to stream in, about one step (the reference EPYC:
-flat to K of 16-32); beyond, it grows with K (compute-bound; a 2-core host is there at K = 1).
-`specreg calibrate` measures that curve on this host (llama-bench, one pass per batch size); rows
-without it use a soft roofline whose compute share per token scales with the host
-(bandwidth / cores) and the target's bits per weight. With per-token acceptance probability
+K + 1 tokens. That pass costs what the host's llama-bench says: leaving llama.cpp's single-token
+path costs a fixed share from the second token on, then the pass stays about flat while the
+arithmetic of K + 1 tokens hides under the time the weights take to stream in (the reference
+EPYC: to 16 tokens), and grows with K beyond (compute-bound; a 2-core host is there at K = 1).
+`specreg calibrate` measures that curve on this host (llama-bench, one pass per batch size);
+rows without it use the reference host's own measured curve (`REFERENCE_VERIFY_CURVE`), its
+knee moved by how much more arithmetic a token costs against its bytes on the row's host
+(bandwidth / cores) and at its quant (bits per weight). With per-token acceptance probability
 `a`, a verification yields `(1 - a^(K+1)) / (1 - a)` tokens on average (Leviathan et al., 2023).
 
 n-gram lookup drafts only when the context repeats (llama.cpp's ngram-mod needs a 24-token
@@ -42,7 +44,8 @@ MTP_STEP_FRACTION = 0.05
 # per multiply, so its pass stays memory-bound to a larger batch.
 REFERENCE_BPW = 4.85
 REFERENCE_PARAMS_B = 10.0  # and the target size it is stated for
-# llama-server against llama-bench on one host and thread count (calibrated rows only): every
+# llama-server against llama-bench on one host and thread count (calibrated rows only), where
+# `specreg calibrate` has not measured it for the host and model (the fallback): every
 # decode call the server makes (the target's plain step and verify pass, the draft's steps and
 # its pass over the verified batch) takes this much longer than llama-bench's of the same size,
 # and plain decoding's per-token sampling and slot loop are inside it. Measured on the 2-core
@@ -64,6 +67,34 @@ SAMPLE_SECONDS_PER_VOCAB = 15e-9
 # Compute time of a token / memory time of a step, for a 10B Q4_K_M target on the reference
 # host: a pass stays memory-bound to about 29 tokens (llama.cpp notes: flat to K of 16-32).
 REFERENCE_COMPUTE_SHARE = 0.035
+# The reference host's own verify curve (EPYC 9655, 96 cores, ~460 GB/s; llama-bench -p N -n 0
+# of Qwen2.5-Coder-32B Q4_K_M, measured by its owner in 2026, the shared peers notes): a pass
+# over N tokens in single-token passes. From the second token on a pass leaves the single-token
+# kernels (1.6x), stays flat to 16 tokens, then turns compute-bound. Rows no `specreg calibrate`
+# measured read it, their N scaled by their compute share against this model's on that host
+# (`verify_ratio`): the issue-40 change, scored on the sweeps that keep the bound
+# (benchmarks/k_choice.py).
+REFERENCE_VERIFY_CURVE: tuple[tuple[int, float], ...] = (
+    (1, 1.0), (2, 1.64), (4, 1.58), (8, 2.07), (16, 2.09), (32, 3.70), (64, 4.96),
+)  # fmt: skip
+
+
+def _monotone(points: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
+    """A measured pass curve made non-decreasing (a pass over more tokens never costs less):
+    neighbours that fall are pooled to their mean (isotonic regression, equal weights)."""
+    blocks: list[tuple[list[int], float]] = []
+    for n, v in points:
+        blocks.append(([n], v))
+        while len(blocks) > 1 and blocks[-2][1] > blocks[-1][1]:
+            (a, va), (b, vb) = blocks[-2], blocks[-1]
+            blocks[-2:] = [(a + b, (va * len(a) + vb * len(b)) / (len(a) + len(b)))]
+    return tuple((n, v) for ns, v in blocks for n in ns)
+
+
+# ... as the model reads it: 1.64 and 1.58 at 2 and 4 tokens are one level (1.61)
+VERIFY_CURVE = _monotone(REFERENCE_VERIFY_CURVE)
+# ... and that model's bits per weight: the curve's compute share is this quant's
+REFERENCE_CURVE_BPW = 4.85
 # How sharply a pass turns from memory-bound to compute-bound (p-norm of the two times).
 VERIFY_SHARPNESS = 5.0
 
@@ -134,11 +165,16 @@ class CostParams:
 
     target_eff: float = 0.25  # share of bandwidth a plain decode reaches
     target_tau: float = 0.003  # fixed seconds per token (kernel launches, sampling)
-    draft_eff: float = 0.25
+    # a draft's share of bandwidth relative to the target's: the same kernels on the same host
+    # stream alike (1); a draft step's own extra cost is its fixed seconds per token
+    draft_eff: float = 1.0
     draft_tau: float = 0.004
     verify_slope: float = REFERENCE_COMPUTE_SHARE  # compute per token / memory per step
     verify_size_exp: float = 0.5  # how that share falls with the target's size (params^-exp)
     expert_share: float = 0.35  # share of a MoE step that does not scale with experts used
+    # a MoE target's bandwidth efficiency relative to a dense one's (the shipped MoE rows: 12-27
+    # t/s where their active bytes at a dense efficiency give 33); kept where no MoE row is seen
+    moe_eff: float = 0.5
     acc_bias: float = 1.0  # logit of per-token acceptance, task unknown
     acc_same_arch: float = 1.0  # draft and target of one architecture family
     acc_pre_differs: float = -1.0
@@ -210,15 +246,42 @@ def pass_ratio(n_tokens: np.ndarray, share: np.ndarray) -> np.ndarray:
     return (1.0 + (n * share) ** s) ** (1.0 / s) / one
 
 
+def reference_pass_ratio(n_tokens: np.ndarray, scale: np.ndarray | float = 1.0) -> np.ndarray:
+    """A pass over n tokens in single-token passes on the reference host's measured curve
+    (`REFERENCE_VERIFY_CURVE`, linear between its points and along its last two beyond), its
+    batch sizes scaled by `scale` (a row's compute share against the curve's): a host or quant
+    whose tokens cost twice the arithmetic against their bytes reaches the knee at half the N.
+    The fixed cost of leaving the single-token path stays: 1 at n = 1, the curve's 2-token
+    cost at the least for every larger pass."""
+    n = np.maximum(np.asarray(n_tokens, dtype=float), 1.0)
+    xs = np.array([x for x, _ in VERIFY_CURVE], dtype=float)
+    ys = np.array([y for _, y in VERIFY_CURVE], dtype=float)
+    scaled = np.maximum(n * np.asarray(scale, dtype=float), 2.0)
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    curve = np.where(scaled > xs[-1], ys[-1] + slope * (scaled - xs[-1]), np.interp(scaled, xs, ys))
+    return np.where(n > 1.0, curve, 1.0)
+
+
+def curve_scale(X: np.ndarray, p: CostParams) -> np.ndarray:
+    """How much more arithmetic each row's token costs against its bytes than the reference
+    curve's model on the reference host: (bandwidth / cores) against the reference host's, and
+    the curve's bits per weight against the row's (a wider quant streams more bytes per
+    multiply, so its pass stays memory-bound to a larger batch)."""
+    host = (column(X, "bandwidth_gbs") / REFERENCE_BANDWIDTH_GBS) * (
+        REFERENCE_CORES / np.maximum(column(X, "physical_cores"), 1.0)
+    )
+    return host * REFERENCE_CURVE_BPW / np.maximum(column(X, "target_bpw"), 1.0)
+
+
 def verify_ratio(X: np.ndarray, p: CostParams) -> np.ndarray:
     """Cost of verifying each row's K (a pass over K + 1 tokens) in single target steps:
-    calibrated on this host where `specreg calibrate` measured it, else the soft roofline.
-    Plus a logits row per drafted position: llama-bench's passes compute only the last one,
-    and at small batches the output layer streams its weights again for every row."""
+    calibrated on this host where `specreg calibrate` measured it, else the reference host's
+    measured curve at the row's scale (`reference_pass_ratio`). Plus a logits row per drafted
+    position: llama-bench's passes compute only the last one, and at small batches the output
+    layer streams its weights again for every row."""
     measured = column(X, "verify_ratio")
-    share = compute_share(X, p, column(X, "target_bpw"), column(X, "target_active_b"))
     k = column(X, "k")
-    modelled = pass_ratio(k + 1.0, share)
+    modelled = reference_pass_ratio(k + 1.0, curve_scale(X, p))
     rows = k * np.nan_to_num(column(X, "output_share"))
     return np.where(np.isfinite(measured) & (measured > 0), measured, modelled) + rows
 
@@ -255,16 +318,24 @@ def ngram_draft_rate(X: np.ndarray, p: CostParams) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-logit))
 
 
+def pass_factor(X: np.ndarray) -> np.ndarray:
+    """llama-server's pass against llama-bench's for each row: as `specreg calibrate` measured
+    it on the row's host, else the constant SERVER_PASS_FACTOR."""
+    measured = column(X, "pass_factor")
+    return np.where(np.isfinite(measured) & (measured > 0), measured, SERVER_PASS_FACTOR)
+
+
 def baseline_seconds(X: np.ndarray, p: CostParams) -> np.ndarray:
     """Seconds per plain-decoded token at the default expert count: measured by a run if
     known, else by `specreg calibrate` (llama-bench's step, times what llama-server's steps
-    take more: SERVER_PASS_FACTOR), else modelled from the bytes read."""
+    take more: the pass factor, `pass_factor`), else modelled from the bytes read."""
     measured = column(X, "baseline_tps")
     calibrated = column(X, "target_step_s")
-    modelled = step_seconds(
-        column(X, "target_read_gb"), column(X, "bandwidth_gbs"), p.target_eff, p.target_tau
-    )
-    served = SERVER_PASS_FACTOR * calibrated
+    # a MoE target's step streams its active experts at a share of a dense one's efficiency:
+    # llama.cpp gathers each token's experts (mul_mat_id) where a dense step reads one matrix
+    eff = p.target_eff * np.where(column(X, "target_is_moe") > 0, p.moe_eff, 1.0)
+    modelled = column(X, "target_read_gb") / (column(X, "bandwidth_gbs") * eff) + p.target_tau
+    served = pass_factor(X) * calibrated
     out = np.where(np.isfinite(calibrated) & (calibrated > 0), served, modelled)
     return np.where(
         np.isfinite(measured) & (measured > 0),
@@ -277,30 +348,61 @@ def draft_step_seconds(X: np.ndarray, p: CostParams, t_target: np.ndarray) -> np
     """Seconds per draft token: the calibrated ratio to the target's step, else modelled."""
     ratio = column(X, "draft_step_ratio")
     modelled = step_seconds(
-        column(X, "draft_gb"), column(X, "bandwidth_gbs"), p.draft_eff, p.draft_tau
+        column(X, "draft_gb"), column(X, "bandwidth_gbs"), p.target_eff * p.draft_eff, p.draft_tau
     )
     return np.where(np.isfinite(ratio) & (ratio > 0), ratio * t_target, modelled)
 
 
-def predict_tps(
+@dataclass(frozen=True, eq=False)
+class Rounds:
+    """What one verification round of each row yields and costs (arrays, one per row), in the
+    row's plain decoding steps at full experts: the cost model's arithmetic, as `recommend`'s
+    why lines print it. Plain decoding is a round of one token costing one step (at fewer
+    experts, the share of a full step it costs)."""
+
+    tokens: np.ndarray  # tokens per round (n-gram: drafting and non-drafting rounds averaged)
+    verify: np.ndarray  # steps of the target's passes per round
+    draft: np.ndarray  # steps the draft (or MTP heads) spends per round
+    drafting: np.ndarray  # share of rounds that draft (n-gram: the match rate; else 1)
+    per_verification: np.ndarray  # tokens a drafting verification yields
+    acceptance: np.ndarray  # per-token acceptance (0 for plain decoding)
+    plain_seconds: np.ndarray  # seconds of a plain step at full experts
+    verify_ratio: np.ndarray  # a verification pass in the row's own (expert-scaled) steps
+    draft_ratio: np.ndarray  # a drafted token in the row's own steps
+    step_share: np.ndarray  # the row's own step in full plain steps (fewer experts: below 1)
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self.verify + self.draft
+
+    @property
+    def speedup(self) -> np.ndarray:
+        """Tokens per round over steps per round: the speed-up over plain decoding."""
+        return self.tokens / np.maximum(self.steps, 1e-12)
+
+    @property
+    def tps(self) -> np.ndarray:
+        return self.speedup / np.maximum(self.plain_seconds, 1e-12)
+
+    @property
+    def bound(self) -> np.ndarray:
+        """The most speed-up a row's round can give: the tokens a verification yields over the
+        least a round costs (one of the row's own steps)."""
+        return self.per_verification / np.maximum(self.step_share, 1e-12)
+
+
+def rounds(
     X: np.ndarray,
     p: CostParams,
     acc_shift: np.ndarray | float = 0.0,
     lookup: tuple[np.ndarray, np.ndarray] | None = None,
     stack: tuple[np.ndarray, np.ndarray] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens/s, per-token acceptance) from the cost model alone.
-
-    A draft step: the target verifies K + 1 tokens in one pass and the draft drafts K (see
-    the comment below for the two builds' ways of feeding the draft). An n-gram step drafts
-    with probability q and costs a plain step when it does not; an MTP head costs a small
-    share of a target step per token. `lookup`: (q, tokens per drafting step) measured for
-    n-gram rows (`lookup_replay`), in place of the fitted ones where finite. `stack`: (share
-    of steps the lookup drafts, tokens per step) measured for draft rows with n-gram lookup
-    stacked in front (`lookup_replay.stack_replay`): on the lookup's steps the draft model
-    drafts nothing and only takes in the verified batch."""
+) -> Rounds:
+    """The cost model's round of every row (see `predict_tps` for the arguments)."""
+    plain = baseline_seconds(X, p)
     ratio = column(X, "experts_ratio")
-    t_target = baseline_seconds(X, p) * (p.expert_share + (1.0 - p.expert_share) * ratio)
+    share = p.expert_share + (1.0 - p.expert_share) * ratio
+    t_target = plain * share
     k = column(X, "k")
     a = acceptance(X, p, acc_shift)
     draft = column(X, "is_draft") > 0
@@ -314,8 +416,8 @@ def predict_tps(
     # verified batch (one pass over K + 1 tokens), then decodes a token per drafted one and
     # samples each from its vocabulary (t_d is a server step: the target's is). Modelled rows
     # follow the build the prior was measured with (7371): the draft takes in the accepted
-    # tokens (a pass over about E), then drafts the rest of its K; the fitted draft efficiency
-    # holds the per-token costs.
+    # tokens (a pass over about E), then drafts the rest of its K; its fixed seconds per token
+    # hold the per-token costs beyond its bytes.
     mirrored = column(X, "draft_pass_ratio")
     calibrated = np.isfinite(mirrored)
     draft_share = compute_share(X, p, column(X, "draft_bpw"), column(X, "draft_params_b"))
@@ -340,5 +442,37 @@ def predict_tps(
         q = np.where(measured, lookup[0], q)
         e = np.where(measured, lookup[1], e)
     tokens = np.where(speculating, (1.0 - q) + q * e, 1.0)
-    seconds = np.where(speculating, t_target * ((1.0 - q) + q * verify) + draft_seconds, t_target)
-    return tokens / seconds, a
+    verify_steps = np.where(speculating, share * ((1.0 - q) + q * verify), share)
+    return Rounds(
+        tokens=tokens,
+        verify=verify_steps,
+        draft=np.where(speculating, draft_seconds / plain, 0.0),
+        drafting=np.where(speculating, q, 0.0),
+        per_verification=np.where(speculating, e, 1.0),
+        acceptance=a,
+        plain_seconds=plain,
+        verify_ratio=np.where(speculating, verify, 1.0),
+        draft_ratio=np.where(draft, t_d / np.maximum(t_target, 1e-12), 0.0),
+        step_share=share,
+    )
+
+
+def predict_tps(
+    X: np.ndarray,
+    p: CostParams,
+    acc_shift: np.ndarray | float = 0.0,
+    lookup: tuple[np.ndarray, np.ndarray] | None = None,
+    stack: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens/s, per-token acceptance) from the cost model alone.
+
+    A draft step: the target verifies K + 1 tokens in one pass and the draft drafts K (see
+    `rounds` for the two builds' ways of feeding the draft). An n-gram step drafts with
+    probability q and costs a plain step when it does not; an MTP head costs a small share of
+    a target step per token. `lookup`: (q, tokens per drafting step) measured for n-gram rows
+    (`lookup_replay`), in place of the fitted ones where finite. `stack`: (share of steps the
+    lookup drafts, tokens per step) measured for draft rows with n-gram lookup stacked in
+    front (`lookup_replay.stack_replay`): on the lookup's steps the draft model drafts nothing
+    and only takes in the verified batch."""
+    r = rounds(X, p, acc_shift, lookup, stack)
+    return r.tps, r.acceptance

@@ -63,6 +63,7 @@ class ConfigFacts:
     draft_step_ratio: float = math.nan  # draft's seconds per generated token / the target's
     draft_pass_ratio: float = math.nan  # draft: its pass over the K + 1 verified tokens / 1
     draft_n_vocab: int = 0  # draft: its vocabulary (llama-server samples every drafted token)
+    pass_factor: float = math.nan  # llama-server's step / llama-bench's, measured by calibrate
     # the target's output layer (vocabulary x embedding) as a share of its weights: a verify
     # pass computes a logits row per position, llama-bench's passes only the last one
     output_share: float = 0.0
@@ -129,6 +130,7 @@ FEATURES: tuple[str, ...] = (
     "draft_step_ratio",
     "draft_pass_ratio",
     "draft_n_vocab",
+    "pass_factor",
     "output_share",
     *(f"task_{t}" for t in TASK_SLOTS),
     *(f"arch_{f}" for f in ARCH_FAMILIES),
@@ -170,6 +172,7 @@ def feature_row(c: ConfigFacts) -> list[float]:
         float(c.draft_step_ratio if draft else math.nan),
         float(c.draft_pass_ratio if draft else math.nan),
         float(c.draft_n_vocab if draft else 0),
+        float(c.pass_factor),
         float(c.output_share),
         *(float(task == t) for t in TASK_SLOTS),
         *(float(arch_slot(c.target_arch_family) == f) for f in ARCH_FAMILIES),

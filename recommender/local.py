@@ -196,6 +196,15 @@ def _observations(
                 host=host.fingerprint or "",
                 acceptance=r.acceptance,
                 note=r.config_label,
+                target_name=t.display_name,
+                draft_name=known.model(r.draft_model_id).display_name  # type: ignore[union-attr]
+                if draft
+                else "",
+                draft_key=r.draft_model_id or "" if draft else "",
+                quant=(t.quant or "").upper(),
+                draft_quant=(known.model(r.draft_model_id).quant or "").upper()  # type: ignore[union-attr]
+                if draft
+                else "",
             )
         )
     return out

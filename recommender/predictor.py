@@ -21,9 +21,10 @@ import numpy as np
 
 from specreg.recommender.costmodel import CostParams, predict_tps
 from specreg.recommender.features import TASK_SLOTS, column
+from specreg.recommender.kshape import KShape
 
 # Bump when the document's layout or the meaning of a field changes: older files are refitted.
-PREDICTOR_FORMAT = "1"
+PREDICTOR_FORMAT = "2"
 JSON_KIND = "speed-model"
 
 # Columns the residual trees see: facts that plausibly shift speed beyond the formulas.
@@ -36,7 +37,6 @@ RESIDUAL_FEATURES: tuple[str, ...] = (
     "experts_ratio",
     "is_draft",
     "is_ngram",
-    "k",
     "ngram_n",
     "draft_params_b",
     "draft_bpw",
@@ -139,7 +139,8 @@ class SpeedPredictor:
 
     params/residual: the full fit; members: the bootstrap refits, whose spread is the model
     uncertainty; noise: the scatter of single measurements (log tokens/s); band: the central
-    probability of `predict_interval`.
+    probability of `predict_interval`; k_shape: the shape over K the training sweeps share
+    (`kshape.sweep_shape`), None when it saw no sweeps.
     """
 
     params: CostParams
@@ -147,6 +148,7 @@ class SpeedPredictor:
     members: tuple[Member, ...]
     noise: float
     band: float
+    k_shape: KShape | None = None
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Predicted decode tokens/s."""
@@ -194,6 +196,7 @@ class SpeedPredictor:
             ],
             "noise": self.noise,
             "band": self.band,
+            "k_shape": self.k_shape.to_json() if self.k_shape else None,
         }
 
     @classmethod
@@ -214,6 +217,7 @@ class SpeedPredictor:
             members=tuple((_params_of(m["params"]), trees(m["residual"])) for m in doc["members"]),
             noise=float(doc["noise"]),
             band=float(doc["band"]),
+            k_shape=KShape.from_json(doc["k_shape"]) if doc.get("k_shape") else None,
         )
 
     def save(self, path: Path) -> None:

@@ -61,6 +61,14 @@ class Observation:
     series: str | None = None  # K-sweep series (target, draft, experts) for sweep rows
     acceptance: float | None = None  # llama.cpp accepted/drafted, as a fraction
     note: str = ""
+    target_name: str = ""  # the target as the source names it
+    draft_name: str = ""  # ... and the draft ("" without one)
+    draft_key: str = ""  # the draft's identity across sources (`model_key`), or its model id
+    quant: str = ""  # the target's quant (Q4_K_M), "" when unknown
+    draft_quant: str = ""
+    # accepted/drafted as the source reports it for any method (`acceptance` is kept for draft
+    # rows only, which the fit reads): what the bound of speculation is checked with
+    reported_acceptance: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -122,6 +130,13 @@ def _quant_of(name: str) -> str | None:
 def _stem(file_name: str) -> str:
     stem = file_name.removesuffix(".gguf")
     return _SPLIT.sub("", stem)
+
+
+def model_key(name: str) -> str:
+    """A model's identity across sources, from its file or display name: lower case, words
+    joined by "-", without quant, split or chat suffix ("Qwen2.5 Coder 32B Instruct" and
+    "Qwen2.5-Coder-32B-Instruct-Q4_K_M.gguf" are both "qwen2.5-coder-32b")."""
+    return _group("-".join(name.split()))
 
 
 def _group(name: str) -> str:
@@ -344,6 +359,11 @@ def _sweep_observation(row_id: str, r: dict[str, str]) -> Observation | str:
         group=_group(run_file),
         series=series,
         note=r["config_name"],
+        target_name=_stem(run_file),
+        draft_name=r["draft_model_name"] if method is Method.DRAFT else "",
+        draft_key=_group(r["draft_model_name"]) if method is Method.DRAFT else "",
+        quant=((r["target_quant"] if matches else "") or _quant_of(_stem(run_file)) or "").upper(),
+        draft_quant=(r["draft_quant"] or "").upper() if method is Method.DRAFT else "",
     )
 
 
@@ -432,7 +452,16 @@ def _seed_observations(skipped: list[tuple[str, str]]) -> Iterator[Observation]:
             group=_group(r["target_model"]),
             acceptance=acc / 100.0 if acc is not None and method is Method.DRAFT else None,
             note=notes[:120],
-        )
+            target_name=" ".join(x for x in (r["target_model"], r["target_quant"]) if x),
+            draft_name=(
+                " ".join(x for x in (r["draft_model"], r["draft_quant"]) if x)
+                if method is Method.DRAFT else ""
+            ),
+            draft_key=_group(r["draft_model"]) if method is Method.DRAFT else "",
+            quant=(r["target_quant"] or _quant_of(r["target_model"]) or "").upper(),
+            reported_acceptance=acc / 100.0 if acc is not None else None,
+            draft_quant=(r["draft_quant"] or "").upper() if method is Method.DRAFT else "",
+        )  # fmt: skip
 
 
 @lru_cache(maxsize=1)

@@ -12,19 +12,13 @@ import numpy as np
 
 from specreg.recommender.acceptance import agreement_why, lookup_why, stack_line
 from specreg.recommender.candidates import Ask, Candidate, Grounds, config_key, k_curve
-from specreg.recommender.costmodel import (
-    draft_step_seconds,
-    expected_tokens_per_step,
-    ngram_draft_rate,
-    verify_ratio,
-)
-from specreg.recommender.evidence import evidence_why, nearest_evidence, run_evidence, run_number
-from specreg.recommender.features import ConfigFacts, feature_matrix
+from specreg.recommender.evidence import Cited, cite, evidence_lines, run_number
+from specreg.recommender.features import ConfigFacts
 from specreg.recommender.predictor import SpeedPredictor
 from specreg.recommender.prior import Observation
 from specreg.recommender.quality_cost import QualityCost, expert_cost
-from specreg.recommender.results import Knob, Option
-from specreg.recommender.scoring import Scores, posterior
+from specreg.recommender.results import Arithmetic, Knob, Option
+from specreg.recommender.scoring import Scores
 from specreg.recommender.stacks import shown
 from specreg.registry.lookup_caches import LookupCache
 from specreg.registry.quality_store import QualityRecord
@@ -103,26 +97,28 @@ def _listed(
 def _option(
     r: Reading, cand: Candidate, i: int, cost: QualityCost | None, ran: Sequence[Observation]
 ) -> Option:
-    """Candidate `i` as an option: its band after this host's runs of exactly it, its
-    acceptance, why and evidence."""
+    """Candidate `i` as an option: its band, its acceptance and round, its arithmetic, the runs
+    it cites and the why lines that say what makes its figure and how it stands to them."""
     c, d = cand
     scores, target = r.scores, r.g.target
     meas = scores.runs_by_config.get(config_key(c), [])
-    m, s = posterior(float(scores.mid[i]), float(scores.sigma[i]), meas)
+    m, s = float(scores.mid[i]), float(scores.sigma[i])
     tps, tlo, thi = m, m * math.exp(-scores.z * s), m * math.exp(scores.z * s)
     plain_tps = scores.plain_tps
-    a = float(scores.acceptance[i]) if c.method is not Method.NONE else None
-    if a is not None and (measured := scores.accepted_by_curve.get(k_curve(c))):
-        a = float(np.median(measured))  # as this host's runs measured it
+    speculating = c.method is not Method.NONE
+    a = float(scores.acceptance[i]) if speculating else None
     weights = (target.n_bytes or 0) + ((d.n_bytes or 0) if d else 0)
     short = max(0, weights - r.mem_bytes) if r.mem_bytes > 0 else 0
     cache = r.g.cache(c.lookup_cache)
-    why = _why_lines(r, cand, i, a, tps, cost, ran)
+    arithmetic = _arithmetic(scores, i, tps / plain_tps) if i > 0 else None
+    cited = cite(c, r.pool, scores.identities[i], scores.plain_runs, ran)
+    why = _why_lines(r, cand, i, a, arithmetic, cost, ran, cited)
     if short:
         why = (*why, _memory_why(weights, r.mem_bytes, draft=d is not None))
+    rnd = scores.rounds
     return Option(
         method=c.method,
-        k=c.k if c.method is not Method.NONE else None,
+        k=c.k if speculating else None,
         experts=c.experts if c.experts_ratio < 1 else None,
         temperature=c.temperature,
         draft_id=d.model_id if d else None,
@@ -136,10 +132,10 @@ def _option(
         speedup_lo=tlo / plain_tps,
         speedup_hi=thi / plain_tps,
         acceptance=a,
-        tokens_per_step=float(expected_tokens_per_step(a, c.k)) if a is not None else None,
+        tokens_per_step=float(rnd.per_verification[i]) if speculating else None,
         knobs=_knobs(c, d.display_name if d else None, r.temperature),
         why=why,
-        evidence=run_evidence(ran) if ran else nearest_evidence(c, r.pool),
+        evidence=tuple(ct.evidence for ct in cited),
         measured_tps=float(np.median(meas)) if meas else None,
         n_measured=len(meas),
         acceptance_source=scores.adjusted.sources[i],
@@ -151,6 +147,20 @@ def _option(
         weights_bytes=weights,
         memory_short_bytes=short,
         evidence_shift=float(scores.shift[i]),
+        arithmetic=arithmetic,
+    )
+
+
+def _arithmetic(scores: Scores, i: int, speedup: float) -> Arithmetic:
+    rnd = scores.rounds
+    return Arithmetic(
+        tokens=float(rnd.tokens[i]),
+        steps=float(rnd.steps[i]),
+        verify=float(rnd.verify[i]),
+        draft=float(rnd.draft[i]),
+        drafting=float(rnd.drafting[i]) if rnd.drafting[i] > 0 else 1.0,
+        factors=scores.ledger[i],
+        speedup=speedup,
     )
 
 
@@ -159,15 +169,17 @@ def _why_lines(
     cand: Candidate,
     i: int,
     a: float | None,
-    tps: float,
+    arithmetic: Arithmetic | None,
     cost: QualityCost | None,
     ran: Sequence[Observation],
+    cited: Sequence[Cited],
 ) -> tuple[str, ...]:
-    """Why candidate `i` (acceptance `a`, `tps` after this host's runs) stands where it does:
-    the model's arithmetic, then what measured it (agreement, replays, runs near it)."""
+    """Why candidate `i` (acceptance `a`) stands where it does: the model's round, what
+    measured it (agreement, replays), the arithmetic that makes its figure, and every cited
+    run its figure lies outside of, with what that run differs in."""
     c, _ = cand
     scores = r.scores
-    why = _why(c, r.model, a or 0.0, scores.plain_tps)
+    why = _why(c, r, i, a or 0.0)
     if (used := scores.adjusted.used[i]) is not None:
         why = agreement_why(why, used, c.k)
     if scores.adjusted.lookups and (steps := scores.adjusted.lookups[i]) is not None:
@@ -178,34 +190,33 @@ def _why_lines(
         why = (*why, f"quality cost: {cost.label}")
     if c.stack:
         why = (_stack_why(c, r.g.cache(c.lookup_cache), ran), *why)
-    near = scores.near[i]
-    if near is not None and (
-        line := evidence_why(c, tps / scores.plain_tps, float(scores.shift[i]), near)
-    ):
-        why = (*why, line)
-    return why
+    if arithmetic is not None:
+        why = (*why, arithmetic.line)
+    plain = i == 0
+    figure = scores.plain_tps if plain else float(scores.mid[i]) / scores.plain_tps
+    lines = evidence_lines(
+        cited, figure, r.g.noise.spread, plain=plain, twin_figures=scores.twin_figures(i)
+    )
+    return (*why, *lines)
 
 
-def _why(c: ConfigFacts, model: SpeedPredictor, a: float, base_tps: float) -> tuple[str, ...]:
-    p = model.params
+def _why(c: ConfigFacts, r: Reading, i: int, a: float) -> tuple[str, ...]:
+    rnd = r.scores.rounds
     out = []
-    t_target = 1.0 / base_tps
     if c.method is Method.NONE and c.experts_ratio >= 1:
-        return ("plain decoding: the reference every speedup is measured against",)
+        return (_plain_why(r),)
     if c.experts_ratio < 1:
-        share = p.expert_share + (1 - p.expert_share) * c.experts_ratio
         out.append(
-            f"{c.experts} of {c.default_experts} experts: a step costs ~{share:.0%} of a full "
-            "one, and the output changes (behaviour-changing)"
+            f"{c.experts} of {c.default_experts} experts: a step costs "
+            f"~{float(rnd.step_share[i]):.0%} of a full one, and the output changes "
+            "(behaviour-changing)"
         )
     if c.method is Method.NONE:
         return tuple(out)
-    e = float(expected_tokens_per_step(a, c.k))
-    row = feature_matrix([c])
+    e = float(rnd.per_verification[i])
     calibrated = math.isfinite(c.verify_ratio)
-    verify = float(verify_ratio(row, p)[0])
+    verify = float(rnd.verify_ratio[i])
     if c.method is Method.DRAFT:
-        t_d = float(draft_step_seconds(row, p, np.array([t_target]))[0])
         rel = "same architecture family" if c.same_arch_family else "other architecture"
         out.append(
             f"acceptance ~{a:.0%} per token ({c.task}, {rel}, draft "
@@ -213,12 +224,12 @@ def _why(c: ConfigFacts, model: SpeedPredictor, a: float, base_tps: float) -> tu
             f"parameters) -> {e:.1f} tokens per verification at K={c.k}"
         )
         out.append(
-            f"a draft step costs ~{t_d / t_target:.0%} of a target step; verifying K={c.k} "
-            f"costs {verify:.2f}x a single step "
-            f"({'calibrated on this host' if calibrated else 'modelled: run specreg calibrate'})"
+            f"a draft step costs ~{float(rnd.draft_ratio[i]):.0%} of a target step; verifying "
+            f"K={c.k} costs {verify:.2f}x a single step "
+            f"({'calibrated on this host' if calibrated else _modelled_verify()})"
         )
     elif c.method is Method.NGRAM:
-        q = float(ngram_draft_rate(row, p)[0])
+        q = float(rnd.drafting[i])
         out.append(
             f"n-gram lookup reuses text already in the context: no draft model; it finds a "
             f"match in ~{q:.0%} of the steps for {c.task}, then acceptance ~{a:.0%} -> "
@@ -230,6 +241,37 @@ def _why(c: ConfigFacts, model: SpeedPredictor, a: float, base_tps: float) -> tu
             " (no measured runs in the prior: low confidence)"
         )
     return tuple(out)
+
+
+def _modelled_verify() -> str:
+    return "the reference host's measured curve, scaled to this host: run specreg calibrate"
+
+
+def _plain_why(r: Reading) -> str:
+    """Where plain decoding's figure comes from: runs of it on this host, this host's
+    calibration (llama-bench's step times llama-server's pass factor, measured or the fallback
+    constant), or its bytes at the host's bandwidth."""
+    scores, base = r.scores, r.g.base
+    text = (
+        "plain decoding: the reference every speedup is measured against, "
+        f"{scores.plain_tps:.1f} t/s"
+    )
+    if scores.twins[0]:
+        n = len(scores.twins[0])
+        return f"{text}: {n} runs of it on this host (its spread, the model's figure weighed in)"
+    if math.isfinite(base.baseline_tps):
+        return f"{text}: this host's runs of it"
+    cal = r.g.cal
+    if cal.target is not None and math.isfinite(base.target_step_s):
+        pf = cal.pass_factor_figure
+        return (
+            f"{text}: llama-bench's step {base.target_step_s * 1e3:.1f} ms (specreg calibrate) "
+            f"x {pf.label} = {base.target_step_s * pf.value * 1e3:.1f} ms a token"
+        )
+    return (
+        f"{text}: modelled from {base.target_read_gb:.2f} GB read per token at "
+        f"{base.bandwidth_gbs:.0f} GB/s (no runs or calibration of it on this host)"
+    )
 
 
 def _knobs(c: ConfigFacts, draft_name: str | None, user_temp: float) -> tuple[Knob, ...]:

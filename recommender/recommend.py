@@ -79,4 +79,6 @@ def recommend(
         n_compatible_drafts=len(g.drafts),
         n_considered=len(cands),
         considered_experts=tuple(reduced),
+        noise=g.noise,
+        pass_factor=g.cal.pass_factor_figure if g.cal.target is not None else None,
     )

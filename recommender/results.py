@@ -3,14 +3,17 @@ recommendation that ranks them (`to_json` is what `recommend --json` prints)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from specreg.host.facts import HostFacts
 from specreg.recommender.acceptance import ACC_PREDICTED, MeasuredAgreement
+from specreg.recommender.calibrated import PassFactor
 from specreg.recommender.quality_cost import QualityCost
 from specreg.recommender.roofline import Roofline
+from specreg.registry.noise import FALLBACK_NOISE, NoiseFigure
 from specreg.registry.queries import human_bytes
 from specreg.terms import DEFAULT_TYPE_OF, Method
 
@@ -24,13 +27,65 @@ class Knob:
 
 @dataclass(frozen=True)
 class Evidence:
-    """A measured run close to an option: where it comes from and what it measured."""
+    """A measured run an option cites: where it comes from, what it measured, and what it was
+    (its target - the option's own, or the nearest other one at `distance` - draft, K, task,
+    temperature, experts, host) with what it differs in from the option (`differs`, as
+    `evidence.differences` names it)."""
 
     row_id: str
     source: str  # seed | sweep | local
     summary: str
     tps: float
     speedup: float | None
+    target: str = ""
+    same_target: bool = True
+    distance: float | None = None  # in the evidence space, for a run of another target
+    draft: str | None = None
+    k: int | None = None
+    task: str = ""
+    temperature: float = 0.0
+    experts: int | None = None  # None: the model's default
+    same_host: bool = True
+    baseline_tps: float | None = None
+    baseline_distrusted: bool = False
+    differs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """How an option's speed-up is made: the cost model's round (tokens a verification yields
+    over the target steps it costs: the verify pass and the draft's share), then every factor
+    that moved it (the learned correction, this host's runs, the sweeps' shape over K, runs of
+    its kind, runs of exactly it, the bound of speculation), in order. The speed-up is their
+    product: the why line prints it so (`line`)."""
+
+    tokens: float
+    steps: float
+    verify: float
+    draft: float
+    drafting: float  # share of rounds that draft (an n-gram lookup's match rate; else 1)
+    factors: tuple[tuple[str, float], ...]
+    speedup: float
+
+    @property
+    def model(self) -> float:
+        return self.tokens / self.steps if self.steps > 0 else math.nan
+
+    @property
+    def line(self) -> str:
+        unit = "a verification" if self.drafting >= 1.0 else "a round"
+        head = (
+            f"a lookup drafts in {self.drafting:.0%} of rounds: "
+            if 0.0 < self.drafting < 1.0
+            else ""
+        )
+        text = (
+            f"speed-up: {head}{self.tokens:.2f} tokens / {self.steps:.2f} target steps {unit} "
+            f"(verify {self.verify:.2f} + draft {self.draft:.2f}) = {self.model:.3f}x"
+        )
+        for what, f in self.factors:
+            text += f"; x{f:.3f} {what}"
+        return f"{text} -> {self.speedup:.2f}x"
 
 
 @dataclass(frozen=True)
@@ -67,6 +122,7 @@ class Option:
     weights_bytes: int = 0  # the target's and the draft's files: what must fit in memory
     evidence_shift: float = 1.0  # the factor measured runs near it moved the model's prediction
     memory_short_bytes: int = 0  # how far they exceed the host's memory (0: fit, or unknown)
+    arithmetic: Arithmetic | None = None  # how its speed-up is made (None: plain decoding)
 
     @property
     def spec_type(self) -> str:
@@ -110,7 +166,7 @@ class Option:
 @dataclass(frozen=True)
 class Recommendation:
     JSON_KIND = "recommendation"
-    JSON_VERSION = "1"
+    JSON_VERSION = "2"
 
     target_id: str
     target_name: str
@@ -125,6 +181,19 @@ class Recommendation:
     n_compatible_drafts: int
     n_considered: int
     considered_experts: tuple[int, ...] = field(default=())
+    # the host's figures the options are read with, and where each comes from: the noise of
+    # one measurement (the tolerance of evidence, a run's weight) and, where calibrated,
+    # llama-server's pass factor
+    noise: NoiseFigure = FALLBACK_NOISE
+    pass_factor: PassFactor | None = None
+
+    @property
+    def figures_line(self) -> str:
+        """Which host figures the options used, and where each came from."""
+        parts = [self.noise.label]
+        if self.pass_factor is not None:
+            parts.append(self.pass_factor.label)
+        return "figures: " + "; ".join(parts)
 
     @property
     def best(self) -> Option:

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 TRAINED_FILE = "trained.json"
 CACHE_GLOB = "fit-*.json"
 # Bump when the feature set or the estimator changes: older files are then refitted.
-MODEL_FORMAT = "4"
+MODEL_FORMAT = "5"
 
 
 def model_dir() -> Path:

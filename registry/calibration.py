@@ -334,3 +334,95 @@ def latest_bandwidth(
     data = dict(zip(_BW_COLUMNS, row, strict=True))
     data["measured_at"] = datetime.fromtimestamp(data["measured_at"], timezone.utc)
     return BandwidthRecord(**data)
+
+
+# -- llama-server's pass factor (migration 13) --------------------------------------------------
+
+PASS_FACTORS = "pass_factors"
+# Where the pass factor a figure is read with comes from.
+PASS_MEASURED = "measured"  # `specreg calibrate`, this host and model
+PASS_FALLBACK = "fallback"  # the cost model's constant, for a host never calibrated
+
+
+def m013_pass_factors(con: duckdb.DuckDBPyConnection) -> None:
+    """llama-server's seconds per plainly decoded token over llama-bench's, per host, model and
+    thread count (`specreg calibrate`, issue 40): what every llama-server pass costs beyond
+    llama-bench's of the same size on that host."""
+    con.execute(
+        f"""
+        CREATE TABLE {PASS_FACTORS} (
+            host_fingerprint  VARCHAR NOT NULL,
+            model_id          VARCHAR NOT NULL,
+            threads           INTEGER NOT NULL,
+            measured_at       TIMESTAMPTZ NOT NULL,
+            factor            DOUBLE NOT NULL,     -- server_seconds / bench_seconds
+            server_seconds    DOUBLE NOT NULL,     -- llama-server, per decoded token (median)
+            bench_seconds     DOUBLE NOT NULL,     -- llama-bench, per generated token
+            n_tokens          INTEGER NOT NULL,    -- tokens decoded per request
+            samples           DOUBLE[] NOT NULL,   -- llama-server's seconds per token, per request
+            calibration_id    BIGINT,              -- the calibration llama-bench's figure is from
+            llama_version     VARCHAR,
+            foreign_cpu_s     DOUBLE,              -- CPU seconds other processes used meanwhile
+            contended         BOOLEAN NOT NULL     -- other processes took the CPU during it
+        )
+        """
+    )
+
+
+@dataclass(frozen=True)
+class PassFactorRecord:
+    """llama-server's plain decoding against llama-bench's generation, for one model on one host
+    at one thread count: `factor` = server_seconds / bench_seconds per token."""
+
+    host_fingerprint: str
+    model_id: str
+    threads: int
+    measured_at: datetime
+    factor: float
+    server_seconds: float
+    bench_seconds: float
+    n_tokens: int
+    samples: tuple[float, ...]
+    calibration_id: int | None = None
+    llama_version: str | None = None
+    foreign_cpu_s: float | None = None
+    contended: bool = False
+
+
+_PF_COLUMNS = [f.name for f in fields(PassFactorRecord)]
+_PF_SELECT = ", ".join("epoch(measured_at)" if c == "measured_at" else c for c in _PF_COLUMNS)
+
+
+def record_pass_factor(con: duckdb.DuckDBPyConnection, rec: PassFactorRecord) -> None:
+    with transaction(con):
+        con.execute(
+            f"INSERT INTO {PASS_FACTORS} ({', '.join(_PF_COLUMNS)}) "
+            f"VALUES ({', '.join('?' for _ in _PF_COLUMNS)})",
+            [list(rec.samples) if c == "samples" else getattr(rec, c) for c in _PF_COLUMNS],
+        )
+
+
+def latest_pass_factor(
+    con: duckdb.DuckDBPyConnection,
+    host_fingerprint: str,
+    model_id: str,
+    threads: int | None = None,
+) -> PassFactorRecord | None:
+    """The newest pass factor of a model on a host (at `threads`, or at any thread count); None
+    when never measured (or a registry from before migration 13)."""
+    where, params = where_equal(
+        host_fingerprint=host_fingerprint, model_id=model_id, threads=threads
+    )
+    try:
+        row = con.execute(
+            f"SELECT {_PF_SELECT} FROM {PASS_FACTORS}{where} ORDER BY measured_at DESC LIMIT 1",
+            params,
+        ).fetchone()
+    except duckdb.CatalogException:
+        return None
+    if row is None:
+        return None
+    data = dict(zip(_PF_COLUMNS, row, strict=True))
+    data["measured_at"] = datetime.fromtimestamp(data["measured_at"], timezone.utc)
+    data["samples"] = tuple(data["samples"] or ())
+    return PassFactorRecord(**data)

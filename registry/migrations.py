@@ -6,7 +6,8 @@ Applied migrations are never edited: a schema change is a new function appended 
 names and the vocabulary codec (registry), 5 runs: measurement protocol and trust (runner),
 6 stacks and lookup caches (runner),
 7 quality (runner), 9 calibration (runner), 10 run ids across registries (runner, Ray/exchange),
-11 the quiet noise floor per host (runner: the load guard).
+11 the quiet noise floor per host (runner: the load guard), 12 capacity curves (runner),
+13 llama-server's pass factor per host and model (runner: calibrate).
 """
 
 from __future__ import annotations
@@ -479,6 +480,12 @@ def m012_capacity(con: duckdb.DuckDBPyConnection) -> None:
     migration(con)
 
 
+def m013_pass_factors(con: duckdb.DuckDBPyConnection) -> None:
+    from specreg.registry.calibration import m013_pass_factors as migration
+
+    migration(con)
+
+
 MIGRATIONS: list[tuple[int, str, Migration]] = [
     (1, "scan tables", m001_scan),
     (2, "runs tables", m002_runs),
@@ -491,6 +498,7 @@ MIGRATIONS: list[tuple[int, str, Migration]] = [
     (10, "run ids unique across registries", m010_run_uuid),
     (11, "quiet noise floor of measurements per host", m011_noise_floors),
     (12, "capacity curves: throughput under load per layout and concurrency", m012_capacity),
+    (13, "llama-server's pass factor per host and model", m013_pass_factors),
 ]
 
 

@@ -30,16 +30,27 @@ from specreg.host.load import current_policy, guarded, wait_quiet
 from specreg.host.machine import Host, detect_host
 from specreg.llama.bench import BENCH, BenchTest, bench_argv, run_bench
 from specreg.llama.install import LlamaInstall, find_llama
+from specreg.recommender.costmodel import SERVER_PASS_FACTOR
 from specreg.registry.calibration import (
     KIND_BATCH,
     KIND_GEN,
+    PASS_FALLBACK,
+    PASS_MEASURED,
     CalibrationPoint,
     CalibrationRecord,
     point,
     record_calibration,
+    record_pass_factor,
 )
-from specreg.registry.noise import NoiseFloor, record_noise_floor
+from specreg.registry.noise import (
+    FALLBACK_NOISE,
+    NoiseFigure,
+    NoiseFloor,
+    noise_figure,
+    record_noise_floor,
+)
 from specreg.registry.queries import ModelRecord, resolve_model
+from specreg.runner.pass_factor import PassFactorResult, measure_pass_factor
 from specreg.runner.settings import DEFAULTS, Settings
 
 log = logging.getLogger(__name__)
@@ -55,16 +66,35 @@ ROLE_DRAFT = "draft"
 @dataclass(frozen=True)
 class CalibrationResult:
     JSON_KIND = "calibration"
-    JSON_VERSION = "1"
+    JSON_VERSION = "2"  # 2: the pass factor and the noise floor, each with its source
 
     host_fingerprint: str
     records: tuple[CalibrationRecord, ...]  # target first, then its drafts; ids set
     seconds: float
     reruns: int
+    # what this host's figures are after it (runner/pass_factor.py, registry/noise.py)
+    pass_factor: PassFactorResult = PassFactorResult(None, "not measured")
+    noise: NoiseFigure = FALLBACK_NOISE
 
     @property
     def contended(self) -> bool:
         return any(r.contended for r in self.records)
+
+    @property
+    def pass_factor_line(self) -> str:
+        """llama-server's pass factor after this calibration, and where it comes from."""
+        r = self.pass_factor.record
+        if r is None:
+            return (
+                f"llama-server's pass factor: {SERVER_PASS_FACTOR} (fallback constant: "
+                f"{self.pass_factor.skipped})"
+            )
+        busy = "; disturbed by other processes" if r.contended else ""
+        return (
+            f"llama-server's pass factor: {r.factor:.3f} (measured: {r.server_seconds * 1e3:.1f} "
+            f"ms a token against llama-bench's {r.bench_seconds * 1e3:.1f}, median of "
+            f"{len(r.samples)} requests{busy}; stored, what recommend reads)"
+        )
 
     def to_json(self) -> dict[str, Any]:
         from specreg.jsonout import document, plain
@@ -87,6 +117,8 @@ class CalibrationResult:
                 "reruns": self.reruns,
                 "seconds": self.seconds,
                 "models": models,
+                "pass_factor": _pass_factor_json(self.pass_factor),
+                "noise_floor": self.noise.to_json(),
             },
         )
 
@@ -128,6 +160,20 @@ class DraftChoice:
 
 DEFAULT_BENCH = Bench()
 ALL_DRAFTS = DraftChoice()
+
+
+def _pass_factor_json(result: PassFactorResult) -> dict[str, Any]:
+    """The pass factor the cost model reads after this calibration, and where it comes from."""
+    r = result.record
+    return {
+        "value": r.factor if r is not None else SERVER_PASS_FACTOR,
+        "source": PASS_MEASURED if r is not None else PASS_FALLBACK,
+        "skipped": result.skipped if r is None else None,
+        "server_seconds": r.server_seconds if r is not None else None,
+        "bench_seconds": r.bench_seconds if r is not None else None,
+        "samples": list(r.samples) if r is not None else [],
+        "contended": r.contended if r is not None else None,
+    }
 
 
 def _best(tests: Sequence[BenchTest]) -> BenchTest:
@@ -327,7 +373,14 @@ def calibrate_in(
         floor = noise_floor_of(rec)
         if floor is not None and role == ROLE_TARGET:
             record_noise_floor(con, floor)
-    return CalibrationResult(host.fingerprint, tuple(records), time.monotonic() - t0, reruns)
+    # llama-server's plain decoding of the target against llama-bench's (issue 40)
+    factor = measure_pass_factor(install, host, records[0], n_tokens=bench.gen_tokens)
+    if factor.record is not None:
+        record_pass_factor(con, factor.record)
+    return CalibrationResult(
+        host.fingerprint, tuple(records), time.monotonic() - t0, reruns,
+        factor, noise_figure(con, host.fingerprint),
+    )  # fmt: skip
 
 
 def calibrate_target(

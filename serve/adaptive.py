@@ -20,9 +20,11 @@ from specreg.serve.policy import (
     DOMINATED,
     KIND_PLAIN,
     ORIGIN_TRAFFIC_CACHE,
+    REQUEST_SCATTER,
     Candidate,
     PolicyStatus,
     TaskPolicy,
+    request_sigma,
 )
 from specreg.serve.routes import POLICY_ADAPTIVE, POLICY_FIXED, CandidateRoute, RouteTable
 from specreg.terms import TASKS
@@ -97,6 +99,7 @@ class Router:
                     seed=seed,
                     k_ladder=ladder,
                     k_source=k_source,
+                    noise_prior=request_sigma(table.noise),
                 )
 
         # a configuration's error against its prediction is shared by the tasks of a target
@@ -274,7 +277,14 @@ class Router:
                     doc = {"name": f"{target.name}/{task}", "choice": route.backend,
                            "why": route.reason, "candidates": [], "events": []}  # fmt: skip
                 tasks.append({"target": target.name, "task": task, **doc})
-        return PolicyStatus(self.name, self.seed, tuple(tasks), replayed=self.replayed)
+        figures = (
+            f"noise prior of a request {request_sigma(self.table.noise):.3f} (log): "
+            f"{REQUEST_SCATTER:g} x the {self.table.noise.label}",
+            *self.table.figures,
+        )
+        return PolicyStatus(
+            self.name, self.seed, tuple(tasks), replayed=self.replayed, figures=figures
+        )
 
 
 def finite(value: Any) -> float | None:

@@ -49,11 +49,23 @@ from typing import Any
 import numpy as np
 
 from specreg.jsonout import document
+from specreg.registry.noise import FALLBACK_NOISE, NoiseFigure
 
-# Per-request scatter of log tokens/s around a configuration's mean (prompts differ; the
-# reference host's K sweeps scatter about this much between neighbouring K: benchmarks/
+# Per-request scatter of log tokens/s around a configuration's mean, as a multiple of the
+# host's scatter of one measurement (registry/noise.py: the noise floor `specreg calibrate`
+# measures from llama-bench's quiet repeats, a fallback where never measured): a request is a
+# short measurement over another prompt each time. At the fallback floor (10 %) this is 0.19,
+# about what the reference host's K sweeps scatter between neighbouring K (benchmarks/
 # serve_adaptive_sim.py prints its own estimate).
-NOISE_SIGMA = 0.2
+REQUEST_SCATTER = 2.0
+
+
+def request_sigma(noise: NoiseFigure) -> float:
+    """The prior per-request scatter of a host whose noise figure is `noise`."""
+    return REQUEST_SCATTER * noise.sigma
+
+
+NOISE_SIGMA = request_sigma(FALLBACK_NOISE)
 # sigma is learnt from the requests (pooled within candidates) with NOISE_SIGMA as a prior worth
 # NOISE_PRIOR_DOF requests: a quiet host's 3 % scatter must not take 30 requests per decision.
 NOISE_PRIOR_DOF = 4.0
@@ -328,14 +340,19 @@ class TaskPolicy:
         seed: int = 0,
         k_ladder: Sequence[int] = (),
         k_source: KSource | None = None,
+        noise_prior: float = NOISE_SIGMA,
     ):
+        """`noise_prior`: the per-request scatter before requests show their own
+        (`request_sigma` of the host's noise figure)."""
         self.name = name
         self.seed = seed
         self.rng = _rng(seed, name)
+        self.noise_prior = noise_prior
         self.arms: dict[str, Arm] = {}
         for c in candidates:
             if c.key not in self.arms:
                 self.arms[c.key] = Arm.of(c)
+                self.arms[c.key].noise = noise_prior
         if not self.arms:
             raise ValueError(f"{name}: a policy needs at least one candidate")
         self.k_ladder = tuple(sorted(set(k_ladder)))
@@ -485,10 +502,10 @@ class TaskPolicy:
         whose priors are predictions stands in for it; a candidate that joined from a measured
         neighbour's posterior says nothing of the predictions and is left out."""
         arms = list(self.arms.values())
-        # the scatter: pooled within-candidate variance, NOISE_SIGMA as a prior
+        # the scatter: pooled within-candidate variance, the host's noise prior as a prior
         ss = sum(max(a.sum_log2 - a.sum_log**2 / a.weight, 0.0) for a in arms if a.weight > 0)
         dof = sum(max(a.weight - 1.0, 0.0) for a in arms)
-        var = (NOISE_PRIOR_DOF * NOISE_SIGMA**2 + ss) / (NOISE_PRIOR_DOF + dof)
+        var = (NOISE_PRIOR_DOF * self.noise_prior**2 + ss) / (NOISE_PRIOR_DOF + dof)
         noise = max(math.sqrt(var), MIN_NOISE_SIGMA)
         for a in arms:
             a.noise = noise
@@ -631,6 +648,7 @@ class TaskPolicy:
             "why": self.why(),
             "candidates": [a.to_json() for a in self.arms.values()],
             "events": list(self.events),
+            "noise_prior": self.noise_prior,
         }
 
 
@@ -688,13 +706,15 @@ class PolicyStatus:
     """Every task policy of a server, for `serve --dry-run` and the status endpoint."""
 
     JSON_KIND = "serve-policy"
-    JSON_VERSION = "1"
+    JSON_VERSION = "2"  # 2: the host's figures the predictions used, each with its source
 
     policy: str
     seed: int
     tasks: tuple[dict[str, Any], ...]
     replayed: int = 0  # stored requests read back at start-up
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the memory budget, backends
+    # which host figures the predictions and the policy used, and where each came from
+    figures: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return document(
@@ -705,6 +725,7 @@ class PolicyStatus:
                 "seed": self.seed,
                 "replayed": self.replayed,
                 "tasks": list(self.tasks),
+                "figures": list(self.figures),
                 **self.extra,
             },
         )

@@ -30,6 +30,7 @@ from specreg.llama.options import option_config
 from specreg.llamacpp import Flag, ServerFlag
 from specreg.recommender.advisor import Advisor
 from specreg.recommender.recommend import Option, Recommendation
+from specreg.registry.noise import FALLBACK_NOISE, NoiseFigure, noise_figure
 from specreg.registry.queries import ModelRecord, get_model
 from specreg.registry.scan import model_record
 from specreg.runner.runs import with_expert_key
@@ -159,7 +160,7 @@ class RouteTable:
     `candidates` what the adaptive policy chooses among (empty under --policy fixed)."""
 
     JSON_KIND = "serve-routes"
-    JSON_VERSION = "3"  # 3: each backend's slots and placement
+    JSON_VERSION = "4"  # 4: the host's figures (noise, pass factor) and where each came from
 
     targets: tuple[Target, ...]
     routes: tuple[Route, ...]
@@ -167,6 +168,8 @@ class RouteTable:
     notes: tuple[str, ...] = ()
     policy: str = POLICY_FIXED
     candidates: tuple[CandidateRoute, ...] = ()
+    noise: NoiseFigure = FALLBACK_NOISE  # the host's, as the adaptive policy's prior reads it
+    figures: tuple[str, ...] = ()  # per target: the figures its recommendations used
 
     def candidates_of(self, target: str, task: str) -> list[CandidateRoute]:
         return [c for c in self.candidates if c.target == target and c.task == task]
@@ -216,6 +219,8 @@ class RouteTable:
                 "notes": self.notes,
                 "policy": self.policy,
                 "candidates": self.candidates,
+                "noise": self.noise.to_json(),
+                "figures": self.figures,
             },
         )
 
@@ -580,6 +585,7 @@ def plan_routes(
             "requests are recorded and refine them"
         )
     candidates: list[CandidateRoute] = []
+    figures: dict[str, str] = {}
     band = advisor.model.band
     for rec in records:
         target = _target(rec, spec, taken)
@@ -609,10 +615,14 @@ def plan_routes(
                         choice, recommendation=advisor.recommend(con, rec.model_id, task=task)
                     )
                 candidates += _task_candidates(con, target, task, choice, b, band, backend_of)
+            if choice.recommendation is not None:
+                figures.setdefault(target.name, choice.recommendation.figures_line)
     notes += [n for b in backends.values() if (n := ngram_cache_note(b))]
     return RouteTable(
         tuple(out_targets), tuple(routes), tuple(backends.values()), tuple(notes),
         policy=policy, candidates=tuple(candidates),
+        noise=noise_figure(con, advisor.host.fingerprint),
+        figures=tuple(f"{name}: {line}" for name, line in figures.items()),
     )  # fmt: skip
 
 

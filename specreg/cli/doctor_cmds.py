@@ -145,7 +145,9 @@ def calibrate(target: str, drafts: DraftChoice, bench: Bench, **kw: Any) -> None
     model for the recommender.
 
     The quiet generation test's repetitions are this host's noise floor, stored for the load
-    guard: a run whose repeats spread far beyond it is recorded as disturbed.
+    guard: a run whose repeats spread far beyond it is recorded as disturbed. A llama-server of
+    the target then decodes plainly: its seconds per token over llama-bench's are this host's
+    pass factor, stored and read by recommend (the constant 1.16 only where never measured).
 
     Exit 1 when a measurement stayed disturbed by other processes after every retry; exit 3
     when the host stayed busy (nothing measured).
@@ -190,6 +192,7 @@ def _print_calibration(result: CalibrationResult) -> None:
             f"quiet noise floor: repeats spread {floors[0].spread:.1%} (stored; runs whose "
             "repeats spread far beyond it are recorded as disturbed)"
         )
+    out.print(result.pass_factor_line)
     if result.contended:
         out.print(
             "some tests stayed disturbed by other processes (see `specreg calibrate --help`): "

@@ -186,6 +186,7 @@ def _print_recommendation(rec: Recommendation, commands: Sequence[str], top: int
     c.print(f"{clip(rec.target_name)}  task={rec.task}  policy={rec.policy}")
     c.print(rec.roofline.line)
     _print_host(rec.host)
+    c.print(rec.figures_line)
     table = _options_table(rec.options[:top], rec.policy == "speed", c.width)
     c.print(table)
     best = rec.best

@@ -41,7 +41,7 @@ def test_train_then_recommend_json_and_text(
     code, out = _run(*args, "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["version"] == "1" and doc["kind"] == "recommendation"
+    assert doc["version"] == "2" and doc["kind"] == "recommendation"
     assert doc["policy"] == "quality" and doc["task"] == "code" and doc["speculate"] is True
     assert doc["host"]["source"] == "user" and doc["host"]["bandwidth_gbs"] == 460
     assert 0 < doc["roofline"]["fraction"] < 1

@@ -56,6 +56,21 @@ def test_calibrated_plain_is_the_server_step() -> None:
     assert 0.035 < served < 0.039
 
 
+def test_a_measured_pass_factor_replaces_the_constant() -> None:
+    """Issue 40: `calibrate` measures the factor per host and model; the constant is only the
+    fallback of a host never calibrated."""
+    X = feature_matrix([PLAIN.with_(pass_factor=0.97), PLAIN])
+    measured, fallback = baseline_seconds(X, CostParams())
+    assert measured == pytest.approx(0.97 * STEP_S)
+    assert fallback == pytest.approx(SERVER_PASS_FACTOR * STEP_S)
+    # every calibrated figure moves with it alike: a draft's step is a share of the target's
+    draft = _draft(4, 0.4, QWEN_VOCAB)
+    fast, slow = predict_tps(feature_matrix([draft.with_(pass_factor=0.97), draft]), CostParams())[
+        0
+    ]
+    assert fast / slow == pytest.approx(SERVER_PASS_FACTOR / 0.97, rel=0.02)
+
+
 def test_a_drafted_token_costs_seconds_of_vocabulary_not_steps() -> None:
     """Two drafts of different speed pay the same seconds per drafted token beyond their
     steps when they share a vocabulary; a vocabulary three times larger pays three times."""

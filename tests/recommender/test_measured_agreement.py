@@ -97,9 +97,13 @@ def test_measured_agreement_replaces_the_prior_guess(demo_con, prior_model, pair
     agreement(demo_con, target, draft, "code", 0.97)
     high = {o.k: o for o in drafts_of(rec(demo_con, prior_model, target))}
     low = {o.k: o for o in drafts_of(before)}
-    assert all(high[k].tps > low[k].tps for k in high)  # the prior guessed lower than 97%
+    # the prior guessed lower than 97%: more tokens a verification, a faster round (before,
+    # runs of the pair on a host of the reference host's facts also bound the figures)
+    assert all(high[k].tokens_per_step > low[k].tokens_per_step for k in high)  # type: ignore[operator]
+    assert all(high[k].arithmetic.model > low[k].arithmetic.model for k in high)  # type: ignore[union-attr]
     best = max(high.values(), key=lambda o: o.tps)
-    assert best.k is not None and best.k >= max(low.values(), key=lambda o: o.tps).k  # type: ignore[operator]
+    guessed = max(low.values(), key=lambda o: o.arithmetic.model)  # type: ignore[union-attr]
+    assert best.k is not None and best.k >= guessed.k  # type: ignore[operator]
 
 
 def test_another_tasks_agreement_is_used_and_said(demo_con, prior_model, pair) -> None:  # type: ignore[no-untyped-def]

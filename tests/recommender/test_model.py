@@ -171,11 +171,14 @@ def test_cost_model_shape_over_k() -> None:
         draft_arch_family="qwen2", tok_relation="identical", baseline_tps=3.0,
     )  # fmt: skip
     ks = [1, 2, 4, 8, 16, 32, 64]
-    p = CostParams(verify_slope=0.03, draft_eff=0.06, draft_tau=0.0)
+    # a draft streaming at 0.06 of the bandwidth (draft_eff is relative to target_eff, 0.25)
+    p = CostParams(verify_slope=0.03, draft_eff=0.24, draft_tau=0.0)
     X = feature_matrix(base.with_(k=k) for k in ks)
     best = {}
-    for shift in (-1.5, 1.5):
+    # per-token acceptance 0.56 and 0.97: a pass over 2+ tokens costs 1.6 steps on the
+    # reference host's curve, so a pair accepting a third of its tokens never pays there
+    for shift in (-0.5, 1.5):
         tps, a = predict_tps(X, p, shift)
         assert tps.max() > 3.0 and tps[-1] < tps.max()
         best[shift] = ks[int(np.argmax(tps))]
-    assert best[1.5] > best[-1.5]
+    assert best[1.5] > best[-0.5]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -9,11 +10,14 @@ import pytest
 
 from specreg.registry.calibration import (
     BandwidthRecord,
+    PassFactorRecord,
     latest_bandwidth,
     latest_calibration,
+    latest_pass_factor,
     list_calibrations,
     record_bandwidth,
     record_calibration,
+    record_pass_factor,
 )
 from specreg.registry.db import opened
 
@@ -76,3 +80,57 @@ def test_bandwidth_round_trip(tmp_path: Path) -> None:
         assert latest_bandwidth(con, "hostA") is None
         record_bandwidth(con, rec)
         assert latest_bandwidth(con, "hostA") == rec
+
+
+def _pass_factor(factor: float, threads: int = 2, when: int = 0) -> PassFactorRecord:
+    return PassFactorRecord(
+        host_fingerprint="hostA", model_id="m1", threads=threads,
+        measured_at=datetime(2026, 11, 27, 12, when, tzinfo=timezone.utc), factor=factor,
+        server_seconds=0.031 * factor, bench_seconds=0.031, n_tokens=64,
+        samples=(0.031 * factor, 0.0312 * factor), calibration_id=7, llama_version="11434",
+        foreign_cpu_s=0.01,
+    )  # fmt: skip
+
+
+def test_pass_factor_round_trip_and_newest_wins(tmp_path: Path) -> None:
+    """Migration 13: llama-server's pass factor per host, model and threads (issue 40)."""
+    with opened(tmp_path / "r.duckdb") as con:
+        record_pass_factor(con, _pass_factor(1.16, when=0))
+        record_pass_factor(con, _pass_factor(0.97, when=5))
+        record_pass_factor(con, _pass_factor(1.40, threads=1, when=1))
+        got = latest_pass_factor(con, "hostA", "m1", threads=2)
+        assert latest_pass_factor(con, "hostA", "m2") is None
+        assert latest_pass_factor(con, "hostB", "m1") is None
+        anyt = latest_pass_factor(con, "hostA", "m1")
+    assert got == _pass_factor(0.97, when=5)
+    assert anyt is not None and anyt.factor == pytest.approx(0.97)
+
+
+def test_a_registry_before_migration_13_has_no_pass_factor(tmp_path: Path) -> None:
+    with opened(tmp_path / "r.duckdb") as con:
+        con.execute("DROP TABLE pass_factors")
+        assert latest_pass_factor(con, "hostA", "m1") is None
+
+
+def test_the_noise_figure_is_the_measured_floor_else_the_fallback(tmp_path: Path) -> None:
+    from specreg.registry.noise import (
+        DEFAULT_NOISE_FLOOR,
+        NOISE_FALLBACK,
+        NOISE_MEASURED,
+        NoiseFloor,
+        noise_figure,
+        record_noise_floor,
+    )
+
+    with opened(tmp_path / "r.duckdb") as con:
+        none = noise_figure(con, "hostA")
+        assert (none.spread, none.source) == (DEFAULT_NOISE_FLOOR, NOISE_FALLBACK)
+        assert noise_figure(None, "hostA") == none and noise_figure(con, None) == none
+        floor = NoiseFloor("hostA", 0.034, 5, "calibrate", datetime.now(timezone.utc), "m1", 2)
+        record_noise_floor(con, floor)
+        got = noise_figure(con, "hostA")
+        assert noise_figure(con, "hostB").source == NOISE_FALLBACK
+    assert got.source == NOISE_MEASURED and got.spread == pytest.approx(0.034)
+    assert got.sigma == pytest.approx(math.log1p(0.034))
+    assert "measured by specreg calibrate on " in got.label and "5 repeats" in got.label
+    assert "fallback constant" in none.label

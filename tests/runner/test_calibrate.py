@@ -162,8 +162,13 @@ def test_curve_is_stored_per_host_and_model(tmp_path: Path, registry: tuple[Path
     assert stored.points == rec.points
     assert _alive(pids) == []
     doc = result.to_json()
-    assert (doc["version"], doc["kind"]) == ("1", "calibration")
+    assert (doc["version"], doc["kind"]) == ("2", "calibration")
     assert doc["models"][0]["verify_ratio"]["1"] == pytest.approx(2.0)
+    # a build without llama-server: the pass factor stays the constant, and says so
+    assert doc["pass_factor"]["source"] == "fallback" and doc["pass_factor"]["value"] == 1.16
+    assert doc["pass_factor"]["skipped"] == f"no llama-server in {install.bin_dir}"
+    # the quiet repeats of generation are this host's noise floor (one sample each here)
+    assert doc["noise_floor"]["source"] in ("measured", "fallback")
 
 
 def test_a_disturbed_test_is_measured_again(tmp_path: Path, registry: tuple[Path, Path]) -> None:

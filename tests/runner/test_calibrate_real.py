@@ -49,7 +49,7 @@ def test_real_curve_for_target_and_auto_draft(
     )
     assert r.returncode in (0, 1), r.stderr  # 1: a test stayed disturbed by other processes
     doc = json.loads(r.stdout)
-    assert (doc["version"], doc["kind"]) == ("1", "calibration")
+    assert (doc["version"], doc["kind"]) == ("2", "calibration")
     assert doc["contended"] == (r.returncode == 1)
     roles = [(m["role"], Path(m["model_path"]).name) for m in doc["models"]]
     assert roles == [("target", target.name), ("draft", draft.name)]

@@ -122,10 +122,14 @@ def test_dry_run_json_lists_routes_and_commands(
         tmp_path, specreg_home, small_models, llama_install, "--threads", "1", "--policy",
         "adaptive",
     )  # fmt: skip
-    assert (doc["version"], doc["kind"]) == ("3", "serve-routes")
+    assert (doc["version"], doc["kind"]) == ("4", "serve-routes")
     assert set(doc) == {
-        "version", "kind", "targets", "routes", "backends", "notes", "policy", "candidates"
+        "version", "kind", "targets", "routes", "backends", "notes", "policy", "candidates",
+        "noise", "figures",
     }  # fmt: skip
+    # the host's figures the recommendations used, each with where it came from
+    assert doc["noise"]["source"] in ("measured", "fallback")
+    assert doc["figures"] and all("noise floor" in f for f in doc["figures"])
     # pins stay pins under the adaptive policy: one candidate per task, the pinned one
     assert doc["policy"] == "adaptive"
     assert {(c["task"], c["label"], c["origin"]) for c in doc["candidates"]} == {

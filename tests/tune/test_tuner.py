@@ -26,7 +26,7 @@ HOST = HostFacts(20.0, 2, "user", fingerprint="test-host")
 # The "true" host: cheaper drafts, higher acceptance than the prior believes.
 TRUE = CostParams(
     target_eff=0.5,
-    draft_eff=0.3,
+    draft_eff=0.6,  # relative to target_eff: the draft streams at 0.3 of the bandwidth
     draft_tau=0.001,
     verify_slope=0.06,
     acc_bias=1.6,
