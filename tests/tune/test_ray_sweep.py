@@ -216,7 +216,8 @@ def test_tune_on_a_ray_host_records_its_runs_here_for_that_host(
     doc = json.loads(done.stdout)
     runs = runs_of(db)
     assert sorted(r.run_id for r in runs) == sorted(s["run_id"] for s in doc["runs"])
-    assert len(runs) == 2 and {r.status for r in runs} == {"ok"}
+    # plain first; a second run only when a prediction could still beat it
+    assert 1 <= len(runs) <= 2 and {r.status for r in runs} == {"ok"}
     # measured on beta, recorded here, and tune's evidence is beta's: its plain run counts
     assert {r.host_fingerprint for r in runs} == {fingerprint("beta", monkeypatch)}
     assert doc["runs"][0]["label"] == "plain" and doc["baseline_tps"]
