@@ -53,12 +53,22 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# Where the group's own `--db` (`specreg --db FILE models`) waits for the command's.
+DB_META = "specreg.db"
+
+
+def _group_db(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """A command's --db, else the one given before the command (`specreg --db FILE CMD`)."""
+    return value if value is not None else ctx.meta.get(DB_META)
+
+
 def db_option(func: F) -> F:
     return click.option(
         "--db",
         "db_path",
         type=click.Path(dir_okay=False, path_type=Path),
         default=None,
+        callback=_group_db,
         help="Registry database (default: $SPECREG_HOME/registry.duckdb).",
     )(func)
 

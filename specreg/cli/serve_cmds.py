@@ -184,6 +184,7 @@ def serve_cmd(targets: tuple[str, ...], listening: dict[str, Any], backends: dic
     if dry_run:
         _print_routes(prepared.table, router.status() if router.adaptive else None, as_json)
         return
+
     def ready(status: list[BackendStatus]) -> None:
         _print_ready(options.url, prepared.table, status)
 
