@@ -33,7 +33,7 @@ from specreg.serve.app import DEFAULT_MAX_BODY, KIND_SERVE, REQUEST_TIMEOUT_S, S
 from specreg.serve.backends import DEFAULT_MAX_QUEUE, BackendPool, BackendStatus
 from specreg.serve.classify import fitted_classifier
 from specreg.serve.loadpolicy import LoadModel, load_model_for
-from specreg.serve.memory import default_budget, parse_size
+from specreg.serve.memory import default_budget
 from specreg.serve.policy import KIND_PLAIN
 from specreg.serve.pooled import PooledState
 from specreg.serve.recorder import RunRecorder
@@ -97,7 +97,7 @@ class ServeOptions:
         bind: str,
         api_keys: Sequence[str] = (),
         keys_file: Path | None = None,
-        memory_budget: str | None = None,
+        memory_budget: int | None = None,
         no_record: bool = False,
         policy: str = POLICY_ADAPTIVE,
         **given: Any,
@@ -107,7 +107,7 @@ class ServeOptions:
         public on purpose (`UsageError` says which flag to add)."""
         keys = frozenset(k for k in (*api_keys, *read_keys(keys_file)) if k)
         made = cls(
-            host=bind, keys=keys, memory_budget=parse_budget(memory_budget),
+            host=bind, keys=keys, memory_budget=check_budget(memory_budget),
             record=not no_record, **given,
         )  # fmt: skip
         if not made.loopback and not keys and not made.public:
@@ -143,13 +143,18 @@ def read_keys(path: Path | None) -> list[str]:
     return keys
 
 
-def parse_budget(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return parse_size(text)
-    except ValueError as err:
-        raise UsageError(f"--memory-budget {text!r}: write a size such as 16G or 512M") from err
+def check_budget(budget: int | None, proc: Path = Path("/proc")) -> int | None:
+    """A memory budget (bytes) no larger than this host's memory, where backends run."""
+    from specreg.host.machine import read_meminfo
+    from specreg.registry.queries import human_bytes
+
+    total = read_meminfo(proc).get("MemTotal", 0)
+    if budget is not None and total and budget > total:
+        raise UsageError(
+            f"--memory-budget {human_bytes(budget)} is more than this host's {human_bytes(total)} "
+            "of memory: give less, or leave it out (90% of the memory available at start)"
+        )
+    return budget
 
 
 def is_loopback(host: str) -> bool:

@@ -123,6 +123,7 @@ FLAGS = {
     "llama_bin": "--llama-bin",
     "lookup_cache": "--lookup-cache",
     "max_logits_gb": "--max-logits-gb",
+    "memory": "--memory",
     "p_min": "--p-min",
     "ray": "--ray",
     "repetitions": "--repetitions",

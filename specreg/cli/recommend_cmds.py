@@ -103,7 +103,8 @@ def recommend_cmd(target: str, top: int, **kw: Any) -> None:
 
     Acceptance is measured agreement (`specreg agree`) for draft pairs without runs; under
     --policy speed each lossy option shows its quality cost (`specreg quality`, or predicted).
-    --host-facts, --cores and --bandwidth ask about another host (an EPYC from a laptop).
+    --host-facts, --cores, --bandwidth and --memory ask about another host (an EPYC from a
+    laptop).
     """
     rec, commands = _recommend(
         kw["db_path"], target, kw["host_query"], kw["llama_bin"], top, task=kw["task"],
@@ -201,9 +202,9 @@ def _print_recommendation(rec: Recommendation, commands: Sequence[str], top: int
 
 
 def _print_host(facts: HostFacts) -> None:
-    """The host predicted for: its cores and bandwidth, each with its source."""
+    """The host predicted for: its cores, bandwidth and memory, each with its source."""
     c = console()
-    c.print(f"host: {facts.cores_str}, {facts.bandwidth_str}")
+    c.print(f"host: {facts.cores_str}, {facts.bandwidth_str}, {facts.mem_str}")
     if facts.note:
         c.print(f"  ({facts.note})")
 

@@ -10,6 +10,11 @@ import click
 from rich.table import Table
 
 from specreg.cli.common import (
+    ADDRESS,
+    CTX,
+    PORT,
+    SIZE,
+    SLOTS,
     console,
     db_option,
     emit,
@@ -22,6 +27,7 @@ from specreg.cli.common import (
 )
 from specreg.errors import UsageError
 from specreg.terms import TRAFFIC_CACHE_EVERY
+from specreg.units import INT32_MAX
 
 # Slots per backend (llama-server -np): as serve.routes.DEFAULT_PARALLEL, which needs the
 # [serve] extra to import.
@@ -40,9 +46,9 @@ def _listening_options(func: Any) -> Any:
     """How `serve` listens and who may use it: --port, --host, --api-key/--api-keys,
     --public, --max-body and --queue, handed to the command as one `listening` dict."""
     options = [
-        click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True,
+        click.option("--port", type=PORT, default=8080, show_default=True,
                      help="Port to listen on."),
-        click.option("--host", "bind", default="127.0.0.1", show_default=True,
+        click.option("--host", "bind", type=ADDRESS, default="127.0.0.1", show_default=True,
                      help="Address to listen on. Anything but loopback is reachable from other "
                      "machines: give --api-key, or --public to let anyone in."),
         click.option("--api-key", "api_keys", multiple=True, envvar="SPECREG_API_KEY",
@@ -53,9 +59,9 @@ def _listening_options(func: Any) -> Any:
         click.option("--public", is_flag=True,
                      help="Serve a non-loopback address without a key: anyone who can reach "
                      "this machine may use these models."),
-        click.option("--max-body", type=click.IntRange(min=1), default=1 << 20,
+        click.option("--max-body", type=click.IntRange(1, 10**9), default=1 << 20,
                      show_default=True, help="Largest request (bytes)."),
-        click.option("--queue", "max_queue", type=click.IntRange(min=0), default=64,
+        click.option("--queue", "max_queue", type=click.IntRange(0, 1_000_000), default=64,
                      show_default=True, help="Requests that may wait for cores beyond every "
                      "backend's slots; past it serve answers 503 with Retry-After."),
     ]  # fmt: skip
@@ -85,10 +91,11 @@ def _policy_options(func: Any) -> Any:
                      "recommended."),
         click.option("--seed", type=int, default=0, show_default=True,
                      help="The adaptive policy's random seed."),
-        click.option("--memory-budget", default=None, metavar="SIZE",
-                     help="Memory all backends may hold together (e.g. 16G); the least recently "
-                     "used idle backend stops to make room (default: 90% of the memory "
-                     "available at start)."),
+        click.option("--memory-budget", type=SIZE, default=None, metavar="SIZE",
+                     help="Memory all backends may hold together (e.g. 16G: GB are 10^9 bytes, "
+                     "GiB 2^30), at most this host's memory; the least recently used idle "
+                     "backend stops to make room (default: 90% of the memory available at "
+                     "start)."),
         click.option("--traffic-cache", "traffic_every", type=click.IntRange(min=0),
                      default=TRAFFIC_CACHE_EVERY, show_default=True, metavar="N",
                      help="Under --policy adaptive: every N served requests of a task, build a "
@@ -127,9 +134,9 @@ def _backend_options(func: Any) -> Any:
                      help="Serve TASK (or default: every other task) with this configuration, "
                      "e.g. code=ngram-mod:8; wins over specreg.yaml and the recommender."),
         threads_option(help="llama.cpp threads per backend (default: physical cores)."),
-        click.option("--ctx", type=click.IntRange(min=1), default=None,
+        click.option("--ctx", type=CTX, default=None,
                      help="Context size per request (each slot gets it)."),
-        click.option("--parallel", type=click.IntRange(min=1), default=DEFAULT_SLOTS,
+        click.option("--parallel", type=SLOTS, default=DEFAULT_SLOTS,
                      show_default=True, help="Slots per backend: requests it decodes at once, "
                      "batched into one pass per step."),
     ]  # fmt: skip
@@ -137,6 +144,12 @@ def _backend_options(func: Any) -> Any:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx, slots = kwargs["ctx"], kwargs["parallel"]
+        if ctx is not None and ctx * slots > INT32_MAX:  # llama-server's -c holds every slot's
+            raise click.UsageError(
+                f"--ctx {ctx} for each of --parallel {slots} slots is {ctx * slots} tokens, "
+                f"more than llama-server takes ({INT32_MAX}): give fewer slots or less context"
+            )
         kwargs["backends"] = {name: kwargs.pop(name) for name in names}
         return func(*args, **kwargs)
 
@@ -172,7 +185,7 @@ def serve_cmd(targets: tuple[str, ...], listening: dict[str, Any], backends: dic
     """
     serving = _serving()
     if host_query.elsewhere and not dry_run:
-        raise UsageError("--host-facts and --cores describe another host: add --dry-run")
+        raise UsageError("--host-facts, --cores and --memory describe another host: add --dry-run")
     options = serving.ServeOptions.of(**listening, **policy)
     if options.public and not options.loopback:
         err_console().print(f"warning: listening on {options.host} without a key (--public): "
