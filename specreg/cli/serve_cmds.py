@@ -25,6 +25,7 @@ from specreg.cli.common import (
     resolve_db,
     threads_option,
 )
+from specreg.cli.progress import measuring
 from specreg.errors import UsageError
 from specreg.terms import TRAFFIC_CACHE_EVERY
 from specreg.units import INT32_MAX
@@ -192,7 +193,8 @@ def serve_cmd(targets: tuple[str, ...], listening: dict[str, Any], backends: dic
                             "anyone who can reach this machine can use these models")  # fmt: skip
     plan = serving.ServePlan(llama_bin=llama_bin, host_query=host_query,
                              policy=policy["policy"], dry_run=dry_run, **backends)  # fmt: skip
-    prepared = serving.prepare(resolve_db(db_path), targets, plan)
+    with measuring(as_json=as_json):  # the recommender's fit, the first time
+        prepared = serving.prepare(resolve_db(db_path), targets, plan)
     router = prepared.router(options.seed)
     if dry_run:
         _print_routes(prepared.table, router.status() if router.adaptive else None, as_json)

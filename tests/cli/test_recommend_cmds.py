@@ -127,3 +127,23 @@ def test_memory_of_the_host_asked_about_decides_what_fits(
     # GiB is binary, as written
     code, out = _run(*ask, "--memory", "1.5GiB", "--json")
     assert json.loads(out)["host"]["mem_bytes"] == 3 * 2**29
+
+
+def test_the_first_recommend_shows_that_it_fits(scanned_db: Path, tmp_path: Path) -> None:
+    """Issue 41 point 3: the first `recommend` on a registry fits the model for seconds and
+    was silent; a user took it for a hang. On a terminal it says what it does while it does it,
+    and a later call, which loads the fit, says nothing of it."""
+    from support.tty import specreg_tty
+
+    other = tmp_path / "other-home"
+    code, first = specreg_tty("recommend", TARGET, "--db", str(scanned_db))
+    assert code == 0, first
+    assert "fitting the recommender on the prior and 0 runs (once)" in first
+    code, again = specreg_tty("recommend", TARGET, "--db", str(scanned_db))
+    assert code == 0 and "fitting" not in again
+    # piped, stderr stays as it was (no bar to draw)
+    from support.cli import specreg
+
+    r = specreg("recommend", TARGET, "--db", str(scanned_db), env={"SPECREG_HOME": str(other)})
+    assert r.returncode == 0 and r.stderr == ""
+    assert list(other.glob("recommender/cache/fit-*.json"))  # it did fit
