@@ -45,6 +45,7 @@ from specreg.llama.process import (
     exit_how,
     llama_message,
     run_tool,
+    with_log,
 )
 from specreg.llamacpp import Flag, PerplexityFlag, Tool
 
@@ -115,7 +116,7 @@ class PerplexityFailed(ServerFailed):
         super().__init__(kind, summary, message, log_path, returncode)
         if kind in HINTS:
             detail = f": {message}" if message else ""
-            self.args = (f"{summary}{detail}; {HINTS[kind]}",)
+            self.args = (f"{summary}{detail}; {with_log(HINTS[kind], log_path)}",)
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -117,7 +117,7 @@ def quality_cmd(**kw: Any) -> None:
             result = measure_quality(con, _measuring(kw), plan, texts)
     present(result, kw["as_json"], _print_quality)
     if not result.ok:
-        raise RunFailed("a quality measurement failed and was recorded: see the table")
+        _failed("quality", [p.error for p in result.points])
 
 
 @click.command("agree")
@@ -178,7 +178,17 @@ def agree_cmd(**kw: Any) -> None:
             )
     present(result, kw["as_json"], _print_agreement)
     if not result.ok:
-        raise RunFailed("an agreement measurement failed and was recorded: see the table")
+        _failed("agreement", [p.error for p in result.points])
+
+
+def _failed(what: str, errors: list[str | None]) -> None:
+    """Exit 1 with the first failure's own line, which names its log."""
+    failed = [e for e in errors if e is not None]
+    first = failed[0] if failed else "see the table"
+    raise RunFailed(
+        f"{len(failed)} of {len(errors)} {what} measurements failed and were recorded "
+        f"(see the table); the first: {first}"
+    )
 
 
 def _pm(value: float | None, unc: float | None, fmt: str = ".4f", scale: float = 1.0) -> str:
