@@ -24,6 +24,7 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from specreg.declare import SPEC_FILENAME
 from specreg.errors import UsageError
+from specreg.registry.stores import STORES
 from specreg.stacks import NGRAM_CACHE, StackError, parse_stack
 from specreg.terms import (
     DIALECT_AUTO,
@@ -42,7 +43,6 @@ SPEC_VERSION = 1
 
 # What `llama.dialect` may say: a flag dialect of specreg.terms, or auto (probe the build).
 LLAMA_DIALECT_CHOICES = (DIALECT_AUTO, *SPEC_FILE_DIALECTS)
-STORES = ("lmstudio", "huggingface", "llama-cpp", "ollama")
 # What a role may forbid (`forbid:`): a method of specreg.terms, or a draft head type of its own.
 _OWN_KIND = {"draft-eagle3": "eagle3", "draft-dflash": "dflash", "draft-dspark": "dspark"}
 FORBIDDABLE_KINDS = ("draft", "ngram", "mtp", "eagle3", "dflash", "dspark")
