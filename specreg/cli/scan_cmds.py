@@ -113,9 +113,7 @@ def _scan(
         bar.update(task, completed=done)
 
     try:
-        return scan_paths(
-            con, paths, all_files=all_files, progress=on_progress, by_magic=by_magic
-        )
+        return scan_paths(con, paths, all_files=all_files, progress=on_progress, by_magic=by_magic)
     finally:
         if bar is not None:
             bar.stop()
