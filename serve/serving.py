@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from specreg.errors import UsageError
 from specreg.home import logs_dir
 from specreg.host.machine import Host
+from specreg.llama.config import user_server_args
 from specreg.llama.install import LlamaInstall
 from specreg.llama.server import STARTUP_TIMEOUT_S
 from specreg.llamacpp import keeps_state
@@ -208,7 +209,8 @@ class ServePlan:
     llama_bin: Path | None = None
     host_query: HostQuery | None = None  # another host's facts (a dry run for it)
     threads: int | None = None
-    ctx: int | None = None
+    ctx: int | None = None  # None: what the target's trained context and the memory allow
+    server_args: Sequence[str] = ()  # serve --server-arg: llama-server flags of the user's own
     parallel: int = DEFAULT_PARALLEL
     policy: str = POLICY_ADAPTIVE
     dry_run: bool = False  # plan only: no llama.cpp build is needed
@@ -233,7 +235,9 @@ def prepare(db_path: Path, targets: Sequence[str], plan: ServePlan = ServePlan()
         # The adaptive policy replays the served runs as its own evidence: priors drawn from a
         # recommender that had read them too would count each request twice.
         advisor = open_advisor(con, facts, without=(KIND_SERVE,) if adaptive else ())
-        shape = Shape(plan.parallel, full_placement(host, plan.host_query), plan.threads, plan.ctx)
+        own = user_server_args(plan.server_args, "serve --server-arg") if plan.server_args else None
+        place = full_placement(host, plan.host_query)
+        shape = Shape(plan.parallel, place, plan.threads, plan.ctx, own)
         table = plan_routes(
             con, install, host, advisor, targets, spec=spec, pins=parsed, shape=shape,
             policy=plan.policy,

@@ -487,6 +487,21 @@ def settings_options(*names: str, **changes: dict[str, Any]) -> Any:
     return option_group("settings", settings, *options)
 
 
+def server_arg_option(func: F | None = None) -> Any:
+    """`--server-arg ARGS` (repeatable): llama-server flags of the user's own, after
+    specreg's; a flag specreg sets itself is a usage error (specreg.llamacpp)."""
+    option = click.option(
+        "--server-arg",
+        "server_args",
+        multiple=True,
+        metavar="ARGS",
+        help="llama-server flags of your own, after specreg's, e.g. --server-arg=--mlock or "
+        "--server-arg '--cache-type-k q8_0' (repeatable); not the ones specreg sets (-m, -c, "
+        "-t, -np, --port, the speculative flags: their own options say them).",
+    )
+    return option if func is None else option(func)
+
+
 def prompts_options() -> list[Any]:
     """--task, --prompts and --max-prompts: the prompts a run or a sweep measures (for an
     `option_group`, whose maker hands their values to `prompts_of`)."""

@@ -130,6 +130,7 @@ FLAGS = {
     "retries": "--retries",
     "retry_elsewhere": "--retry-elsewhere",
     "scored": "--scored",
+    "server_args": "--server-arg",
     "spec": "--spec",
     "spec_type": "--spec-type",
     "task": "--task",

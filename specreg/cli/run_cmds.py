@@ -29,6 +29,7 @@ from specreg.cli.common import (
     prompts_of,
     prompts_options,
     resolve_db,
+    server_arg_option,
     settings_options,
 )
 from specreg.cli.progress import measuring
@@ -50,6 +51,7 @@ def _request(given: dict[str, Any]) -> RunRequest:
     from specreg.runner.runs import RunRequest
 
     given["type_k"] = tuple(given["type_k"])
+    given["server_args"] = tuple(given["server_args"])
     return RunRequest(prompts=prompts_of(given), **given)
 
 
@@ -95,6 +97,7 @@ _request_options = option_group(
     ),  # fmt: skip
     click.option("--seed", type=SEED, default=42, show_default=True),
     click.option("--ctx", type=CTX, default=4096, show_default=True, help="Context size."),
+    server_arg_option(),
     *prompts_options(),
     click.option(
         "--force",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +24,12 @@ from specreg.cli.common import (
     json_option,
     llama_bin_option,
     resolve_db,
+    server_arg_option,
     threads_option,
 )
 from specreg.cli.progress import measuring
 from specreg.errors import UsageError
+from specreg.llamacpp import Flag
 from specreg.terms import TRAFFIC_CACHE_EVERY
 from specreg.units import INT32_MAX
 
@@ -136,12 +139,15 @@ def _backend_options(func: Any) -> Any:
                      "e.g. code=ngram-mod:8; wins over specreg.yaml and the recommender."),
         threads_option(help="llama.cpp threads per backend (default: physical cores)."),
         click.option("--ctx", type=CTX, default=None,
-                     help="Context size per request (each slot gets it)."),
+                     help="Context size per request (each slot gets it; default: the target's "
+                     "trained context, as much of it as half the memory beside the weights "
+                     "holds, at least 4096)."),
+        server_arg_option,
         click.option("--parallel", type=SLOTS, default=DEFAULT_SLOTS,
                      show_default=True, help="Slots per backend: requests it decodes at once, "
                      "batched into one pass per step."),
     ]  # fmt: skip
-    names = ("spec_path", "pins", "threads", "ctx", "parallel")
+    names = ("spec_path", "pins", "threads", "ctx", "server_args", "parallel")
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -230,6 +236,10 @@ def _print_routes(table: RouteTable, status: PolicyStatus | None, as_json: bool)
         _print_policy(status)
     for b in table.backends:
         out.print(f"{b.name}:  {b.command}")
+        ctx = f"{Flag.CTX} {b.config.ctx * b.slots}"
+        out.print(f"  {ctx}: {b.config.ctx} tokens a request ({b.ctx_why})")
+        for given in b.server_args:
+            out.print(f"  {shlex.join(given.args)}: {given.origin}")
     for note in table.notes:
         out.print(f"note: {note}")
 

@@ -208,3 +208,27 @@ def test_a_memory_budget_past_this_hosts_memory_is_refused(scanned_db: Path) -> 
     assert r.stderr.endswith(
         " GB of memory: give less, or leave it out (90% of the memory available at start)\n"
     )
+
+
+def test_run_passes_own_llama_server_flags_and_refuses_specregs(
+    gguf_factory, tmp_path: Path, specreg_home: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 41 point 14: `run --server-arg` adds llama-server flags (recorded in the run's
+    argv, after specreg's); a flag specreg sets itself is one usage line."""
+    from support.fake_server import make_fake
+
+    model = gguf_factory("target.gguf", tokens=["<s>", "</s>", "a", "b"], bos=0, eos=1)
+    bin_dir, _ = make_fake(tmp_path, "fine")
+    args = ("run", str(model), "--llama-bin", str(bin_dir), "--repeat", "1", "--n-predict", "2")
+    r = specreg(*args, "--server-arg", "-c 8192")
+    assert (r.returncode, r.stderr) == (
+        2,
+        "error: --server-arg: specreg sets -c itself, the context per request (--ctx); leave "
+        "it out\n",
+    )
+    r = specreg(*args, "--server-arg=--jinja", "--server-arg", "--cache-type-k q8_0", "--json")
+    assert r.returncode == 0, r.stderr
+    argv = json.loads(r.stdout)["run"]["argv"]
+    assert argv[argv.index("4096") + 1 : argv.index("4096") + 4] == [
+        "--jinja", "--cache-type-k", "q8_0"
+    ]  # fmt: skip
