@@ -369,10 +369,12 @@ def kv_bytes_per_token(arch: str | None, kv: Mapping[str, Any]) -> int | None:
 
 @dataclass(frozen=True)
 class ContextSize:
-    """The context per request a server gets, and why that many tokens."""
+    """The context per request a server gets, why that many tokens, and the KV cache a token
+    of it takes (f16, every layer; 0: unknown)."""
 
     tokens: int
     why: str
+    kv_per_token: int = 0
 
 
 def context_for(
@@ -425,6 +427,6 @@ def model_context(
     draft = get_model(con, draft_id) if draft_id else None
     weights = (target.n_bytes or 0) + (draft.n_bytes or 0 if draft is not None else 0)
     room = mem_bytes - weights if mem_bytes > 0 else None
-    return context_for(
-        target.context_length, kv_bytes_per_token(target.architecture, kv), room, slots
-    )
+    per_token = kv_bytes_per_token(target.architecture, kv)
+    found = context_for(target.context_length, per_token, room, slots)
+    return replace(found, kv_per_token=per_token or 0)

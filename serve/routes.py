@@ -106,6 +106,7 @@ class BackendSpec:
     # The cores it runs on (threads, CPUs, memory policy); None: every CPU serve may use.
     placement: Placement | None = None
     ctx_why: str = ""  # why each request gets config.ctx tokens of context
+    kv_bytes: int = 0  # the KV cache its context takes in all (0: unknown)
     # the user's own llama-server flags in `flags`, each set with where it was given
     server_args: tuple[ServerArgs, ...] = ()
 
@@ -500,6 +501,7 @@ def _backend(
     shape: Shape,
     ctx_why: str = "",
     server_args: tuple[ServerArgs, ...] = (),
+    kv_per_token: int = 0,
 ) -> BackendSpec:
     """The backend running `config` for `target`: the existing one with the same flags.
     `ctx_why` says why config.ctx; `server_args` are the user's own flags config carries, each
@@ -543,6 +545,7 @@ def _backend(
             placement=place,
             ctx_why=ctx_why,
             server_args=server_args,
+            kv_bytes=kv_per_token * config.ctx * shape.slots,
         )
     return backends[key]
 
@@ -632,15 +635,14 @@ def plan_routes(
                 target: Target = target,
                 extra: tuple[ServerArgs, ...] = extra,
             ) -> BackendSpec:
-                ctx, why = shape.ctx, "serve --ctx"
-                if ctx is None:
-                    draft_id = draft.model_id if draft is not None else None
-                    found = model_context(con, target.model_id, draft_id, host.mem_bytes,
-                                          shape.slots)  # fmt: skip
-                    ctx, why = found.tokens, found.why
+                draft_id = draft.model_id if draft is not None else None
+                found = model_context(con, target.model_id, draft_id, host.mem_bytes,
+                                      shape.slots)  # fmt: skip
+                ctx, why = (shape.ctx, "serve --ctx") if shape.ctx else (found.tokens, found.why)
                 args = tuple(a for e in extra for a in e.args)
                 config = config.with_(threads=shape.threads, ctx=ctx, server_args=args)
-                return _backend(backends, install, host, target, config, draft, shape, why, extra)
+                return _backend(backends, install, host, target, config, draft, shape, why, extra,
+                                found.kv_per_token)  # fmt: skip
 
             b = backend_of(choice.config, choice.draft)
             routes.append(
@@ -758,9 +760,10 @@ def cache_candidate(
         server_args=base.config.server_args,
     )
     existing = {(str(install.server), *b.flags): b for b in table.backends}
+    per_token = base.kv_bytes // max(base.config.ctx * base.slots, 1)
     spec = _backend(existing, install, host, base.target, config, None,
                     Shape(base.slots, base.placement), base.ctx_why,
-                    base.server_args)  # fmt: skip
+                    base.server_args, per_token)  # fmt: skip
     label = f"ngram-cache {Path(cache_path).stem}"
     candidate = CandidateRoute(
         target, task, spec.name, label, KIND_CACHE, f"ngram-cache@{Path(cache_path).stem}",
