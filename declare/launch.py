@@ -355,7 +355,7 @@ def _speculation(
         origins[SpecFlag.TYPE] = str(cfg.field_where("spec_type"))
     else:
         origins[SpecFlag.TYPE] = (
-            f"implied by {cfg.field_where('draft')}: {CommonFlag.DRAFT_MODEL} needs "
+            f"implied by {cfg.field_where('draft')}: {SpecFlag.DRAFT_MODEL} needs "
             f"{SpecFlag.TYPE} {SPEC_DRAFT_SIMPLE} in this dialect"
         )
     draft_path = None

@@ -303,11 +303,11 @@ class Dialect:
 
     @property
     def draft_flags(self) -> tuple[str, ...]:
-        """The flags before a draft file that turn draft-model speculation on (the short
-        `-md`, which every build takes)."""
+        """The flags before a draft file that turn draft-model speculation on, spelled as every
+        command specreg prints spells them in this dialect (`draft_model`)."""
         if self.spec_type:
-            return (self.spec_type, SPEC_DRAFT_SIMPLE, Flag.DRAFT_MODEL)
-        return (Flag.DRAFT_MODEL,)
+            return (self.spec_type, SPEC_DRAFT_SIMPLE, self.draft_model)
+        return (self.draft_model,)
 
     def spec_type_flags(self, spec_type: str) -> tuple[str, ...]:
         return (self.spec_type, spec_type) if self.spec_type else ()

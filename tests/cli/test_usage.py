@@ -232,3 +232,18 @@ def test_run_passes_own_llama_server_flags_and_refuses_specregs(
     assert argv[argv.index("4096") + 1 : argv.index("4096") + 4] == [
         "--jinja", "--cache-type-k", "q8_0"
     ]  # fmt: skip
+
+
+def test_one_spelling_and_one_unit_across_commands(scanned_db: Path) -> None:
+    """Issue 41 point 16: compat printed -md where recommend printed --spec-draft-model, and
+    doctor said 23.5 GiB where recommend said 25.3 GB for the same memory."""
+    db = ("--db", str(scanned_db))
+    compat = specreg("compat", TARGET, "Qwen2.5 Coder 0.5B Instruct", *db)
+    flags = next(line for line in compat.stdout.splitlines() if line.startswith("flags: "))
+    assert " --spec-draft-model " in flags and " -md " not in flags
+    rec = specreg("recommend", TARGET, "--task", "code", *db).stdout
+    assert " --spec-draft-model " in rec and " -md " not in rec
+    host = next(line for line in rec.splitlines() if line.startswith("host: "))
+    memory = host.split(", ")[-1].split(" of memory")[0]  # e.g. "25.3 GB"
+    doctor = specreg("doctor", "--no-bandwidth", *db).stdout.splitlines()[0]
+    assert f", {memory}, " in doctor and "GiB" not in doctor
