@@ -108,7 +108,7 @@ def _roles(text: str, best: Sequence[BestDraft], alias: Mapping[str, str]) -> st
     """A role for each target, named by its alias, with the draft the auditor ranks first."""
     if not best:
         return text
-    lines = ["roles:                                 # each target with its best draft (see below)"]
+    lines = ["roles:                                 # each target with its best draft"]
     for b in best:
         lines += [
             f"  {alias[b.target_id]}:",
