@@ -45,7 +45,6 @@ from specreg.llama.process import (
     exit_how,
     llama_message,
     run_tool,
-    with_log,
 )
 from specreg.llamacpp import Flag, PerplexityFlag, Tool
 
@@ -116,7 +115,8 @@ class PerplexityFailed(ServerFailed):
         super().__init__(kind, summary, message, log_path, returncode)
         if kind in HINTS:
             detail = f": {message}" if message else ""
-            self.args = (f"{summary}{detail}; {with_log(HINTS[kind], log_path)}",)
+            # what is wrong is the text or the models, said in full: no log to read
+            self.args = (f"{summary}{detail}; {HINTS[kind]}",)
 
     def __str__(self) -> str:
         return str(self.args[0])
