@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from specreg import llamacpp
 from specreg.llamacpp import PINNED_BUILD as PINNED_BUILD
-from specreg.llamacpp import REFERENCE_HOST_BUILD, Dialect, Flag
+from specreg.llamacpp import REFERENCE_HOST_BUILD, Dialect
 from specreg.terms import DIALECT_DRAFT_MAX, SPEC_DRAFT_SIMPLE
 
 
@@ -71,7 +71,8 @@ class RuleSet:
 
     @property
     def draft_model_flag(self) -> str:
-        return Flag.DRAFT_MODEL
+        """The draft model's flag as recommend and run spell it for this build's dialect."""
+        return self.dialect.draft_model
 
     @property
     def spec_type_flag(self) -> str | None:

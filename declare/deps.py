@@ -87,6 +87,41 @@ def list_models(con: duckdb.DuckDBPyConnection) -> list[DiskModel]:
     return [_to_disk_model(r) for r in _list(con, include_gone=True)]
 
 
+@dataclass(frozen=True)
+class BestDraft:
+    """The draft `specreg drafts` ranks first for a target, and how it speculates."""
+
+    target_id: str
+    draft_id: str
+    spec_type: str  # draft-simple, draft-eagle3, ...
+    verdict: str  # the auditor's: compatible | warnings
+
+
+def best_drafts(con: duckdb.DuckDBPyConnection) -> list[BestDraft]:
+    """Each model on disk that has a compatible draft, with the one the auditor ranks first."""
+    from specreg.auditor import drafts_for
+    from specreg.registry.queries import list_models as _list
+
+    out = []
+    for model in _list(con):
+        pv = next((p for p in drafts_for(con, model).drafts if p.spec_type), None)
+        if pv is not None and pv.spec_type is not None:
+            verdict = str(getattr(pv.verdict, "value", pv.verdict))
+            out.append(BestDraft(model.model_id, pv.draft.model_id, pv.spec_type, verdict))
+    return out
+
+
+def scanned_roots(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The folders and files the registry's scans read, first scanned first, that still exist."""
+    from specreg.registry.queries import scan_history
+
+    seen: dict[str, None] = {}
+    for record in reversed(scan_history(con, limit=10_000)):
+        for root in record.roots:
+            seen.setdefault(root, None)
+    return [r for r in seen if os.path.exists(r)]
+
+
 def model_by_id(con: duckdb.DuckDBPyConnection, model_id: str) -> DiskModel | None:
     from specreg.registry.queries import get_model
 

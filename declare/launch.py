@@ -32,6 +32,7 @@ from specreg.terms import SPEC_DRAFT_SIMPLE
 
 if TYPE_CHECKING:
     from specreg.host.machine import Host
+    from specreg.llama.config import ContextSize
 
 # What a draft config runs with when draft_max is not declared, stated rather than implied
 # (`--spec-draft-n-max` defaults to 3 in the pinned build, `--draft-max` to 16 in older ones).
@@ -272,6 +273,8 @@ def _launch(
         cache_path, cache_why = _lookup_cache(con, spec, role, cfg)
         cache_where = f"{cfg.field_where('lookup_cache')} -> {cache_why}"
         origins[CommonFlag.LOOKUP_CACHE_STATIC] = cache_where
+    own = _own_args(spec, role, origins)
+    ctx = _context(con, spec, role, cfg, host)
     try:
         config = Config(
             spec_type=",".join(types) or "none",  # a stack, in the order llama.cpp tries it
@@ -280,11 +283,13 @@ def _launch(
             experts=cfg.experts,
             expert_key=expert_key,
             lookup_cache=cache_path,
+            ctx=ctx.tokens,
+            server_args=own,
         )
         argv = server_argv(config, path, draft_path, deps.DIALECT_NAMES[dialect], host)
     except UsageError as err:
         raise _Skip(str(err)) from err
-    origins[CommonFlag.CTX] = f"not declared: specreg.runner's default context ({config.ctx})"
+    origins[CommonFlag.CTX] = f"not declared: {ctx.why}"
     if port is not None:
         argv += [ServerFlag.PORT, port]
         origins[ServerFlag.PORT] = (
@@ -308,6 +313,34 @@ def _launch(
     return Launch(role.name, cfg.task, binary, _prefix(spec, host), flags, dialect, cfg.member)
 
 
+def _own_args(spec: Spec, role: RoleDecl, origins: dict[str, str]) -> tuple[str, ...]:
+    """The user's own llama-server flags for this role (the target model's, then the role's;
+    the later of one flag wins in llama.cpp), each flag's origin in `origins`."""
+    target = spec.model(role.target)
+    args: list[str] = []
+    for given in (target.server_args if target else None, role.server_args):
+        if given is None:
+            continue
+        args += given.args
+        for flag, _ in _pairs(given.args):
+            origins[flag] = str(given.where)
+    return tuple(args)
+
+
+def _context(
+    con: duckdb.DuckDBPyConnection, spec: Spec, role: RoleDecl, cfg: PinnedConfig, host: Host
+) -> ContextSize:
+    """The context the launch gets: the target's trained context, as much of it as this
+    host's memory beside the weights holds (llama.cpp's -c, all of its slots together)."""
+    from specreg.llama.config import model_context
+
+    target = spec.model(role.target)
+    draft = spec.model(cfg.draft) if cfg.draft is not None else None
+    if target is None:
+        return model_context(con, "", None, 0)
+    return model_context(con, target.id, draft.id if draft else None, host.mem_bytes)
+
+
 def _speculation(
     con: duckdb.DuckDBPyConnection,
     spec: Spec,
@@ -322,7 +355,7 @@ def _speculation(
         origins[SpecFlag.TYPE] = str(cfg.field_where("spec_type"))
     else:
         origins[SpecFlag.TYPE] = (
-            f"implied by {cfg.field_where('draft')}: {CommonFlag.DRAFT_MODEL} needs "
+            f"implied by {cfg.field_where('draft')}: {SpecFlag.DRAFT_MODEL} needs "
             f"{SpecFlag.TYPE} {SPEC_DRAFT_SIMPLE} in this dialect"
         )
     draft_path = None

@@ -24,6 +24,7 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from specreg.declare import SPEC_FILENAME
 from specreg.errors import UsageError
+from specreg.registry.stores import STORES
 from specreg.stacks import NGRAM_CACHE, StackError, parse_stack
 from specreg.terms import (
     DIALECT_AUTO,
@@ -42,7 +43,6 @@ SPEC_VERSION = 1
 
 # What `llama.dialect` may say: a flag dialect of specreg.terms, or auto (probe the build).
 LLAMA_DIALECT_CHOICES = (DIALECT_AUTO, *SPEC_FILE_DIALECTS)
-STORES = ("lmstudio", "huggingface", "llama-cpp", "ollama")
 # What a role may forbid (`forbid:`): a method of specreg.terms, or a draft head type of its own.
 _OWN_KIND = {"draft-eagle3": "eagle3", "draft-dflash": "dflash", "draft-dspark": "dspark"}
 FORBIDDABLE_KINDS = ("draft", "ngram", "mtp", "eagle3", "dflash", "dspark")
@@ -96,11 +96,21 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class ServerArgsDecl:
+    """`llama_server_args:` of a model or a role: llama-server flags of the user's own, added
+    after specreg's wherever that model is the target, or that role runs."""
+
+    args: tuple[str, ...]
+    where: Where
+
+
+@dataclass(frozen=True)
 class ModelDecl:
     id: str  # the registry's model_id: the fingerprint of the GGUF header
     path: str | None  # where it was last seen (a hint; the id is what identifies it)
     aliases: tuple[str, ...]
     where: Where
+    server_args: ServerArgsDecl | None = None
 
     @property
     def label(self) -> str:
@@ -149,6 +159,7 @@ class RoleDecl:
     where: Where
     target_where: Where
     max_kld: float | None = None  # quality budget of lossy knobs (mean KL divergence)
+    server_args: ServerArgsDecl | None = None
 
 
 @dataclass(frozen=True)
@@ -434,19 +445,31 @@ TOP_KEYS = {
     "roles": "roles binding models",
 }
 LLAMA_KEYS = {"bin_dir": "", "dialect": "", "threads": "", "numa": ""}
-MODEL_KEYS = {"path": "", "aliases": "", "note": ""}
+MODEL_KEYS = {"path": "", "aliases": "", "note": "", "llama_server_args": ""}
 MODEL_HINTS = {
     "quant": "the quant is read from the GGUF header, not declared",
     "size_gb": "the size is read from disk, not declared",
     "architecture": "the architecture is read from the GGUF header, not declared",
     "split_count": "split parts are read from the GGUF header (split.count), not declared",
     "name": "use aliases: [...] for names",
+    "server_args": "spelled llama_server_args",
+    "llama_args": "spelled llama_server_args",
 }
-ROLE_KEYS = {"target": "", "policy": "", "forbid": "", "configs": "", "note": "", "max_kld": ""}
+ROLE_KEYS = {
+    "target": "",
+    "policy": "",
+    "forbid": "",
+    "configs": "",
+    "note": "",
+    "max_kld": "",
+    "llama_server_args": "",
+}
 ROLE_HINTS = {
     "draft": "drafts are pinned per task under configs.<task>.draft",
     "compatible_targets": "compatibility is decided by the auditor from GGUF metadata",
     "acceleration": "write configs.<task> with spec_type/draft/draft_max/experts",
+    "server_args": "spelled llama_server_args",
+    "llama_args": "spelled llama_server_args",
 }
 CONFIG_KEYS = {
     "spec_type": "",
@@ -575,9 +598,28 @@ def _models(c: _Checker, top: CommentedMap) -> tuple[ModelDecl, ...]:
                 else None,
                 aliases=aliases,
                 where=c.where(mn, mid, dotted),
+                server_args=_server_args(c, m, dotted),
             )
         )
     return tuple(models)
+
+
+def _server_args(c: _Checker, node: CommentedMap, dotted: str) -> ServerArgsDecl | None:
+    """`llama_server_args:` (a list of flags, or one string of them), none of the flags specreg
+    sets itself."""
+    from specreg.llama.config import user_server_args
+
+    key = "llama_server_args"
+    if key not in node:
+        return None
+    tokens = c.str_list(node, key, f"{dotted}.{key}", what="llama-server flags")
+    where = c.where(node, key, f"{dotted}.{key}")
+    try:
+        args = user_server_args(tokens, where.key).args
+    except UsageError as err:
+        problem = str(err).removeprefix(f"{where.key}: ")
+        raise c.fail(node, key, where.key, problem) from err
+    return ServerArgsDecl(args, where)
 
 
 def _aliases(
@@ -662,6 +704,7 @@ def _role(c: _Checker, rn: CommentedMap, name: str, dotted: str, ref: ModelRef) 
         where=c.where(rn, name, dotted),
         target_where=c.where(r, "target", f"{dotted}.target"),
         max_kld=max_kld,
+        server_args=_server_args(c, r, dotted),
     )
 
 

@@ -1,8 +1,11 @@
-"""Host facts the speed model needs: memory bandwidth and physical cores, with their sources.
+"""Host facts the speed model needs: memory bandwidth, physical cores and memory, with their
+sources.
 
 They are built from `Host` (host/machine.py), so the cores the speed model uses are the cores
 the printed commands give llama.cpp (`-t`), `SPECREG_HOST_FACTS` included. A command may ask
-about another host (`HostQuery`: `--host-facts FILE`, `--cores N`, `--bandwidth GB/s`).
+about another host (`HostQuery`: `--host-facts FILE`, `--cores N`, `--bandwidth GB/s`,
+`--memory SIZE`). A fact no one states is this machine's, and the memory says so when the host
+asked about is another: what fits is judged against it.
 
 One bandwidth figure per host, in this order: the user's (`--bandwidth`, trusted as given);
 the stated one (`bandwidth_gbs` in SPECREG_HOST_FACTS or the facts file, or the bandwidth
@@ -26,7 +29,14 @@ from typing import TYPE_CHECKING
 
 from specreg.errors import UsageError
 from specreg.home import cache_dir
-from specreg.host.machine import STATED, STATED_BY_DOCTOR, Host, detect_host, read_host_facts
+from specreg.host.machine import (
+    STATED,
+    STATED_BY_DOCTOR,
+    Host,
+    StatedFacts,
+    detect_host,
+    read_host_facts,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -47,6 +57,12 @@ SOURCE_REFERENCE = "reference"
 CORES_DETECTED = "detected"
 CORES_STATED = "stated"
 CORES_USER = "user"
+# Where the memory figure came from (HostFacts.mem_source): detection on the host predicted
+# for, stated facts, the user, or this machine's standing in for another host's.
+MEM_DETECTED = "detected"
+MEM_STATED = "stated"
+MEM_USER = "user"
+MEM_HERE = "this machine's"
 
 STORE_FILE = "host_bandwidth.json"  # in cache_dir()/membw: the figure per host fingerprint
 
@@ -60,6 +76,7 @@ class HostFacts:
     note: str = ""  # where the figures come from, in words
     cores_source: str = ""  # detected | stated | user
     mem_bytes: int = 0  # the host's memory (MemTotal, or as stated); 0: unknown
+    mem_source: str = ""  # detected | stated | user | this machine's
 
     @property
     def bandwidth_str(self) -> str:
@@ -69,6 +86,18 @@ class HostFacts:
     def cores_str(self) -> str:
         how = f" ({self.cores_source})" if self.cores_source else ""
         return f"{self.physical_cores} cores{how}"
+
+    @property
+    def mem_str(self) -> str:
+        """The memory, in GB as every size specreg prints (specreg.units), with its source."""
+        from specreg.registry.queries import human_bytes
+
+        if self.mem_bytes <= 0:
+            return "memory unknown"
+        how = f" ({self.mem_source})" if self.mem_source else ""
+        if self.mem_source == MEM_HERE:
+            how = f" ({MEM_HERE}; --memory states that host's)"
+        return f"{human_bytes(self.mem_bytes)} of memory{how}"
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -93,11 +122,12 @@ class HostQuery:
     bandwidth_gbs: float | None = None
     cores: int | None = None
     facts_file: Path | None = None
+    mem_bytes: int | None = None
 
     @property
     def elsewhere(self) -> bool:
         """Asks about a host other than this machine (its runs are not this machine's)."""
-        return self.cores is not None or self.facts_file is not None
+        return self.cores is not None or self.facts_file is not None or self.mem_bytes is not None
 
 
 @dataclass(frozen=True)
@@ -250,6 +280,7 @@ def resolve_host(
         logical = max(host.logical_cpus, query.cores)
         host = replace(host, physical_cores=query.cores, logical_cpus=logical)
         cores_source = CORES_USER
+    host, mem_source = _memory(query, host, env, file)
     # Only this machine's bandwidth can be measured here, or stated by SPECREG_HOST_FACTS.
     this_machine = host.fingerprint == here.fingerprint
     notes = [f"host facts from {file.origin}"] if file is not None else []
@@ -277,8 +308,24 @@ def resolve_host(
         "; ".join(notes),
         cores_source,
         mem_bytes=host.mem_bytes,
+        mem_source=mem_source,
     )
     return host, facts
+
+
+def _memory(
+    query: HostQuery, host: Host, env: StatedFacts, file: StatedFacts | None
+) -> tuple[Host, str]:
+    """The host with the memory asked about, and where that figure came from."""
+    if query.mem_bytes is not None:
+        if query.mem_bytes < 1:
+            raise UsageError(f"a host has some memory, not {query.mem_bytes} bytes")
+        return replace(host, mem_bytes=int(query.mem_bytes)), MEM_USER
+    if file is not None and "mem_bytes" in file.host:
+        return host, MEM_STATED
+    if query.elsewhere:  # SPECREG_HOST_FACTS states this machine's, not the one asked about
+        return host, MEM_HERE
+    return host, MEM_STATED if "mem_bytes" in env.host else MEM_DETECTED
 
 
 def detect_host_facts(

@@ -69,7 +69,10 @@ class Host:
 
     @property
     def mem_str(self) -> str:
-        return f"{self.mem_bytes / 2**30:.1f} GiB"
+        """In GB (10^9 bytes), as every size specreg prints (specreg.units)."""
+        from specreg.registry.queries import human_bytes
+
+        return human_bytes(self.mem_bytes)
 
     def launch_prefix(self) -> list[str]:
         """Spread memory over NUMA nodes, as the reference host needs; nothing on one node."""

@@ -351,7 +351,7 @@ class Warming:
         if self.skipped or self.problem:
             return self.skipped or self.problem
         return (
-            f"read {self.bytes_read / 2**30:.1f} GiB interleaved over nodes "
+            f"read {self.bytes_read / 1e9:.1f} GB interleaved over nodes "
             f"{format_cpu_list(self.nodes)} in {self.seconds:.1f} s"
         )
 

@@ -7,6 +7,7 @@ Request-time knobs (temperature, seed) live in `Config` too but go into the requ
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from specreg.llamacpp import (
     ServerFlag,
     SpecFlag,
     Tool,
+    reserved_server_flag,
 )
 from specreg.stacks import Stack, parse_stack
 from specreg.terms import DRAFT_MODEL_TYPES as DRAFT_MODEL_TYPES
@@ -35,6 +37,8 @@ from specreg.terms import SPEC_NONE as SPEC_NONE
 from specreg.terms import SPEC_TYPES as SPEC_TYPES
 
 if TYPE_CHECKING:  # a Config is read without a build or a server: keep its import light
+    import duckdb
+
     from specreg.llama.install import LlamaInstall
     from specreg.llama.server import LlamaServer
 
@@ -61,6 +65,9 @@ class Config:
     threads: int | None = None  # None: one per physical core of the host
     type_k: tuple[tuple[str, int], ...] = ()  # K of other types of a stack: (type, K)
     lookup_cache: str | None = None  # a static lookup cache file, read by ngram-cache
+    # llama-server flags of the user's own (specreg.yaml, --server-arg), after specreg's; none
+    # of RESERVED_SERVER_FLAGS (`user_server_args` checks them)
+    server_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         stack = parse_stack(self.spec_type)  # a StackError (usage) says the build's rule
@@ -141,8 +148,11 @@ class Config:
         return " ".join(parts)
 
     def baseline(self) -> Config:
-        """The full, plain reference: no speculation, all experts, greedy."""
-        return Config(seed=self.seed, ctx=self.ctx, threads=self.threads)
+        """The full, plain reference: no speculation, all experts, greedy (on a server started
+        with the same flags of the user's own)."""
+        return Config(
+            seed=self.seed, ctx=self.ctx, threads=self.threads, server_args=self.server_args
+        )
 
     def with_(self, **changes: Any) -> Config:
         return replace(self, **changes)
@@ -150,6 +160,7 @@ class Config:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["type_k"] = dict(self.type_k)
+        out["server_args"] = list(self.server_args)
         return out
 
     def request_fields(self) -> dict[str, Any]:
@@ -214,9 +225,10 @@ def server_argv(
     threads = config.threads or host.threads
     argv = [Flag.MODEL, str(target_path), Flag.THREADS, str(threads), Flag.CTX, str(config.ctx)]
     argv += _spec_flags(config, draft_path, DIALECTS[dialect])
-    return argv + expert_flags(
+    argv += expert_flags(
         config, "; the target is not a MoE model in the registry (run `specreg scan` on it)"
     )
+    return argv + list(config.server_args)
 
 
 def server_command(
@@ -276,3 +288,145 @@ def server_for(
         config, target_path, draft_path, install.dialect, host, server=install.server, port=None
     )
     return LlamaServer(command, env=host.env(), log_path=log_path, **options)
+
+
+# --- the user's own llama-server flags ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """llama-server flags a user adds to specreg's, as given, and where they were given
+    (`serve --server-arg`, a specreg.yaml key and line): shown beside the command they join."""
+
+    args: tuple[str, ...]
+    origin: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"args": list(self.args), "origin": self.origin}
+
+
+def _is_flag(token: str) -> bool:
+    """A flag, not a value: `-1` or `-0.5` are values (`--seed -1`)."""
+    return token.startswith("-") and len(token) > 1 and not token[1:2].isdigit() and token[1] != "."
+
+
+def user_server_args(tokens: Sequence[str], origin: str) -> ServerArgs:
+    """`tokens` (each may hold several words: `--cache-type-k q8_0`) as llama-server flags of
+    the user's own; a `UsageError` naming `origin` for a flag specreg writes itself
+    (`specreg.llamacpp.RESERVED_SERVER_FLAGS`) or a value without its flag."""
+    import shlex
+
+    args: list[str] = []
+    for token in tokens:
+        try:
+            args += shlex.split(token)
+        except ValueError as err:
+            raise UsageError(f"{origin}: {token!r} is not a flag list ({err})") from err
+    if args and not _is_flag(args[0]):
+        raise UsageError(f"{origin}: {args[0]!r} is a value without its flag (e.g. --mlock)")
+    for arg in args:
+        what = reserved_server_flag(arg) if _is_flag(arg) else None
+        if what is not None:
+            raise UsageError(
+                f"{origin}: specreg sets {arg.split('=', 1)[0]} itself, {what}; leave it out"
+            )
+    return ServerArgs(tuple(args), origin)
+
+
+# --- the context a server gets when none is given ----------------------------------------
+
+# The share of the memory beside the weights a server's context (its KV cache) may take: the
+# rest is the OS, the page cache of other models, and llama.cpp's compute buffers.
+CTX_MEMORY_SHARE = 0.5
+KV_BYTES = 2  # an f16 cache (llama.cpp's default --cache-type-k/-v)
+
+
+def kv_bytes_per_token(arch: str | None, kv: Mapping[str, Any]) -> int | None:
+    """Bytes of KV cache one token takes in every layer (f16), from the GGUF's attention keys;
+    None where they do not say (a recurrent model's state does not grow with the context)."""
+    if not arch:
+        return None
+
+    def key(name: str) -> Any:
+        return kv.get(f"{arch}.{name}")
+
+    layers, heads, width = key("block_count"), key("attention.head_count"), key("embedding_length")
+    kv_heads = key("attention.head_count_kv")
+    if kv_heads is None:
+        kv_heads = heads
+    if not isinstance(layers, int) or layers < 1 or kv_heads is None:
+        return None
+    per_layer = kv_heads if isinstance(kv_heads, list) else [kv_heads] * layers
+    head = heads[0] if isinstance(heads, list) and heads else heads
+    key_len, value_len = key("attention.key_length"), key("attention.value_length")
+    if not isinstance(key_len, int) or not isinstance(value_len, int):
+        if not isinstance(width, int) or not isinstance(head, int) or head < 1:
+            return None
+        key_len = value_len = width // head
+    total = sum(int(n) * (key_len + value_len) for n in per_layer if isinstance(n, int))
+    return total * KV_BYTES or None
+
+
+@dataclass(frozen=True)
+class ContextSize:
+    """The context per request a server gets, why that many tokens, and the KV cache a token
+    of it takes (f16, every layer; 0: unknown)."""
+
+    tokens: int
+    why: str
+    kv_per_token: int = 0
+
+
+def context_for(
+    trained: int | None,
+    kv_per_token: int | None,
+    room_bytes: int | None,
+    slots: int = 1,
+) -> ContextSize:
+    """The context per request when none is given: the model's trained context, as much of it
+    as CTX_MEMORY_SHARE of the memory beside the weights (`room_bytes`) holds for `slots`
+    requests, in steps of 1024 tokens; never below DEFAULT_CTX (what specreg ran before) unless
+    the model was trained on less."""
+    if not trained or trained < 1:
+        return ContextSize(DEFAULT_CTX, f"the model states no trained context: {DEFAULT_CTX}")
+    floor = min(DEFAULT_CTX, trained)
+    if not kv_per_token or room_bytes is None:
+        return ContextSize(trained, f"the model's trained context ({trained})")
+    fits = int(max(room_bytes, 0) * CTX_MEMORY_SHARE) // (kv_per_token * max(slots, 1))
+    fits = fits // 1024 * 1024
+    if fits >= trained:
+        return ContextSize(trained, f"the model's trained context ({trained}), which memory holds")
+    if fits >= floor:
+        return ContextSize(
+            fits,
+            f"as much of the trained {trained} as half the memory beside the weights holds "
+            f"({kv_per_token} bytes of KV cache a token, {slots} slot(s))",
+        )
+    return ContextSize(
+        floor,
+        f"the least specreg gives: half the memory beside the weights holds {fits} tokens at "
+        f"{kv_per_token} bytes a token for {slots} slot(s); give --ctx to choose",
+    )
+
+
+def model_context(
+    con: duckdb.DuckDBPyConnection,
+    target_id: str,
+    draft_id: str | None,
+    mem_bytes: int,
+    slots: int = 1,
+) -> ContextSize:
+    """`context_for` the registry's target (its trained context and KV cache shape) on a host
+    with `mem_bytes` of memory (0: unknown), beside the target's and the draft's weights."""
+    from specreg.registry.queries import get_model, model_kv
+
+    target = get_model(con, target_id)
+    if target is None:
+        return ContextSize(DEFAULT_CTX, f"the target is not in the registry: {DEFAULT_CTX}")
+    kv = {key: value for key, _, value in model_kv(con, target_id)}
+    draft = get_model(con, draft_id) if draft_id else None
+    weights = (target.n_bytes or 0) + (draft.n_bytes or 0 if draft is not None else 0)
+    room = mem_bytes - weights if mem_bytes > 0 else None
+    per_token = kv_bytes_per_token(target.architecture, kv)
+    found = context_for(target.context_length, per_token, room, slots)
+    return replace(found, kv_per_token=per_token or 0)

@@ -115,6 +115,7 @@ class PerplexityFailed(ServerFailed):
         super().__init__(kind, summary, message, log_path, returncode)
         if kind in HINTS:
             detail = f": {message}" if message else ""
+            # what is wrong is the text or the models, said in full: no log to read
             self.args = (f"{summary}{detail}; {HINTS[kind]}",)
 
     def __str__(self) -> str:

@@ -149,6 +149,15 @@ def spawn(
         ) from err
 
 
+def with_log(hint: str, log_path: Path | None) -> str:
+    """What to do next, led by the log to read when there is one: a one-line error is all a
+    user sees of a crash, and "see the server log" alone does not say where it is."""
+    if log_path is None:
+        return hint
+    bare = hint.replace("; see the server log", "").replace("see the server log; ", "")
+    return f"see the log {log_path}; {bare}"
+
+
 class ServerFailed(LlamaError):
     """llama-server failed; `kind` says how, `llama_message` is llama.cpp's own line."""
 
@@ -166,7 +175,9 @@ class ServerFailed(LlamaError):
         self.log_path = log_path
         self.returncode = returncode  # the process's exit code when it ended
         detail = f": {llama_message}" if llama_message else ""
-        super().__init__(f"{summary}{detail}; {HINTS.get(kind, HINTS['crash'])}")
+        super().__init__(
+            f"{summary}{detail}; {with_log(HINTS.get(kind, HINTS['crash']), log_path)}"
+        )
 
     def __reduce__(
         self,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specreg.home import specreg_home
+from specreg.host import progress
 from specreg.recommender.predictor import SpeedPredictor, write_json
 from specreg.recommender.prior import DATA_VERSION, Observation, load_prior
 
@@ -141,7 +142,9 @@ def cached_fit(local: list[Observation] | tuple[Observation, ...] = ()) -> Speed
             return SpeedPredictor.load(path)
         except (OSError, ValueError, KeyError, TypeError) as err:  # refitted, never fatal
             log.warning("refitting the recommender (cached %s unreadable: %s)", path, err)
-    model = fit(local).predictor()
+    # the first recommend on a registry fits for seconds: say so, where a listener shows it
+    with progress.task(f"fitting the recommender on the prior and {len(local)} runs (once)"):
+        model = fit(local).predictor()
     for old in path.parent.glob(CACHE_GLOB):  # one cached fit is enough
         old.unlink(missing_ok=True)
     model.save(path)

@@ -20,7 +20,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -127,14 +127,18 @@ def _not_a_file(mode: int) -> str:
     return "not a regular file: not opened"
 
 
-def discover(roots: Sequence[Path], *, all_files: bool = False) -> Found:
+def discover(
+    roots: Sequence[Path], *, all_files: bool = False, by_magic: Collection[Path] = ()
+) -> Found:
     """Walk the roots. Only regular files are ever opened; anything else that carries a GGUF
-    name (a FIFO, a folder, a device) is reported, never read."""
+    name (a FIFO, a folder, a device) is reported, never read. Files without a .gguf name are
+    checked by magic under every root with `all_files`, else under the roots `by_magic` (a
+    store such as Ollama's, whose blobs have no name)."""
     found: dict[str, list[str]] = {}
     issues: list[ScanIssue] = []
     seen_dirs: set[tuple[int, int]] = set()
 
-    def consider(path: str, *, named: bool = False) -> None:
+    def consider(path: str, *, named: bool = False, all_files: bool = all_files) -> None:
         try:
             is_link = os.path.islink(path)
             real = os.path.realpath(path)
@@ -163,6 +167,7 @@ def discover(roots: Sequence[Path], *, all_files: bool = False) -> Found:
         issues.append(issue(err.filename or "?", UNREADABLE, err.strerror or str(err)))
 
     for root in roots:
+        magic = all_files or root in by_magic
         root_s = str(root)
         if not os.path.lexists(root_s):
             raise UsageError(f"{root_s} does not exist: give a folder or .gguf file to scan")
@@ -187,8 +192,8 @@ def discover(roots: Sequence[Path], *, all_files: bool = False) -> Found:
                         issue(os.path.join(here, name), NOT_A_FILE, _not_a_file(stat.S_IFDIR))
                     )
             for name in sorted(filenames):
-                if _is_candidate(name, all_files):
-                    consider(os.path.join(here, name))
+                if _is_candidate(name, magic):
+                    consider(os.path.join(here, name), all_files=magic)
     return Found(found, issues)
 
 
@@ -627,14 +632,17 @@ def scan_paths(
     *,
     all_files: bool = False,
     progress: ProgressFn | None = None,
+    by_magic: Collection[str | os.PathLike[str]] = (),
 ) -> ScanResult:
-    """Bring the registry up to date with the GGUF files under `roots`."""
+    """Bring the registry up to date with the GGUF files under `roots` (files without a .gguf
+    name too under every root with `all_files`, or under the roots `by_magic`)."""
     t0 = time.perf_counter()
     started = datetime.now(timezone.utc)
     root_paths = [Path(os.path.abspath(r)) for r in roots]
     if not root_paths:
         raise UsageError("nothing to scan: give at least one folder or .gguf file")
-    found = discover(root_paths, all_files=all_files)
+    magic = {Path(os.path.abspath(r)) for r in by_magic}
+    found = discover(root_paths, all_files=all_files, by_magic=magic)
     known = store.known_files(con)
     scan_id = store.next_scan_id(con)
     files, clashes = classify(found, known)

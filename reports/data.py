@@ -10,7 +10,8 @@ Numbers stay raw (bytes as int, tokens/s as float); strings for people are prope
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -256,6 +257,8 @@ class SiteData:
     graph_edges: int
     targets: tuple[TargetView, ...]
     runs: tuple[RunView, ...]
+    # ordered pairs per verdict as `specreg audit` counts them (every model with every other)
+    audit_counts: Mapping[str, int] = field(default_factory=dict)
 
     def part(self, name: str) -> PartStatus:
         for p in self.parts:
@@ -267,12 +270,12 @@ class SiteData:
 @dataclass(frozen=True)
 class SiteResult:
     JSON_KIND = "report"
-    JSON_VERSION = "1"
+    JSON_VERSION = "2"  # 2: n_pairs counts every ordered pair, as `specreg audit` does
 
     out_dir: Path
     pages: tuple[Path, ...]
     n_models: int
-    n_pairs: int
+    n_pairs: int  # ordered (target, draft) pairs audited, as `specreg audit` counts them
     n_runs: int
     n_plots: int
     n_plots_cached: int

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -114,6 +114,8 @@ class AuditPart:
     matrix: Matrix | None
     graph: Any  # networkx.Graph of compatible pairs, or None
     status: PartStatus
+    # ordered pairs per verdict, every model with every other both ways: `specreg audit`'s count
+    counts: Mapping[str, int] = field(default_factory=dict)
 
 
 def gather_audit(
@@ -135,7 +137,7 @@ def gather_audit(
     matrix = build_matrix(models, pairs, explain)
     note = "" if len(models) > 1 else "fewer than two models: no pairs to audit"
     status = PartStatus("auditor", True, note, detail=f"llama.cpp rules: {result.rules_label}")
-    return AuditPart(pairs, matrix, graph, status)
+    return AuditPart(pairs, matrix, graph, status, dict(result.counts))
 
 
 class Explainer:

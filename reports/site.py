@@ -87,7 +87,7 @@ def build_site(
         out_dir=Path(out_dir),
         pages=tuple(pages),
         n_models=len(site.models),
-        n_pairs=len(site.pairs),
+        n_pairs=sum(site.audit_counts.values()),
         n_runs=len(site.runs),
         n_plots=figures.drawn + figures.hits,
         n_plots_cached=figures.hits,
@@ -131,6 +131,7 @@ def gather_site(
         parts=parts,
         pairs=audit.pairs,
         matrix=audit.matrix,
+        audit_counts=audit.counts,
         graph_svg=graph_svg,
         graph_edges=graph_edges,
         targets=tuple(targets),
@@ -385,6 +386,8 @@ def render_site(site: SiteData, out_dir: Path, *, template_cache: Path | None = 
     # matrix rows are strings of verdict-code digits
     digits = Counter("".join(site.matrix.codes) if site.matrix else "")
     counts = {c: digits[str(c)] for c in VERDICT_LABELS}
+    # the headline counts what `specreg audit` counts: every ordered pair
+    usable = sum(site.audit_counts.get(v, 0) for v in ("compatible", "compatible-with-warnings"))
     write(
         "index.html",
         "overview.html.j2",
@@ -392,8 +395,9 @@ def render_site(site: SiteData, out_dir: Path, *, template_cache: Path | None = 
         models_sorted=sorted(
             site.models, key=lambda m: (m.record.architecture or "", -m.n_params, m.name)
         ),
-        usable_pairs=counts[1] + counts[2],
-        audited_pairs=sum(counts[c] for c in (1, 2, 3, 4)),
+        usable_pairs=usable,
+        audited_pairs=sum(site.audit_counts.values()),
+        matrix_pairs=sum(counts[c] for c in (1, 2, 3, 4)),
     )
     write(
         "matrix.html",

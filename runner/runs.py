@@ -20,7 +20,7 @@ import duckdb
 from specreg.errors import UsageError, param
 from specreg.host.load import preflight
 from specreg.host.machine import Host
-from specreg.llama.config import DEFAULT_CTX, DEFAULT_SEED, Config
+from specreg.llama.config import DEFAULT_CTX, DEFAULT_SEED, Config, user_server_args
 from specreg.llama.install import LlamaInstall
 from specreg.llamacpp import NGRAM_CACHE_DRAFT_MAX
 from specreg.registry.lookup_caches import LookupCache
@@ -130,6 +130,7 @@ class RunRequest:
     lookup_cache: str | None = None
     prompts: Prompts = field(default_factory=Prompts)
     force: bool = False
+    server_args: tuple[str, ...] = ()  # llama-server flags of the user's own (--server-arg)
 
     def config(self) -> Config:
         """The configuration asked for, its speculative type implied when not given."""
@@ -145,6 +146,7 @@ class RunRequest:
             spec_type=spec_type, k=self.k, p_min=self.p_min, draft_threads=self.draft_threads,
             experts=self.experts, temperature=self.temperature, seed=self.seed, ctx=self.ctx,
             type_k=self.type_k,
+            server_args=user_server_args(self.server_args, param("server_args")).args,
         )  # fmt: skip
 
 
@@ -222,6 +224,11 @@ def plan(
             "model or an n-gram method"
         )
     _check_warm(config, chosen, spec.workload, settings.warm_first)
+    if config.server_args and chosen != ENGINE_SERVER:
+        raise UsageError(
+            f"{param('server_args')} adds llama-server flags, and {config.spec_type} runs on "
+            f"{chosen} here: drop them, or pass {param('engine')} llama-server"
+        )
     if chosen != ENGINE_SERVER:
         how = "its own n-gram cache lookup" if chosen == LOOKUP else "draft-model speculation"
         notes.append(

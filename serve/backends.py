@@ -377,7 +377,7 @@ class BackendPool:
     def estimate(self, backend: Backend) -> int:
         """What `backend` will hold once running: its own last measurement, else a running
         sibling's (same target: the same weights, shared in the page cache), else its model
-        files and ANON_ESTIMATE."""
+        files, the KV cache its context takes, and ANON_ESTIMATE."""
         if backend.last_pss:
             return backend.last_pss
         spec = backend.spec
@@ -389,7 +389,7 @@ class BackendPool:
         ]  # fmt: skip
         if any(siblings):
             return max(siblings)
-        return file_bytes(spec.target.path, spec.draft_path) + ANON_ESTIMATE
+        return file_bytes(spec.target.path, spec.draft_path) + spec.kv_bytes + ANON_ESTIMATE
 
     def used(self, *, but: Backend | None = None) -> int:
         return sum(b.measure() or 0 for b in self.backends.values() if b.running and b is not but)

@@ -92,15 +92,7 @@ def file_bytes(*paths: str | None) -> int:
 
 
 def budget_str(n: int | None) -> str:
-    return "none" if n is None else f"{n / 2**30:.2f} GiB"
+    """In GB, the unit of every size specreg prints (specreg.units)."""
+    from specreg.registry.queries import human_bytes
 
-
-def parse_size(text: str) -> int:
-    """`8G`, `512M`, `1.5GiB`, `123456` (bytes) -> bytes; ValueError otherwise."""
-    units = {"": 1, "K": KIB, "M": KIB**2, "G": KIB**3, "T": KIB**4}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = t[-1:] if t[-1:] in units and t[-1:] != "" and not t[-1:].isdigit() else ""
-    number = float(t[:-1] if unit else t)
-    if number <= 0:
-        raise ValueError(text)
-    return int(number * units[unit])
+    return "none" if n is None else human_bytes(n)

@@ -24,7 +24,14 @@ from specreg.host.machine import Host
 from specreg.host.placement import launch_flags, launch_prefix
 from specreg.host.topology import Placement
 from specreg.jsonout import document
-from specreg.llama.config import SPEC_NONE, SPEC_TYPES, Config, server_argv
+from specreg.llama.config import (
+    SPEC_NONE,
+    SPEC_TYPES,
+    Config,
+    ServerArgs,
+    model_context,
+    server_argv,
+)
 from specreg.llama.install import LlamaInstall
 from specreg.llama.options import option_config
 from specreg.llamacpp import Flag, ServerFlag
@@ -100,6 +107,10 @@ class BackendSpec:
     slots: int = DEFAULT_PARALLEL  # requests it decodes at once (llama-server -np)
     # The cores it runs on (threads, CPUs, memory policy); None: every CPU serve may use.
     placement: Placement | None = None
+    ctx_why: str = ""  # why each request gets config.ctx tokens of context
+    kv_bytes: int = 0  # the KV cache its context takes in all (0: unknown)
+    # the user's own llama-server flags in `flags`, each set with where it was given
+    server_args: tuple[ServerArgs, ...] = ()
 
     @property
     def cpus(self) -> tuple[int, ...]:
@@ -160,7 +171,7 @@ class RouteTable:
     `candidates` what the adaptive policy chooses among (empty under --policy fixed)."""
 
     JSON_KIND = "serve-routes"
-    JSON_VERSION = "4"  # 4: the host's figures (noise, pass factor) and where each came from
+    JSON_VERSION = "5"  # 3: slots, placement; 4: host figures and sources; 5: ctx, server_args
 
     targets: tuple[Target, ...]
     routes: tuple[Route, ...]
@@ -211,6 +222,8 @@ class RouteTable:
                         "argv": list(b.argv),
                         "command": b.command,
                         "slots": b.slots,
+                        "ctx": {"tokens": b.config.ctx, "why": b.ctx_why},
+                        "server_args": [a.to_json() for a in b.server_args],
                         "placement": b.placement.to_json() if b.placement else None,
                         "tasks": [r.task for r in self.routes if r.backend == b.name],
                     }
@@ -246,6 +259,21 @@ def _role_for(spec: Spec | None, target: ModelRecord) -> RoleDecl | None:
         if decl is not None and decl.id == target.model_id:
             return role
     return None
+
+
+def _server_args(spec: Spec | None, target: ModelRecord, shape: Shape) -> tuple[ServerArgs, ...]:
+    """The user's own llama-server flags for `target`'s backends, in the order they are
+    added (a later one of a flag wins in llama.cpp): specreg.yaml's for the model, for its
+    role, then `serve --server-arg`."""
+    found: list[ServerArgs] = []
+    decl = spec.model(target.model_id) if spec is not None else None
+    role = _role_for(spec, target)
+    for given in (decl.server_args if decl else None, role.server_args if role else None):
+        if given is not None:
+            found.append(ServerArgs(given.args, str(given.where)))
+    if shape.server_args is not None and shape.server_args.args:
+        found.append(shape.server_args)
+    return tuple(found)
 
 
 def _pinned(role: RoleDecl | None, task: str) -> tuple[PinnedConfig, ...]:
@@ -477,8 +505,13 @@ def _backend(
     config: Config,
     draft: ModelRecord | None,
     shape: Shape,
+    ctx_why: str = "",
+    server_args: tuple[ServerArgs, ...] = (),
+    kv_per_token: int = 0,
 ) -> BackendSpec:
-    """The backend running `config` for `target`: the existing one with the same flags."""
+    """The backend running `config` for `target`: the existing one with the same flags.
+    `ctx_why` says why config.ctx; `server_args` are the user's own flags config carries, each
+    with its origin."""
     draft_path = Path(draft.path) if draft is not None else None
     place = shape.placement
     if place is not None and config.threads is None:
@@ -516,6 +549,9 @@ def _backend(
             flags=flags,
             slots=shape.slots,
             placement=place,
+            ctx_why=ctx_why,
+            server_args=server_args,
+            kv_bytes=kv_per_token * config.ctx * shape.slots,
         )
     return backends[key]
 
@@ -531,13 +567,15 @@ def _pinning(place: Placement, config: Config, host: Host) -> list[str]:
 @dataclass(frozen=True)
 class Shape:
     """How every backend runs: its slots, the cores it is placed on (None: anywhere), its
-    threads (None: one per core of the placement) and context per request (None: the
-    configuration's)."""
+    threads (None: one per core of the placement), context per request (None: what the
+    target's trained context and the host's memory allow: `model_context`) and the user's own
+    llama-server flags (`serve --server-arg`, after specreg.yaml's)."""
 
     slots: int = DEFAULT_PARALLEL
     placement: Placement | None = None
     threads: int | None = None
     ctx: int | None = None
+    server_args: ServerArgs | None = None
 
 
 def plan_routes(
@@ -590,6 +628,7 @@ def plan_routes(
     for rec in records:
         target = _target(rec, spec, taken)
         out_targets.append(target)
+        extra = _server_args(spec, rec, shape)
         for task in TASKS:
             choice = _choose(con, advisor, spec, pins, rec, task)
             if policy == POLICY_FIXED and choice.members:
@@ -598,12 +637,19 @@ def plan_routes(
                 )
 
             def backend_of(
-                config: Config, draft: ModelRecord | None, target: Target = target
+                config: Config,
+                draft: ModelRecord | None,
+                target: Target = target,
+                extra: tuple[ServerArgs, ...] = extra,
             ) -> BackendSpec:
-                config = config.with_(
-                    threads=shape.threads, **({"ctx": shape.ctx} if shape.ctx else {})
-                )
-                return _backend(backends, install, host, target, config, draft, shape)
+                draft_id = draft.model_id if draft is not None else None
+                found = model_context(con, target.model_id, draft_id, host.mem_bytes,
+                                      shape.slots)  # fmt: skip
+                ctx, why = (shape.ctx, "serve --ctx") if shape.ctx else (found.tokens, found.why)
+                args = tuple(a for e in extra for a in e.args)
+                config = config.with_(threads=shape.threads, ctx=ctx, server_args=args)
+                return _backend(backends, install, host, target, config, draft, shape, why, extra,
+                                found.kv_per_token)  # fmt: skip
 
             b = backend_of(choice.config, choice.draft)
             routes.append(
@@ -722,10 +768,13 @@ def cache_candidate(
         threads=base.config.threads,
         ctx=base.config.ctx,
         temperature=0.0,
+        server_args=base.config.server_args,
     )
     existing = {(str(install.server), *b.flags): b for b in table.backends}
+    per_token = base.kv_bytes // max(base.config.ctx * base.slots, 1)
     spec = _backend(existing, install, host, base.target, config, None,
-                    Shape(base.slots, base.placement))  # fmt: skip
+                    Shape(base.slots, base.placement), base.ctx_why,
+                    base.server_args, per_token)  # fmt: skip
     label = f"ngram-cache {Path(cache_path).stem}"
     candidate = CandidateRoute(
         target, task, spec.name, label, KIND_CACHE, f"ngram-cache@{Path(cache_path).stem}",

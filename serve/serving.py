@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from specreg.errors import UsageError
 from specreg.home import logs_dir
 from specreg.host.machine import Host
+from specreg.llama.config import user_server_args
 from specreg.llama.install import LlamaInstall
 from specreg.llama.server import STARTUP_TIMEOUT_S
 from specreg.llamacpp import keeps_state
@@ -33,7 +34,7 @@ from specreg.serve.app import DEFAULT_MAX_BODY, KIND_SERVE, REQUEST_TIMEOUT_S, S
 from specreg.serve.backends import DEFAULT_MAX_QUEUE, BackendPool, BackendStatus
 from specreg.serve.classify import fitted_classifier
 from specreg.serve.loadpolicy import LoadModel, load_model_for
-from specreg.serve.memory import default_budget, parse_size
+from specreg.serve.memory import default_budget
 from specreg.serve.policy import KIND_PLAIN
 from specreg.serve.pooled import PooledState
 from specreg.serve.recorder import RunRecorder
@@ -97,7 +98,7 @@ class ServeOptions:
         bind: str,
         api_keys: Sequence[str] = (),
         keys_file: Path | None = None,
-        memory_budget: str | None = None,
+        memory_budget: int | None = None,
         no_record: bool = False,
         policy: str = POLICY_ADAPTIVE,
         **given: Any,
@@ -107,7 +108,7 @@ class ServeOptions:
         public on purpose (`UsageError` says which flag to add)."""
         keys = frozenset(k for k in (*api_keys, *read_keys(keys_file)) if k)
         made = cls(
-            host=bind, keys=keys, memory_budget=parse_budget(memory_budget),
+            host=bind, keys=keys, memory_budget=check_budget(memory_budget),
             record=not no_record, **given,
         )  # fmt: skip
         if not made.loopback and not keys and not made.public:
@@ -143,13 +144,18 @@ def read_keys(path: Path | None) -> list[str]:
     return keys
 
 
-def parse_budget(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return parse_size(text)
-    except ValueError as err:
-        raise UsageError(f"--memory-budget {text!r}: write a size such as 16G or 512M") from err
+def check_budget(budget: int | None, proc: Path = Path("/proc")) -> int | None:
+    """A memory budget (bytes) no larger than this host's memory, where backends run."""
+    from specreg.host.machine import read_meminfo
+    from specreg.registry.queries import human_bytes
+
+    total = read_meminfo(proc).get("MemTotal", 0)
+    if budget is not None and total and budget > total:
+        raise UsageError(
+            f"--memory-budget {human_bytes(budget)} is more than this host's {human_bytes(total)} "
+            "of memory: give less, or leave it out (90% of the memory available at start)"
+        )
+    return budget
 
 
 def is_loopback(host: str) -> bool:
@@ -203,7 +209,8 @@ class ServePlan:
     llama_bin: Path | None = None
     host_query: HostQuery | None = None  # another host's facts (a dry run for it)
     threads: int | None = None
-    ctx: int | None = None
+    ctx: int | None = None  # None: what the target's trained context and the memory allow
+    server_args: Sequence[str] = ()  # serve --server-arg: llama-server flags of the user's own
     parallel: int = DEFAULT_PARALLEL
     policy: str = POLICY_ADAPTIVE
     dry_run: bool = False  # plan only: no llama.cpp build is needed
@@ -228,7 +235,9 @@ def prepare(db_path: Path, targets: Sequence[str], plan: ServePlan = ServePlan()
         # The adaptive policy replays the served runs as its own evidence: priors drawn from a
         # recommender that had read them too would count each request twice.
         advisor = open_advisor(con, facts, without=(KIND_SERVE,) if adaptive else ())
-        shape = Shape(plan.parallel, full_placement(host, plan.host_query), plan.threads, plan.ctx)
+        own = user_server_args(plan.server_args, "serve --server-arg") if plan.server_args else None
+        place = full_placement(host, plan.host_query)
+        shape = Shape(plan.parallel, place, plan.threads, plan.ctx, own)
         table = plan_routes(
             con, install, host, advisor, targets, spec=spec, pins=parsed, shape=shape,
             policy=plan.policy,

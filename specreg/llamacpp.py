@@ -168,6 +168,53 @@ LONG_NAMES: Mapping[str, str] = MappingProxyType(
     }
 )
 
+# What specreg writes itself in a llama-server command, by every spelling the pinned build takes
+# (common/arg.cpp), with what sets it instead. A user's own flags (specreg.yaml's
+# llama_server_args, `--server-arg`) may not set them: what specreg measures, routes and records
+# would no longer be what runs.
+_SETS = {
+    "the target model (TARGET)": ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr",
+                                  "--hf-repo", "-hff", "--hf-file", "-dr", "--docker-repo"),
+    "the context per request (--ctx)": ("-c", "--ctx-size"),
+    "the threads (--threads)": ("-t", "--threads", "-tb", "--threads-batch"),
+    "the slots (serve --parallel)": ("-np", "--parallel"),
+    "the address (specreg picks a free port; serve --host/--port for its own)": (
+        "--host", "--port"),
+    "the model's name in /v1/models (the target's name)": ("-a", "--alias"),
+    "the /metrics endpoint specreg reads": ("--metrics",),
+    "the log verbosity specreg reads its figures from": ("-lv", "--verbosity",
+                                                          "--log-verbosity"),
+    "the API key (serve --api-key guards serve; a backend key would lock serve out)": (
+        "--api-key", "--api-key-file"),
+    "the experts per token (--experts)": ("--override-kv",),
+    "the cores it runs on (serve's placement)": ("-C", "--cpu-mask", "-Cr", "--cpu-range",
+                                                  "--cpu-strict"),
+    "the lookup cache (--lookup-cache)": ("-lcs", "--lookup-cache-static", "-lcd",
+                                          "--lookup-cache-dynamic"),
+    "the draft model (--draft)": ("-md", "--model-draft", "-td", "--threads-draft", "-tbd",
+                                  "--threads-batch-draft", "-cd", "--ctx-size-draft"),
+}  # fmt: skip
+RESERVED_SERVER_FLAGS: Mapping[str, str] = MappingProxyType(
+    {flag: what for what, flags in _SETS.items() for flag in flags}
+)
+# Whole families of flags: speculation is a configuration (spec_type, draft, K), never a flag.
+RESERVED_SERVER_PREFIXES: Mapping[str, str] = MappingProxyType(
+    {
+        "--spec-": "the speculative configuration (--spec-type, --k, specreg.yaml's configs)",
+        "--draft": "the speculative configuration (--spec-type, --k, specreg.yaml's configs)",
+    }
+)
+
+
+def reserved_server_flag(flag: str) -> str | None:
+    """What sets `flag` (`--port` or `--port=8080`) instead of a user's own llama-server flags,
+    when specreg writes it itself; None for a flag a user may add."""
+    name = flag.split("=", 1)[0]
+    if name in RESERVED_SERVER_FLAGS:
+        return RESERVED_SERVER_FLAGS[name]
+    return next((w for p, w in RESERVED_SERVER_PREFIXES.items() if name.startswith(p)), None)
+
+
 # --- n-gram parameters and the K of every type (the pinned build) ---------------------------
 
 
@@ -259,11 +306,11 @@ class Dialect:
 
     @property
     def draft_flags(self) -> tuple[str, ...]:
-        """The flags before a draft file that turn draft-model speculation on (the short
-        `-md`, which every build takes)."""
+        """The flags before a draft file that turn draft-model speculation on, spelled as every
+        command specreg prints spells them in this dialect (`draft_model`)."""
         if self.spec_type:
-            return (self.spec_type, SPEC_DRAFT_SIMPLE, Flag.DRAFT_MODEL)
-        return (Flag.DRAFT_MODEL,)
+            return (self.spec_type, SPEC_DRAFT_SIMPLE, self.draft_model)
+        return (self.draft_model,)
 
     def spec_type_flags(self, spec_type: str) -> tuple[str, ...]:
         return (self.spec_type, spec_type) if self.spec_type else ()

@@ -605,8 +605,8 @@ def _check_where(cluster: Cluster, host_query: HostQuery | None) -> None:
 
     if host_query is not None and host_query.elsewhere:
         raise UsageError(
-            f"tune measures on this machine: {param('host_facts')} and {param('cores')} "
-            f"describe another host, for {param('dry_run')}"
+            f"tune measures on this machine: {param('host_facts')}, {param('cores')} and "
+            f"{param('memory')} describe another host, for {param('dry_run')}"
         )
     if cluster.address is None and not cluster.hosts:
         return

@@ -44,6 +44,16 @@ from specreg.terms import (
     STARTUP_TIMEOUT_S,
 )
 from specreg.text import ABOVE_C0, SURROGATES, TEXT_LIMIT, clip, terminal_safe
+from specreg.units import (
+    MAX_BANDWIDTH_GBS,
+    MAX_CORES,
+    MAX_CTX,
+    MAX_MEMORY_BYTES,
+    MAX_SLOTS,
+    MAX_TEMPERATURE,
+    MAX_THREADS,
+    parse_size,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -53,12 +63,22 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# Where the group's own `--db` (`specreg --db FILE models`) waits for the command's.
+DB_META = "specreg.db"
+
+
+def _group_db(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """A command's --db, else the one given before the command (`specreg --db FILE CMD`)."""
+    return value if value is not None else ctx.meta.get(DB_META)
+
+
 def db_option(func: F) -> F:
     return click.option(
         "--db",
         "db_path",
         type=click.Path(dir_okay=False, path_type=Path),
         default=None,
+        callback=_group_db,
         help="Registry database (default: $SPECREG_HOME/registry.duckdb).",
     )(func)
 
@@ -231,12 +251,13 @@ def _declared_aliases(path: Path, mtime_ns: int) -> dict[str, str]:
 
 
 class FiniteFloat(click.ParamType):
-    """A finite number of at least `min` (temperatures, bandwidths)."""
+    """A finite number of at least `min` and at most `max` (temperatures, bandwidths)."""
 
     name = "number"
 
-    def __init__(self, min: float = 0.0) -> None:
+    def __init__(self, min: float = 0.0, max: float | None = None) -> None:
         self.min = min
+        self.max = max
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
@@ -247,7 +268,32 @@ class FiniteFloat(click.ParamType):
             self.fail(f"{value!r} is not a number", param, ctx)
         if not math.isfinite(number) or number < self.min:
             self.fail(f"{value} is not a number of at least {self.min:g}", param, ctx)
+        if self.max is not None and number > self.max:
+            self.fail(f"{value} is not a number from {self.min:g} to {self.max:g}", param, ctx)
         return number
+
+
+class ByteSize(click.ParamType):
+    """A size like 16G, 512MB or 1.5GiB (GB: 10^9 bytes, GiB: 2^30; `specreg.units`), at
+    most `most` bytes; the command gets bytes."""
+
+    name = "size"
+
+    def __init__(self, most: int = MAX_MEMORY_BYTES) -> None:
+        self.most = most
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        from specreg.registry.queries import human_bytes
+
+        try:
+            size = parse_size(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not a size such as 16G, 512M or 1.5GiB", param, ctx)
+        if size > self.most:
+            self.fail(f"{value} is more than {human_bytes(self.most)}, past any host", param, ctx)
+        return size
 
 
 _COUNT_UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
@@ -328,8 +374,45 @@ class TypeK(click.ParamType):
         return name.strip(), int(k)
 
 
+class Address(click.ParamType):
+    """An address to listen on: an IP address, `localhost` or a host name (RFC 1123)."""
+
+    name = "address"
+    _LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        import ipaddress
+
+        text = str(value).strip()
+        try:
+            return str(ipaddress.ip_address(text.strip("[]")))
+        except ValueError:
+            pass
+        labels = text.rstrip(".").split(".")
+        named = len(text) <= 253 and all(self._LABEL.match(label) for label in labels)
+        if not named or labels[-1].isdigit():  # 999.1.1.1 is no name and no IPv4 address
+            self.fail(
+                f"{value!r} is not an IP address or a host name (e.g. 127.0.0.1, 0.0.0.0, ::1)",
+                param,
+                ctx,
+            )
+        return text
+
+
 MODEL = ModelRef()
-TEMPERATURE = FiniteFloat(0.0)
+ADDRESS = Address()
+TEMPERATURE = FiniteFloat(0.0, MAX_TEMPERATURE)
+# Bounds past which no host or model goes (specreg.units): a usage error before anything starts.
+PORT = click.IntRange(1, 65535)
+CTX = click.IntRange(1, MAX_CTX)
+SLOTS = click.IntRange(1, MAX_SLOTS)
+THREADS = click.IntRange(1, MAX_THREADS)
+# As specreg.yaml bounds them (declare/spec.py): drafted tokens per step, experts per token.
+DRAFT_K = click.IntRange(1, 256)
+EXPERTS = click.IntRange(1, 1024)
+SEED = click.IntRange(0, 2**32 - 1)  # llama.cpp's seed is 32 bits
+CORES = click.IntRange(1, MAX_CORES)
+SIZE = ByteSize()
 PARAM_COUNT = ParamCount()
 SPEC_STACK = SpecStack()
 TYPE_K = TypeK()
@@ -360,7 +443,7 @@ _MEASURING: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     ),
     "threads": (
         ("--threads",),
-        dict(type=POSITIVE, default=None, help="llama.cpp threads (default: physical cores)."),
+        dict(type=THREADS, default=None, help="llama.cpp threads (default: physical cores)."),
     ),
     "startup_timeout": (
         ("--timeout", "startup_timeout"),
@@ -442,6 +525,21 @@ def settings_options(*names: str, **changes: dict[str, Any]) -> Any:
     return option_group("settings", settings, *options)
 
 
+def server_arg_option(func: F | None = None) -> Any:
+    """`--server-arg ARGS` (repeatable): llama-server flags of the user's own, after
+    specreg's; a flag specreg sets itself is a usage error (specreg.llamacpp)."""
+    option = click.option(
+        "--server-arg",
+        "server_args",
+        multiple=True,
+        metavar="ARGS",
+        help="llama-server flags of your own, after specreg's, e.g. --server-arg=--mlock or "
+        "--server-arg '--cache-type-k q8_0' (repeatable); not the ones specreg sets (-m, -c, "
+        "-t, -np, --port, the speculative flags: their own options say them).",
+    )
+    return option if func is None else option(func)
+
+
 def prompts_options() -> list[Any]:
     """--task, --prompts and --max-prompts: the prompts a run or a sweep measures (for an
     `option_group`, whose maker hands their values to `prompts_of`)."""
@@ -505,14 +603,14 @@ def n_predict_option(func: F | None = None, **changes: Any) -> Any:
 
 # --- the host a command predicts for ------------------------------------------------------
 
-BANDWIDTH = FiniteFloat(min=0.001)
+BANDWIDTH = FiniteFloat(min=0.001, max=MAX_BANDWIDTH_GBS)
 
 
 def host_facts_options(func: F) -> F:
-    """`--host-facts FILE`, `--cores N` and `--bandwidth GB/s`: the host a command predicts
-    for (default: this machine, $SPECREG_HOST_FACTS honoured), handed to the command as one
-    `host_query` (specreg.host.facts.HostQuery). The same facts give the speed model its cores
-    and the printed commands their `-t`."""
+    """`--host-facts FILE`, `--cores N`, `--bandwidth GB/s` and `--memory SIZE`: the host a
+    command predicts for (default: this machine, $SPECREG_HOST_FACTS honoured), handed to the
+    command as one `host_query` (specreg.host.facts.HostQuery). The same facts give the speed
+    model its cores, the printed commands their `-t`, and the advice what fits in memory."""
 
     @functools.wraps(func)
     def command(
@@ -520,11 +618,13 @@ def host_facts_options(func: F) -> F:
         host_facts: Path | None,
         cores: int | None,
         bandwidth: float | None,
+        memory: int | None,
         **kwargs: Any,
     ) -> Any:
         from specreg.host.facts import HostQuery
 
-        return func(*args, host_query=HostQuery(bandwidth, cores, host_facts), **kwargs)
+        query = HostQuery(bandwidth, cores, host_facts, memory)
+        return func(*args, host_query=query, **kwargs)
 
     options = [
         click.option(
@@ -537,7 +637,7 @@ def host_facts_options(func: F) -> F:
         ),
         click.option(
             "--cores",
-            type=click.IntRange(min=1),
+            type=CORES,
             default=None,
             metavar="N",
             help="Physical cores of the host to predict for (and -t in the commands).",
@@ -549,6 +649,14 @@ def host_facts_options(func: F) -> F:
             metavar="GB/s",
             help="Memory bandwidth in GB/s (default: the facts' own, else what specreg doctor "
             "measured on this host, else one stored estimate).",
+        ),
+        click.option(
+            "--memory",
+            type=SIZE,
+            default=None,
+            metavar="SIZE",
+            help="Memory of the host to predict for, e.g. 768G (GB: 10^9 bytes), which decides "
+            "what fits (default: the facts' own, else this machine's).",
         ),
     ]
     for option in reversed(options):

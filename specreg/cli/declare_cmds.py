@@ -219,6 +219,12 @@ def export(
     from specreg.registry.db import opened
 
     spec, _ = load_spec(spec_path)
+    if not spec.roles:
+        raise UsageError(
+            f"{spec_path} declares no roles, so there is nothing to export: add one (a target "
+            "and its configs), or write a new file with `specreg init --spec NEW.yaml`, which "
+            "gives each target its best draft"
+        )
     with opened(resolve_db(db_path), read_only=True) as con:
         launches = build(con, spec, dialect=dialect, port=port_for(fmt), roles=roles)
     if as_json:
@@ -237,8 +243,10 @@ def export(
 @spec_option
 @db_option
 def init(spec_path: Path, db_path: Path | None) -> None:
-    """Write a commented specreg.yaml to start from, declaring the registry's models."""
-    from specreg.declare.deps import list_models
+    """Write a commented specreg.yaml to start from: the registry's models, the folders and
+    stores its scans read, and a role for each target with the draft `specreg drafts` ranks
+    first."""
+    from specreg.declare.deps import best_drafts, list_models, scanned_roots
     from specreg.declare.spec import load_spec
     from specreg.declare.templates import init_template
     from specreg.registry.db import opened
@@ -246,18 +254,21 @@ def init(spec_path: Path, db_path: Path | None) -> None:
     if spec_path.exists():
         raise UsageError(f"{spec_path} exists; edit it, or pass --spec NEW.yaml")
     db = resolve_db(db_path)
-    models = []
+    text = init_template([])
     if db.exists():
         with opened(db, read_only=True) as con:
-            models = list_models(con)
-    spec_path.write_text(init_template(models), encoding="utf-8")
+            text = init_template(list_models(con), scanned_roots(con), best_drafts(con))
+    spec_path.write_text(text, encoding="utf-8")
     spec, _ = load_spec(spec_path)  # what init writes must validate
     if not spec.models:
         console().print(f"wrote {spec_path}")
         return
+    roots = len(spec.roots) + len(spec.stores)
     console().print(
-        f"wrote {spec_path}, declaring the registry's {len(spec.models)} model(s); "
-        "`specreg plan` shows what changes from here"
+        f"wrote {spec_path}, declaring the registry's {len(spec.models)} model(s), "
+        f"{roots} folder(s) or store(s) to scan and {len(spec.roles)} role(s), each target "
+        "with its best draft; `specreg plan` shows what changes from here, `specreg export` "
+        "how to run them"
     )
 
 

@@ -114,17 +114,29 @@ def _bench(given: dict[str, Any]) -> Bench:
     ),
     click.option("--no-drafts", is_flag=True, help="Calibrate the target only."),
     click.option(
-        "--max-drafts", type=int, default=3, show_default=True, help="At most this many drafts."
+        "--max-drafts",
+        type=click.IntRange(0, 64),
+        default=3,
+        show_default=True,
+        help="At most this many drafts.",
     ),
 )
 @option_group(
     "bench",
     _bench,
     click.option(
-        "--repetitions", type=int, default=5, show_default=True, help="llama-bench -r per test."
+        "--repetitions",
+        type=click.IntRange(1, 1000),
+        default=5,
+        show_default=True,
+        help="llama-bench -r per test.",
     ),
     click.option(
-        "--gen-tokens", type=int, default=128, show_default=True, help="Tokens of plain generation."
+        "--gen-tokens",
+        type=click.IntRange(1, 1_000_000),
+        default=128,
+        show_default=True,
+        help="Tokens of plain generation.",
     ),
 )
 @settings_options(
@@ -132,7 +144,7 @@ def _bench(given: dict[str, Any]) -> Bench:
     "retries",
     "load",
     retries={
-        "type": int,
+        "type": click.IntRange(min=0),
         "help": "Measure a test again up to N times when other processes took CPU during it.",
     },
 )

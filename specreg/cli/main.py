@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -72,10 +73,34 @@ class LazyGroup(click.Group):
         return next((c for c in commands if c.name == cmd_name), None)
 
 
+def _takes_db(command: click.Command) -> bool:
+    if isinstance(command, click.Group):
+        return any(_takes_db(c) for c in command.commands.values())
+    return any(p.name == "db_path" for p in command.params)
+
+
 @click.group(cls=LazyGroup, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="specreg")
-def cli() -> None:
-    pass
+@click.option(
+    "--db",
+    "db_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="Registry database for the command, as its own --db (default: "
+    "$SPECREG_HOME/registry.duckdb).",
+)
+@click.pass_context
+def cli(ctx: click.Context, db_path: Path | None) -> None:
+    if db_path is None:
+        return
+    from specreg.cli.common import DB_META
+
+    name = ctx.invoked_subcommand
+    command = cli.get_command(ctx, name) if name else None
+    if command is not None and not _takes_db(command):
+        raise click.UsageError(f"`specreg {name}` uses no registry: leave out --db", ctx)
+    ctx.meta[DB_META] = db_path
 
 
 # How the CLI spells the core's parameters (specreg.errors.param): a core error names the
@@ -98,12 +123,14 @@ FLAGS = {
     "llama_bin": "--llama-bin",
     "lookup_cache": "--lookup-cache",
     "max_logits_gb": "--max-logits-gb",
+    "memory": "--memory",
     "p_min": "--p-min",
     "ray": "--ray",
     "repetitions": "--repetitions",
     "retries": "--retries",
     "retry_elsewhere": "--retry-elsewhere",
     "scored": "--scored",
+    "server_args": "--server-arg",
     "spec": "--spec",
     "spec_type": "--spec-type",
     "task": "--task",

@@ -11,7 +11,10 @@ import click
 from rich.table import Table
 
 from specreg.cli.common import (
+    EXPERTS,
     MODEL,
+    TEMPERATURE,
+    FiniteFloat,
     console,
     db_option,
     err_console,
@@ -27,6 +30,7 @@ from specreg.cli.common import (
 from specreg.cli.progress import measuring
 from specreg.errors import RunFailed
 from specreg.registry.db import opened
+from specreg.units import MAX_CTX, MAX_MEMORY_BYTES
 
 if TYPE_CHECKING:
     from specreg.quality.agreement import AgreementResult
@@ -38,20 +42,22 @@ F = Callable[..., Any]
 def _measure_options(func: F) -> F:
     options: list[Callable[[F], F]] = [
         click.option(
-            "--ctx", type=int, default=128, show_default=True,
+            "--ctx", type=click.IntRange(8, MAX_CTX), default=128, show_default=True,
             help="Chunk length; llama-perplexity scores the second half of each chunk.",
         ),
         click.option(
-            "--chunks", type=int, default=4, show_default=True,
+            "--chunks", type=click.IntRange(0, 1_000_000), default=4, show_default=True,
             help="Chunks scored per text (0: all of it).",
         ),
         threads_option,
         click.option(
-            "--timeout", type=float, default=900.0, show_default=True,
+            "--timeout", type=FiniteFloat(1.0, 7 * 24 * 3600.0), default=900.0,
+            show_default=True,
             help="Seconds one llama-perplexity call may take.",
         ),
         click.option(
-            "--max-logits-gb", type=float, default=1.0, show_default=True,
+            "--max-logits-gb", type=FiniteFloat(0.001, MAX_MEMORY_BYTES / 1e9), default=1.0,
+            show_default=True,
             help="Largest saved-logits file to write (about n_vocab x tokens x 2 bytes).",
         ),
         llama_bin_option,
@@ -68,8 +74,6 @@ def _measuring(kw: dict[str, Any]) -> Measuring:
     from specreg.llama.install import find_llama
     from specreg.quality.kld import Measuring
 
-    if kw["ctx"] < 8 or kw["chunks"] < 0:
-        raise click.BadParameter("--ctx must be at least 8 and --chunks at least 0")
     return Measuring(
         install=find_llama(kw["llama_bin"]),
         host=detect_host(),
@@ -84,7 +88,7 @@ def _measuring(kw: dict[str, Any]) -> Measuring:
 
 @click.command("quality")
 @click.argument("target", type=MODEL)
-@click.option("--experts", type=int, default=None, help="MoE experts used per token.")
+@click.option("--experts", type=EXPERTS, default=None, help="MoE experts used per token.")
 @click.option(
     "--against", "reference", type=MODEL, default=None,
     help="Lossless reference: the same model at another quantization (e.g. its Q8_0).",
@@ -113,7 +117,7 @@ def quality_cmd(**kw: Any) -> None:
             result = measure_quality(con, _measuring(kw), plan, texts)
     present(result, kw["as_json"], _print_quality)
     if not result.ok:
-        raise RunFailed("a quality measurement failed and was recorded: see the table")
+        _failed("quality", [p.error for p in result.points])
 
 
 @click.command("agree")
@@ -123,7 +127,7 @@ def quality_cmd(**kw: Any) -> None:
 @click.option(
     "--temp",
     "temperature",
-    type=float,
+    type=TEMPERATURE,
     default=0.0,
     show_default=True,
     help="Sampling temperature: above 0, acceptance is the target's probability of the "
@@ -174,7 +178,17 @@ def agree_cmd(**kw: Any) -> None:
             )
     present(result, kw["as_json"], _print_agreement)
     if not result.ok:
-        raise RunFailed("an agreement measurement failed and was recorded: see the table")
+        _failed("agreement", [p.error for p in result.points])
+
+
+def _failed(what: str, errors: list[str | None]) -> None:
+    """Exit 1 with the first failure's own line, which names its log."""
+    failed = [e for e in errors if e is not None]
+    first = failed[0] if failed else "see the table"
+    raise RunFailed(
+        f"{len(failed)} of {len(errors)} {what} measurements failed and were recorded "
+        f"(see the table); the first: {first}"
+    )
 
 
 def _pm(value: float | None, unc: float | None, fmt: str = ".4f", scale: float = 1.0) -> str:

@@ -103,13 +103,15 @@ def recommend_cmd(target: str, top: int, **kw: Any) -> None:
 
     Acceptance is measured agreement (`specreg agree`) for draft pairs without runs; under
     --policy speed each lossy option shows its quality cost (`specreg quality`, or predicted).
-    --host-facts, --cores and --bandwidth ask about another host (an EPYC from a laptop).
+    --host-facts, --cores, --bandwidth and --memory ask about another host (an EPYC from a
+    laptop).
     """
-    rec, commands = _recommend(
-        kw["db_path"], target, kw["host_query"], kw["llama_bin"], top, task=kw["task"],
-        policy=kw["policy"], temperature=kw["temp"], spec_type=kw["spec_type"],
-        max_kld=_kld_budget(kw["max_kld"], kw["role"], kw["spec_path"]),
-    )  # fmt: skip
+    with measuring(as_json=kw["as_json"]):  # the first call on a registry fits the model
+        rec, commands = _recommend(
+            kw["db_path"], target, kw["host_query"], kw["llama_bin"], top, task=kw["task"],
+            policy=kw["policy"], temperature=kw["temp"], spec_type=kw["spec_type"],
+            max_kld=_kld_budget(kw["max_kld"], kw["role"], kw["spec_path"]),
+        )  # fmt: skip
     if kw["as_json"]:
         emit_document(rec.to_json(commands, top))
     else:
@@ -202,9 +204,9 @@ def _print_recommendation(rec: Recommendation, commands: Sequence[str], top: int
 
 
 def _print_host(facts: HostFacts) -> None:
-    """The host predicted for: its cores and bandwidth, each with its source."""
+    """The host predicted for: its cores, bandwidth and memory, each with its source."""
     c = console()
-    c.print(f"host: {facts.cores_str}, {facts.bandwidth_str}")
+    c.print(f"host: {facts.cores_str}, {facts.bandwidth_str}, {facts.mem_str}")
     if facts.note:
         c.print(f"  ({facts.note})")
 
@@ -303,10 +305,11 @@ def _dry_run(request: TuneRequest, cluster: Cluster, kw: dict[str, Any]) -> None
 
     if cluster.address is not None or cluster.hosts:
         raise UsageError("--dry-run plans for this host or the host facts given, not --ray")
-    rec, commands = _recommend(
-        kw["db_path"], request.target, kw["host_query"], kw["llama_bin"], task=request.task,
-        policy=request.policy, spec_type=request.spec_type,
-    )  # fmt: skip
+    with measuring(as_json=kw["as_json"]):
+        rec, commands = _recommend(
+            kw["db_path"], request.target, kw["host_query"], kw["llama_bin"],
+            task=request.task, policy=request.policy, spec_type=request.spec_type,
+        )  # fmt: skip
     if kw["as_json"]:
         emit_document(rec.to_json(commands))
     else:

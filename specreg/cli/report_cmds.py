@@ -18,6 +18,7 @@ from specreg.cli.common import (
     resolve_db,
     task_option,
 )
+from specreg.cli.progress import measuring
 
 if TYPE_CHECKING:
     import duckdb
@@ -61,7 +62,8 @@ def report(**kw: Any) -> None:
     import time
 
     started = time.perf_counter()  # the fit of the recommender counts too
-    result = _site(kw, started)
+    with measuring(as_json=kw["as_json"]):  # the recommender's fit, the first time
+        result = _site(kw, started)
     present(result, kw["as_json"], _print_report)
     if kw["open_browser"]:
         click.launch(str(result.index))

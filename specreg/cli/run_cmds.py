@@ -9,10 +9,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from specreg.cli.common import (
+    CTX,
+    DRAFT_K,
+    EXPERTS,
     MODEL,
-    POSITIVE,
+    SEED,
     SPEC_STACK,
     TEMPERATURE,
+    THREADS,
     TYPE_K,
     console,
     db_option,
@@ -25,6 +29,7 @@ from specreg.cli.common import (
     prompts_of,
     prompts_options,
     resolve_db,
+    server_arg_option,
     settings_options,
 )
 from specreg.cli.progress import measuring
@@ -46,6 +51,7 @@ def _request(given: dict[str, Any]) -> RunRequest:
     from specreg.runner.runs import RunRequest
 
     given["type_k"] = tuple(given["type_k"])
+    given["server_args"] = tuple(given["server_args"])
     return RunRequest(prompts=prompts_of(given), **given)
 
 
@@ -75,12 +81,12 @@ _request_options = option_group(
         metavar="NAME",
         help="A workload cache (`specreg lookup-cache list`) for ngram-cache.",
     ),
-    click.option("--k", type=POSITIVE, default=None, help="Max draft length (--spec-draft-n-max)."),
+    click.option("--k", type=DRAFT_K, default=None, help="Max draft length (--spec-draft-n-max)."),
     click.option(
         "--p-min", type=click.FloatRange(0.0, 1.0), default=None, help="Min draft probability."
     ),
-    click.option("--draft-threads", type=POSITIVE, default=None, help="Threads for the draft."),
-    click.option("--experts", type=POSITIVE, default=None, help="MoE experts used per token."),
+    click.option("--draft-threads", type=THREADS, default=None, help="Threads for the draft."),
+    click.option("--experts", type=EXPERTS, default=None, help="MoE experts used per token."),
     click.option(
         "--temp",
         "temperature",
@@ -89,8 +95,9 @@ _request_options = option_group(
         show_default=True,
         help="Temperature.",
     ),  # fmt: skip
-    click.option("--seed", type=int, default=42, show_default=True),
-    click.option("--ctx", type=POSITIVE, default=4096, show_default=True, help="Context size."),
+    click.option("--seed", type=SEED, default=42, show_default=True),
+    click.option("--ctx", type=CTX, default=4096, show_default=True, help="Context size."),
+    server_arg_option(),
     *prompts_options(),
     click.option(
         "--force",

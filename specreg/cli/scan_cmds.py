@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--all-files", is_flag=True, help="Also check files without a .gguf name by magic.")
 @click.option("-v", "--verbose", is_flag=True, help="List every new, changed and removed file.")
 @db_option
@@ -39,28 +39,57 @@ if TYPE_CHECKING:
 def scan(
     paths: tuple[Path, ...], all_files: bool, verbose: bool, db_path: Path | None, as_json: bool
 ) -> None:
-    """Read GGUF headers under PATHS into the registry (incremental).
+    """Read GGUF headers under PATHS into the registry (incremental). Without PATHS, the model
+    stores found here: LM Studio's, the Hugging Face cache, llama.cpp's cache and Ollama's
+    (its blobs by magic), each named on stderr.
 
     Exit 1 if any file could not be read; the rest is recorded all the same.
     """
     from specreg.registry.db import opened
 
+    by_magic: tuple[Path, ...] = ()
+    if not paths:
+        paths, by_magic = _stores(quiet=as_json)
     with opened(resolve_db(db_path)) as con:
-        result = _scan(con, paths, all_files, progress=not as_json)
+        result = _scan(con, paths, all_files, by_magic, progress=not as_json)
     present(result, as_json, functools.partial(_print_scan, verbose=verbose))
     if not result.ok:
         raise click.exceptions.Exit(1)
 
 
+def _stores(*, quiet: bool) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+    """The model stores on this machine to scan, and those read by magic; each said on stderr
+    (unless `quiet`), none found a usage error that says where specreg looked."""
+    from specreg.errors import UsageError
+    from specreg.registry.stores import found_stores, where_stores_live
+
+    stores = found_stores()
+    if not stores:
+        raise UsageError(
+            f"no PATH given and no model store here ({where_stores_live()}): give the folders "
+            "or .gguf files to scan, e.g. `specreg scan ~/models`"
+        )
+    if not quiet:
+        err = err_console()
+        for s in stores:
+            err.print(f"scanning {s.label}" + (", its blobs by magic" if s.by_magic else ""))
+    return tuple(s.path for s in stores), tuple(s.path for s in stores if s.by_magic)
+
+
 def _scan(
-    con: duckdb.DuckDBPyConnection, paths: tuple[Path, ...], all_files: bool, *, progress: bool
+    con: duckdb.DuckDBPyConnection,
+    paths: tuple[Path, ...],
+    all_files: bool,
+    by_magic: tuple[Path, ...] = (),
+    *,
+    progress: bool,
 ) -> ScanResult:
     """`scan_paths` with a progress bar on stderr once there are enough files to wait for
     (rich's progress module is loaded only then)."""
     from specreg.registry.scan import scan_paths
 
     if not progress:
-        return scan_paths(con, paths, all_files=all_files)
+        return scan_paths(con, paths, all_files=all_files, by_magic=by_magic)
     bar: Any = None
     task: Any = None
 
@@ -84,7 +113,7 @@ def _scan(
         bar.update(task, completed=done)
 
     try:
-        return scan_paths(con, paths, all_files=all_files, progress=on_progress)
+        return scan_paths(con, paths, all_files=all_files, progress=on_progress, by_magic=by_magic)
     finally:
         if bar is not None:
             bar.stop()

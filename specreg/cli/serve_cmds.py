@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,11 @@ import click
 from rich.table import Table
 
 from specreg.cli.common import (
+    ADDRESS,
+    CTX,
+    PORT,
+    SIZE,
+    SLOTS,
     console,
     db_option,
     emit,
@@ -18,10 +24,14 @@ from specreg.cli.common import (
     json_option,
     llama_bin_option,
     resolve_db,
+    server_arg_option,
     threads_option,
 )
+from specreg.cli.progress import measuring
 from specreg.errors import UsageError
+from specreg.llamacpp import Flag
 from specreg.terms import TRAFFIC_CACHE_EVERY
+from specreg.units import INT32_MAX
 
 # Slots per backend (llama-server -np): as serve.routes.DEFAULT_PARALLEL, which needs the
 # [serve] extra to import.
@@ -40,9 +50,9 @@ def _listening_options(func: Any) -> Any:
     """How `serve` listens and who may use it: --port, --host, --api-key/--api-keys,
     --public, --max-body and --queue, handed to the command as one `listening` dict."""
     options = [
-        click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True,
+        click.option("--port", type=PORT, default=8080, show_default=True,
                      help="Port to listen on."),
-        click.option("--host", "bind", default="127.0.0.1", show_default=True,
+        click.option("--host", "bind", type=ADDRESS, default="127.0.0.1", show_default=True,
                      help="Address to listen on. Anything but loopback is reachable from other "
                      "machines: give --api-key, or --public to let anyone in."),
         click.option("--api-key", "api_keys", multiple=True, envvar="SPECREG_API_KEY",
@@ -53,9 +63,9 @@ def _listening_options(func: Any) -> Any:
         click.option("--public", is_flag=True,
                      help="Serve a non-loopback address without a key: anyone who can reach "
                      "this machine may use these models."),
-        click.option("--max-body", type=click.IntRange(min=1), default=1 << 20,
+        click.option("--max-body", type=click.IntRange(1, 10**9), default=1 << 20,
                      show_default=True, help="Largest request (bytes)."),
-        click.option("--queue", "max_queue", type=click.IntRange(min=0), default=64,
+        click.option("--queue", "max_queue", type=click.IntRange(0, 1_000_000), default=64,
                      show_default=True, help="Requests that may wait for cores beyond every "
                      "backend's slots; past it serve answers 503 with Retry-After."),
     ]  # fmt: skip
@@ -85,10 +95,11 @@ def _policy_options(func: Any) -> Any:
                      "recommended."),
         click.option("--seed", type=int, default=0, show_default=True,
                      help="The adaptive policy's random seed."),
-        click.option("--memory-budget", default=None, metavar="SIZE",
-                     help="Memory all backends may hold together (e.g. 16G); the least recently "
-                     "used idle backend stops to make room (default: 90% of the memory "
-                     "available at start)."),
+        click.option("--memory-budget", type=SIZE, default=None, metavar="SIZE",
+                     help="Memory all backends may hold together (e.g. 16G: GB are 10^9 bytes, "
+                     "GiB 2^30), at most this host's memory; the least recently used idle "
+                     "backend stops to make room (default: 90% of the memory available at "
+                     "start)."),
         click.option("--traffic-cache", "traffic_every", type=click.IntRange(min=0),
                      default=TRAFFIC_CACHE_EVERY, show_default=True, metavar="N",
                      help="Under --policy adaptive: every N served requests of a task, build a "
@@ -127,16 +138,25 @@ def _backend_options(func: Any) -> Any:
                      help="Serve TASK (or default: every other task) with this configuration, "
                      "e.g. code=ngram-mod:8; wins over specreg.yaml and the recommender."),
         threads_option(help="llama.cpp threads per backend (default: physical cores)."),
-        click.option("--ctx", type=click.IntRange(min=1), default=None,
-                     help="Context size per request (each slot gets it)."),
-        click.option("--parallel", type=click.IntRange(min=1), default=DEFAULT_SLOTS,
+        click.option("--ctx", type=CTX, default=None,
+                     help="Context size per request (each slot gets it; default: the target's "
+                     "trained context, as much of it as half the memory beside the weights "
+                     "holds, at least 4096)."),
+        server_arg_option,
+        click.option("--parallel", type=SLOTS, default=DEFAULT_SLOTS,
                      show_default=True, help="Slots per backend: requests it decodes at once, "
                      "batched into one pass per step."),
     ]  # fmt: skip
-    names = ("spec_path", "pins", "threads", "ctx", "parallel")
+    names = ("spec_path", "pins", "threads", "ctx", "server_args", "parallel")
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx, slots = kwargs["ctx"], kwargs["parallel"]
+        if ctx is not None and ctx * slots > INT32_MAX:  # llama-server's -c holds every slot's
+            raise click.UsageError(
+                f"--ctx {ctx} for each of --parallel {slots} slots is {ctx * slots} tokens, "
+                f"more than llama-server takes ({INT32_MAX}): give fewer slots or less context"
+            )
         kwargs["backends"] = {name: kwargs.pop(name) for name in names}
         return func(*args, **kwargs)
 
@@ -172,14 +192,15 @@ def serve_cmd(targets: tuple[str, ...], listening: dict[str, Any], backends: dic
     """
     serving = _serving()
     if host_query.elsewhere and not dry_run:
-        raise UsageError("--host-facts and --cores describe another host: add --dry-run")
+        raise UsageError("--host-facts, --cores and --memory describe another host: add --dry-run")
     options = serving.ServeOptions.of(**listening, **policy)
     if options.public and not options.loopback:
         err_console().print(f"warning: listening on {options.host} without a key (--public): "
                             "anyone who can reach this machine can use these models")  # fmt: skip
     plan = serving.ServePlan(llama_bin=llama_bin, host_query=host_query,
                              policy=policy["policy"], dry_run=dry_run, **backends)  # fmt: skip
-    prepared = serving.prepare(resolve_db(db_path), targets, plan)
+    with measuring(as_json=as_json):  # the recommender's fit, the first time
+        prepared = serving.prepare(resolve_db(db_path), targets, plan)
     router = prepared.router(options.seed)
     if dry_run:
         _print_routes(prepared.table, router.status() if router.adaptive else None, as_json)
@@ -215,6 +236,10 @@ def _print_routes(table: RouteTable, status: PolicyStatus | None, as_json: bool)
         _print_policy(status)
     for b in table.backends:
         out.print(f"{b.name}:  {b.command}")
+        ctx = f"{Flag.CTX} {b.config.ctx * b.slots}"
+        out.print(f"  {ctx}: {b.config.ctx} tokens a request ({b.ctx_why})")
+        for given in b.server_args:
+            out.print(f"  {shlex.join(given.args)}: {given.origin}")
     for note in table.notes:
         out.print(f"note: {note}")
 

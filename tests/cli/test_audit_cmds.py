@@ -42,7 +42,7 @@ def test_compat_json(scanned_db: Path) -> None:
     )
     names = [c["name"] for c in doc["checks"]]
     assert names[:5] == ["vocab_type", "bos", "eos", "vocab_size", "token_text"]
-    assert doc["flags"][:3] == ["--spec-type", "draft-simple", "-md"]
+    assert doc["flags"][:3] == ["--spec-type", "draft-simple", "--spec-draft-model"]
 
 
 def test_compat_exit_codes(scanned_db: Path) -> None:

@@ -79,5 +79,45 @@ def test_agree_bad_input_gets_one_line(models: dict[str, Path]) -> None:
         "(scan one, or pass DRAFT paths)"
     )
     assert error_line(specreg("agree", str(models["moe"]), "--temp", "-1")) == (
-        "error: --temp must be >= 0, got -1.0"
+        "error: Invalid value for '--temp': -1 is not a number of at least 0 (see `specreg "
+        "agree --help`)"
     )
+
+
+@pytest.mark.parametrize(
+    ("command", "tool"),
+    [("quality", "llama-perplexity"), ("agree", "llama-server"), ("calibrate", "llama-bench")],
+)
+def test_a_crash_names_its_log(
+    models: dict[str, Path],
+    gguf_factory,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    specreg_home: Path,
+    command: str,
+    tool: str,
+) -> None:
+    """Issue 41 point 11: the one-line error of a crashed llama.cpp tool says which log holds
+    the rest, in every measuring command."""
+    import re
+
+    from support.cli import specreg as specreg_with_llama
+    from support.fake_server import add_crashing_tool, make_fake
+
+    bin_dir, _ = make_fake(tmp_path, "crash")
+    for name in ("llama-perplexity", "llama-bench"):
+        add_crashing_tool(bin_dir, name)
+    dense = str(models["dense"])
+    other = str(gguf_factory("dense-q8.gguf", general_name="dense at another quant"))
+    assert specreg_with_llama("scan", dense, other).returncode == 0
+    args = {
+        "quality": ["quality", dense, "--against", other, "--task", "code", "--chunks", "1"],
+        "agree": ["agree", dense, other, "--task", "code", "--chunks", "1"],
+        "calibrate": ["calibrate", dense, "--no-drafts"],
+    }[command]
+    r = specreg_with_llama(*args, "--llama-bin", str(bin_dir))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "killed by signal 11" in last, r.stderr
+    logs = specreg_home / "logs"
+    found = re.search(rf"; see the log ({re.escape(str(logs))}/{tool}-\S+\.log); ", last)
+    assert found and Path(found.group(1)).exists(), last

@@ -99,3 +99,51 @@ def test_recommend_keeps_its_fit_and_refits_when_the_evidence_changes(
     train_mod.cached_fit(one_local)
     assert calls == [0, 1]  # new evidence, new fit
     assert len(list((specreg_home / "recommender" / "cache").glob("fit-*.json"))) == 1
+
+
+def test_memory_of_the_host_asked_about_decides_what_fits(
+    scanned_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41 point 4: `--cores 96 --bandwidth 460` said the 32B options "do not fit in this
+    host's 25.3 GB" (this machine's), with no way to give that host's memory but a file."""
+    monkeypatch.delenv("SPECREG_HOST_FACTS", raising=False)
+    ask = ("recommend", TARGET, "--cores", "96", "--bandwidth", "460", "--db", str(scanned_db))
+    # without --memory the line says whose memory judged what fits
+    code, out = _run(*ask)
+    assert code == 0
+    host = next(line for line in out.splitlines() if line.startswith("host: "))
+    assert host.startswith("host: 96 cores (user), 460 GB/s (user), ")
+    assert host.endswith(" GB of memory (this machine's; --memory states that host's)")
+    # that host's 768 GB hold every option; 22 GB do not hold the target with its 7B draft
+    code, out = _run(*ask, "--memory", "768G")
+    assert code == 0
+    assert "host: 96 cores (user), 460 GB/s (user), 768.0 GB of memory (user)" in out
+    assert "do not fit" not in out
+    code, out = _run(*ask, "--memory", "22G", "--json")
+    doc = json.loads(out)
+    assert doc["host"]["mem_bytes"] == 22 * 10**9 and doc["host"]["mem_source"] == "user"
+    memory = next(a for a in doc["advice"] if a.startswith("memory: "))
+    assert "do not fit in this host's 22.0 GB of memory" in memory
+    # GiB is binary, as written
+    code, out = _run(*ask, "--memory", "1.5GiB", "--json")
+    assert json.loads(out)["host"]["mem_bytes"] == 3 * 2**29
+
+
+def test_the_first_recommend_shows_that_it_fits(scanned_db: Path, tmp_path: Path) -> None:
+    """Issue 41 point 3: the first `recommend` on a registry fits the model for seconds and
+    was silent; a user took it for a hang. On a terminal it says what it does while it does it,
+    and a later call, which loads the fit, says nothing of it."""
+    from support.tty import specreg_tty
+
+    other = tmp_path / "other-home"
+    code, first = specreg_tty("recommend", TARGET, "--db", str(scanned_db))
+    assert code == 0, first
+    assert "fitting the recommender on the prior and 0 runs (once)" in first
+    code, again = specreg_tty("recommend", TARGET, "--db", str(scanned_db))
+    assert code == 0 and "fitting" not in again
+    # piped, stderr stays as it was (no bar to draw)
+    from support.cli import specreg
+
+    r = specreg("recommend", TARGET, "--db", str(scanned_db), env={"SPECREG_HOME": str(other)})
+    assert r.returncode == 0 and r.stderr == ""
+    assert list(other.glob("recommender/cache/fit-*.json"))  # it did fit

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,3 +88,58 @@ def test_hostile_names_print_as_text(gguf_factory, name: str) -> None:
     specreg("scan", str(gguf_factory("a.gguf", general_name=name).parent))
     r = specreg("models")
     assert name in r.stdout
+
+
+STORE_VARIABLES = ("LMSTUDIO_MODELS", "HF_HUB_CACHE", "HF_HOME", "LLAMA_CACHE", "OLLAMA_MODELS",
+                   "XDG_CACHE_HOME")  # fmt: skip
+
+
+def _scan_at_home(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`specreg scan ARGS` for a user whose home is `home`, no store variable set."""
+    env = {k: v for k, v in os.environ.items() if k not in STORE_VARIABLES}
+    env["HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "specreg", "scan", *args], capture_output=True, text=True, env=env
+    )
+
+
+def test_scan_without_a_path_reads_the_stores_found(gguf_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 41 point 15: `specreg scan` needed paths; a user of LM Studio, Hugging Face or
+    Ollama expects their stores found, and Ollama's blobs needed --all-files."""
+    home = tmp_path / "home"
+    lms = home / ".lmstudio/models/lmstudio-community/A-GGUF"
+    hub = home / ".cache/huggingface/hub/models--org--B-GGUF/snapshots/abc"
+    blobs = home / ".ollama/models/blobs"
+    gguf_factory("a.gguf", directory=lms, general_name="A")
+    gguf_factory("b.gguf", directory=hub, general_name="B")
+    blob = gguf_factory("c.gguf", directory=blobs, general_name="C")
+    blob.rename(blobs / "sha256-0123abcd")  # Ollama's blobs have no .gguf name
+    (blobs / "sha256-not-a-model").write_bytes(b"{}")
+
+    r = _scan_at_home(home, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["n_models"] == 3
+    assert set(doc["roots"]) == {str(home / ".lmstudio/models"), str(blobs),
+                                 str(home / ".cache/huggingface/hub")}  # fmt: skip
+    r = _scan_at_home(home)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [
+        f"scanning LM Studio ({home / '.lmstudio/models'})",
+        f"scanning Hugging Face cache ({home / '.cache/huggingface/hub'})",
+        f"scanning Ollama ({blobs}), its blobs by magic",
+    ]
+
+
+def test_scan_without_a_path_and_no_store_says_what_to_do(tmp_path: Path) -> None:
+    home = tmp_path / "empty-home"
+    home.mkdir()
+    r = _scan_at_home(home)
+    assert (r.returncode, r.stdout) == (2, "")
+    line = r.stderr.strip()
+    assert "\n" not in line
+    assert line.startswith(
+        f"error: no PATH given and no model store here (LM Studio: {home / '.lmstudio/models'}, "
+    )
+    assert f"Ollama: {home / '.ollama/models/blobs'}" in line
+    assert line.endswith(": give the folders or .gguf files to scan, e.g. `specreg scan ~/models`")

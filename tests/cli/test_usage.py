@@ -142,3 +142,108 @@ def test_run_takes_a_model_id_like_every_other_command(
     assert "failed and was recorded" in r.stderr
     (run,) = json.loads(specreg("runs", "--json").stdout)["runs"]
     assert run["target_path"] == str(model)
+
+
+SERVE = ["serve", TARGET, "--dry-run"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["recommend", TARGET, "--temp", "1e9"],
+         "Invalid value for '--temp': 1e9 is not a number from 0 to 10"),
+        (["recommend", TARGET, "--cores", "100000000"],
+         "Invalid value for '--cores': 100000000 is not in the range 1<=x<=4096"),
+        (["recommend", TARGET, "--bandwidth", "1e15"],
+         "Invalid value for '--bandwidth': 1e15 is not a number from 0.001 to 20000"),
+        (["recommend", TARGET, "--memory", "999999T"],
+         "Invalid value for '--memory': 999999T is more than 64.0 TB, past any host"),
+        (["recommend", TARGET, "--memory", "lots"],
+         "Invalid value for '--memory': 'lots' is not a size such as 16G, 512M or 1.5GiB"),
+        ([*SERVE, "--ctx", "99999999999"],
+         "Invalid value for '--ctx': 99999999999 is not in the range 1<=x<=16777216"),
+        ([*SERVE, "--memory-budget", "999999T"],
+         "Invalid value for '--memory-budget': 999999T is more than 64.0 TB, past any host"),
+        ([*SERVE, "--port", "99999"],
+         "Invalid value for '--port': 99999 is not in the range 1<=x<=65535"),
+        ([*SERVE, "--parallel", "100000"],
+         "Invalid value for '--parallel': 100000 is not in the range 1<=x<=256"),
+        ([*SERVE, "--threads", "100000"],
+         "Invalid value for '--threads': 100000 is not in the range 1<=x<=4096"),
+        ([*SERVE, "--host", "999.1.1.1", "--public"],
+         "Invalid value for '--host': '999.1.1.1' is not an IP address or a host name (e.g. "
+         "127.0.0.1, 0.0.0.0, ::1)"),
+        ([*SERVE, "--ctx", "16777216", "--parallel", "256"],
+         "--ctx 16777216 for each of --parallel 256 slots is 4294967296 tokens, more than "
+         "llama-server takes (2147483647): give fewer slots or less context"),
+        (["run", TARGET, "--ctx", "99999999999"],
+         "Invalid value for '--ctx': 99999999999 is not in the range 1<=x<=16777216"),
+        (["run", TARGET, "--k", "100000"],
+         "Invalid value for '--k': 100000 is not in the range 1<=x<=256"),
+        (["run", TARGET, "--seed", "99999999999"],
+         "Invalid value for '--seed': 99999999999 is not in the range 0<=x<=4294967295"),
+        (["quality", TARGET, "--ctx", "4"],
+         "Invalid value for '--ctx': 4 is not in the range 8<=x<=16777216"),
+        (["agree", TARGET, "--temp", "1e9"],
+         "Invalid value for '--temp': 1e9 is not a number from 0 to 10"),
+        (["calibrate", TARGET, "--repetitions", "0"],
+         "Invalid value for '--repetitions': 0 is not in the range 1<=x<=1000"),
+    ],
+    ids=lambda v: " ".join([v[0], *v[2:]]) if isinstance(v, list) else "",
+)  # fmt: skip
+def test_absurd_values_are_refused_before_anything_starts(
+    scanned_db: Path, args: list[str], message: str
+) -> None:
+    # issue 41 point 13: a numpy warning with a source path, a 47-trillion t/s bound, a context
+    # and a budget no host has, all taken; now each is one usage line naming the bound
+    r = specreg(*args, "--db", str(scanned_db))
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"error: {message} (see `specreg {args[0]} --help`)\n"
+
+
+def test_a_memory_budget_past_this_hosts_memory_is_refused(scanned_db: Path) -> None:
+    r = specreg(*SERVE, "--memory-budget", "60T", "--db", str(scanned_db))
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.startswith("error: --memory-budget 60.0 TB is more than this host's ")
+    assert r.stderr.endswith(
+        " GB of memory: give less, or leave it out (90% of the memory available at start)\n"
+    )
+
+
+def test_run_passes_own_llama_server_flags_and_refuses_specregs(
+    gguf_factory, tmp_path: Path, specreg_home: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 41 point 14: `run --server-arg` adds llama-server flags (recorded in the run's
+    argv, after specreg's); a flag specreg sets itself is one usage line."""
+    from support.fake_server import make_fake
+
+    model = gguf_factory("target.gguf", tokens=["<s>", "</s>", "a", "b"], bos=0, eos=1)
+    bin_dir, _ = make_fake(tmp_path, "fine")
+    args = ("run", str(model), "--llama-bin", str(bin_dir), "--repeat", "1", "--n-predict", "2")
+    r = specreg(*args, "--server-arg", "-c 8192")
+    assert (r.returncode, r.stderr) == (
+        2,
+        "error: --server-arg: specreg sets -c itself, the context per request (--ctx); leave "
+        "it out\n",
+    )
+    r = specreg(*args, "--server-arg=--jinja", "--server-arg", "--cache-type-k q8_0", "--json")
+    assert r.returncode == 0, r.stderr
+    argv = json.loads(r.stdout)["run"]["argv"]
+    assert argv[argv.index("4096") + 1 : argv.index("4096") + 4] == [
+        "--jinja", "--cache-type-k", "q8_0"
+    ]  # fmt: skip
+
+
+def test_one_spelling_and_one_unit_across_commands(scanned_db: Path) -> None:
+    """Issue 41 point 16: compat printed -md where recommend printed --spec-draft-model, and
+    doctor said 23.5 GiB where recommend said 25.3 GB for the same memory."""
+    db = ("--db", str(scanned_db))
+    compat = specreg("compat", TARGET, "Qwen2.5 Coder 0.5B Instruct", *db)
+    flags = next(line for line in compat.stdout.splitlines() if line.startswith("flags: "))
+    assert " --spec-draft-model " in flags and " -md " not in flags
+    rec = specreg("recommend", TARGET, "--task", "code", *db).stdout
+    assert " --spec-draft-model " in rec and " -md " not in rec
+    host = next(line for line in rec.splitlines() if line.startswith("host: "))
+    memory = host.split(", ")[-1].split(" of memory")[0]  # e.g. "25.3 GB"
+    doctor = specreg("doctor", "--no-bandwidth", *db).stdout.splitlines()[0]
+    assert f", {memory}, " in doctor and "GiB" not in doctor

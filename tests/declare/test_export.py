@@ -96,7 +96,14 @@ def run_function(script: str, name: str, tmp_path: Path) -> list[str]:
     return argv_file.read_text().splitlines()
 
 
-def test_llama_server_script_runs_exactly_the_argv_shown(site: Site, tmp_path: Path) -> None:
+# A host whose memory holds every model's trained context (the launches' -c follows the memory).
+ROOMY = '{"mem_bytes": 1000000000000}'
+
+
+def test_llama_server_script_runs_exactly_the_argv_shown(
+    site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPECREG_HOST_FACTS", ROOMY)
     use_llama(site, fake_llama(tmp_path, "current"))
     script = export(site, "llama-server")
     subprocess.run(["sh", "-n"], input=script, text=True, check=True)
@@ -119,7 +126,7 @@ def test_llama_server_script_runs_exactly_the_argv_shown(site: Site, tmp_path: P
         "-t",
         "96",
         "-c",
-        "4096",
+        "262144",  # Qwen3-Coder-30B-A3B's trained context, which the memory holds
         "--spec-type",
         "ngram-cache,draft-simple",  # the order llama.cpp tries them
         "--spec-draft-model",
@@ -138,7 +145,7 @@ def test_llama_server_script_runs_exactly_the_argv_shown(site: Site, tmp_path: P
         "-t",
         "96",
         "-c",
-        "4096",
+        "131072",
         "--spec-type",
         "ngram-cache",
         "--port",
@@ -175,7 +182,10 @@ def test_legacy_dialect_uses_draft_max_and_skips_what_it_cannot_run(
     assert err.startswith("error: models-preset needs a llama-server with --models-preset")
 
 
-def test_every_flag_says_where_it_came_from(site: Site, tmp_path: Path) -> None:
+def test_every_flag_says_where_it_came_from(
+    site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPECREG_HOST_FACTS", ROOMY)
     use_llama(site, fake_llama(tmp_path, "current"))
     lines = site.spec.read_text().splitlines()
     plan = launches(site, port="8080")
@@ -198,7 +208,7 @@ def test_every_flag_says_where_it_came_from(site: Site, tmp_path: Path) -> None:
     assert origins["--spec-type"].startswith(
         "implied by roles.coder_escalation.configs.default.draft (specreg.yaml:"
     )
-    assert origins["-c"] == "not declared: specreg.runner's default context (4096)"
+    assert origins["-c"] == "not declared: the model's trained context (32768), which memory holds"
     assert origins["-m"].endswith(
         f"-> registry path of Qwen2.5-Coder-32B-Instruct ({origins['-m'].rsplit('(', 1)[1]}"
     )
@@ -451,3 +461,36 @@ def test_a_candidate_set_exports_each_member_under_its_own_name(site: Site, tmp_
     assert [(x["task"], x["member"]) for x in out["launches"]] == [("code", 0), ("code", 1)]
     script = export(site, "llama-server", "--role", role)
     assert f"run_{role}_code_0()" in script and f"run_{role}_code_1()" in script
+
+
+def test_own_llama_server_flags_are_passed_with_their_origin(
+    site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41 point 14: specreg.yaml's llama_server_args for a model (wherever it is the
+    target) and for a role reach the exported argv after specreg's flags, each with its key."""
+    monkeypatch.setenv("SPECREG_HOST_FACTS", ROOMY)
+    use_llama(site, fake_llama(tmp_path, "current"))
+    doc = read_yaml(site.spec)
+    role = doc["roles"]["coder_escalation"]
+    target = next(m for m in doc["models"].values() if role["target"] in m.get("aliases", []))
+    target["llama_server_args"] = ["--jinja", "--cache-type-k q8_0"]
+    role["llama_server_args"] = "--mlock"
+    write_yaml(site.spec, doc)
+    coder = next(x for x in launches(site, port="8080").launches if x.role == "coder_escalation")
+    argv = coder.argv[3:]
+    assert argv[-6:] == ["--jinja", "--cache-type-k", "q8_0", "--mlock", "--port", "8080"]
+    origins = {f.flag: f.origin for f in coder.flags}
+    assert re.fullmatch(r"models\.\w+\.llama_server_args \(specreg\.yaml:\d+\)", origins["--jinja"])
+    assert origins["--cache-type-k"] == origins["--jinja"]
+    assert re.fullmatch(
+        r"roles\.coder_escalation\.llama_server_args \(specreg\.yaml:\d+\)", origins["--mlock"]
+    )
+    script = export(site, "llama-server")
+    assert f"#   --mlock  <- {origins['--mlock']}" in script
+    assert run_function(script, "run_coder_escalation", tmp_path) == argv
+    # a flag specreg writes itself is refused with its line
+    role["llama_server_args"] = "--port 9000"
+    write_yaml(site.spec, doc)
+    code, _, err = run_cli(["export", "--format", "llama-server", "--spec", str(site.spec),
+                            "--db", str(site.db)])  # fmt: skip
+    assert code == 2 and "roles.coder_escalation.llama_server_args: specreg sets --port" in err

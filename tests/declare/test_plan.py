@@ -13,8 +13,8 @@ from ruamel.yaml.comments import CommentedMap
 from specreg.declare import deps
 from specreg.declare.plan import Plan, make_plan
 from specreg.declare.spec import load_spec, read_yaml, write_yaml
-from specreg.declare.stores import store_dirs
 from specreg.registry.db import opened
+from specreg.registry.stores import store_dirs
 
 from support.declare import LLAMA_1B, QWEN3_480B_DIR, QWEN25_05B, Site, record_run, run_cli
 

@@ -302,3 +302,27 @@ def test_a_member_is_checked_as_a_configuration_is(tmp_path: Path) -> None:
     err = error_of(tmp_path, SET.replace("draft_max: 8", "k: 8"))
     assert (err.key, err.line) == ("roles.coder.configs.code[2].k", 23)
     assert "K is spelled draft_max" in err.expected
+
+
+def test_llama_server_args_per_model_and_role(tmp_path: Path) -> None:
+    """Issue 41 point 14: llama-server flags of the user's own, for a target wherever it runs
+    and for a role; a flag specreg sets itself is refused at its line."""
+    text = GOOD.replace(
+        "    aliases: [coder30]\n",
+        "    aliases: [coder30]\n    llama_server_args: [--jinja, --cache-type-k q8_0]\n",
+    ).replace("    policy: speed\n", "    policy: speed\n    llama_server_args: --mlock\n")
+    spec, _ = load_spec(write(tmp_path, text))
+    model = spec.model("coder30")
+    assert model is not None and model.server_args is not None
+    assert model.server_args.args == ("--jinja", "--cache-type-k", "q8_0")
+    assert (
+        str(model.server_args.where)
+        == "models.08ec9e1ab3e664d7.llama_server_args (specreg.yaml:11)"
+    )
+    role = spec.roles[0]
+    assert role.server_args is not None and role.server_args.args == ("--mlock",)
+    err = error_of(tmp_path, text.replace("--mlock", "[--mlock, -c 8192]"))
+    assert (err.line, err.key) == (18, "roles.coder.llama_server_args")
+    assert err.expected == "specreg sets -c itself, the context per request (--ctx); leave it out"
+    err = error_of(tmp_path, text.replace("    llama_server_args: --mlock", "    server_args: x"))
+    assert err.expected == "unknown key; spelled llama_server_args"

@@ -217,7 +217,7 @@ def test_a_doctor_document_from_another_host_is_its_facts(
         (("--cores", "96"), "the memory bandwidth of the host asked about is unknown here"),
         (("--host-facts", "{missing}"), "cannot read host facts from"),
         (("--host-facts", "{bad}"), "names 'cores', which is no host fact: use hostname"),
-        (("--cores", "0"), "0 is not in the range x>=1"),
+        (("--cores", "0"), "0 is not in the range 1<=x<=4096"),
         (("--bandwidth", "-3"), "-3 is not a number of at least 0.001"),
     ],
 )
@@ -239,13 +239,13 @@ def test_tune_and_serve_take_another_hosts_facts_only_to_plan(
     r = specreg("tune", TARGET, "--task", "code", "--cores", "96", *db)
     assert (r.returncode, r.stderr) == (
         2,
-        "error: tune measures on this machine: --host-facts "
-        "and --cores describe another host, for --dry-run\n",
+        "error: tune measures on this machine: --host-facts, --cores "
+        "and --memory describe another host, for --dry-run\n",
     )
     r = specreg("serve", TARGET, "--cores", "96", "--bandwidth", "460", *db)
     assert (r.returncode, r.stderr) == (
         2,
-        "error: --host-facts and --cores describe another host: add --dry-run\n",
+        "error: --host-facts, --cores and --memory describe another host: add --dry-run\n",
     )
 
     code, out, err = run(
@@ -255,7 +255,8 @@ def test_tune_and_serve_take_another_hosts_facts_only_to_plan(
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].endswith("tune would start with 3 of 3 runs")
-    assert lines[1] == "host: 96 cores (user), 460 GB/s (user)"
+    assert lines[1].startswith("host: 96 cores (user), 460 GB/s (user), ")
+    assert lines[1].endswith(" GB of memory (this machine's; --memory states that host's)")
     assert lines[2].startswith("1. plain: predicted ")
     assert lines[2].endswith("(plain decoding anchors every speedup)")
     assert " -t 96 " in lines[3]

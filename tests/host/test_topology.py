@@ -459,7 +459,7 @@ def test_warm_page_cache(tmp_path: Path) -> None:
     got = warm_page_cache([model], [3, 0, 1, 2], numactl, evict=True)
     assert got.problem == "" and got.bytes_read == 5000 and got.seconds >= 0
     assert (tmp_path / "argv").read_text().split() == ["--interleave=0-3", "cat", str(model)]
-    assert got.summary.startswith("read 0.0 GiB interleaved over nodes 0-3 in ")
+    assert got.summary.startswith("read 0.0 GB interleaved over nodes 0-3 in ")
     missing = warm_page_cache([tmp_path / "no.gguf"], [0, 1], numactl)
     assert missing.problem == f"cannot read {tmp_path / 'no.gguf'}: No such file or directory"
     slow = fake_numactl(tmp_path, "sleep 30")

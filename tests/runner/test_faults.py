@@ -284,3 +284,23 @@ def test_sigkill_of_specreg_takes_the_server_with_it(tmp_path: Path, target: Pat
         time.sleep(0.05)
     os.kill(helper_child, signal.SIGKILL)  # the fake's own child; llama-server has none
     assert not alive(server), "llama-server outlived a SIGKILLed specreg"
+
+
+@pytest.mark.parametrize("mode", ["crash", "load", "oom"])
+@pytest.mark.parametrize("command", ["run", "verify"])
+def test_the_error_line_names_the_log(
+    tmp_path: Path, target: Path, specreg_home: Path, mode: str, command: str
+) -> None:
+    """Issue 41 point 11: "...; see the server log" named no log; the one line a user sees of a
+    crash says which file holds the rest."""
+    bin_dir, pids = make_fake(tmp_path, mode)
+    draft = ["--draft", str(target)] if command == "verify" else []
+    code, message = run_cli(
+        [command, str(target), *draft, "--llama-bin", str(bin_dir), "--repeat", "1"]
+    )
+    assert code == 1 and "\n" not in message
+    log = failed_runs(specreg_home)[-1].log_path
+    assert log and Path(log).exists()
+    assert f"; see the log {log}; " in message, message
+    assert "see the server log" not in message
+    assert_no_strays(pids)

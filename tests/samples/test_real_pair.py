@@ -98,7 +98,12 @@ def agreed(home: Home, qwen_pair: QwenPair) -> dict[str, Any]:
 def test_compat_says_compatible_and_why(home: Home, qwen_pair: QwenPair) -> None:
     doc = home.json("compat", str(qwen_pair.target.path), str(qwen_pair.draft.path))
     assert doc["compatible"] is True and doc["llama_accepts"] is True
-    assert doc["flags"] == ["--spec-type", "draft-simple", "-md", str(qwen_pair.draft.path)]
+    assert doc["flags"] == [
+        "--spec-type",
+        "draft-simple",
+        "--spec-draft-model",
+        str(qwen_pair.draft.path),
+    ]
     checks = {c["name"]: c for c in doc["checks"]}
     # llama.cpp's own rules (common_speculative_are_compatible), each passed and explained.
     for name in ("vocab_type", "bos", "eos", "vocab_size", "token_text"):

@@ -122,7 +122,7 @@ def test_dry_run_json_lists_routes_and_commands(
         tmp_path, specreg_home, small_models, llama_install, "--threads", "1", "--policy",
         "adaptive",
     )  # fmt: skip
-    assert (doc["version"], doc["kind"]) == ("4", "serve-routes")
+    assert (doc["version"], doc["kind"]) == ("5", "serve-routes")
     assert set(doc) == {
         "version", "kind", "targets", "routes", "backends", "notes", "policy", "candidates",
         "noise", "figures",
@@ -141,7 +141,7 @@ def test_dry_run_json_lists_routes_and_commands(
     }  # fmt: skip
     assert set(doc["backends"][0]) == {
         "name", "target", "config", "config_label", "draft_path", "argv", "command", "slots",
-        "placement", "tasks",
+        "ctx", "server_args", "placement", "tasks",
     }  # fmt: skip
     # every backend on this host's full core set, one thread per core, four slots
     import os

@@ -115,3 +115,22 @@ def assert_no_strays(pids_file: Path) -> None:
     for pid in left:  # clean up our own fakes before failing
         os.kill(pid, signal.SIGKILL)
     assert not left, f"stray processes: {left}"
+
+
+CRASHING_TOOL = """#!/bin/sh
+case "$*" in
+  *--version*) echo "version: 9999 (fake)" >&2; exit 0;;
+  *--help*) echo "usage: {name} [options]"; exit 0;;
+esac
+echo "0.00.500.000 E ggml_abort: GGML_ASSERT(n_tokens <= n_batch) failed" >&2
+kill -SEGV $$
+"""
+
+
+def add_crashing_tool(bin_dir: Path, name: str) -> Path:
+    """A llama.cpp tool (llama-perplexity, llama-bench) in `bin_dir` that answers --version
+    and --help and crashes on anything else, as llama.cpp does on a failed assertion."""
+    script = bin_dir / name
+    script.write_text(CRASHING_TOOL.format(name=name))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
