@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from specreg.errors import UsageError
 from specreg.home import logs_dir
+from specreg.host import progress
 from specreg.host.machine import Host
+from specreg.host.placement import Warming, warm_page_cache
 from specreg.llama.config import user_server_args
 from specreg.llama.install import LlamaInstall
 from specreg.llama.server import STARTUP_TIMEOUT_S
@@ -453,6 +455,9 @@ async def _main(
         # Fixed: every route's backend now. Adaptive: each task's current best now (in
         # order, within the budget: a task whose best does not fit waits for its request),
         # the other candidates when the policy first sends a request there.
+        warming = await asyncio.to_thread(warm_models, serving.table, serving.host.numactl)
+        if warming is not None:
+            progress.note(f"page cache: {warming.summary}")
         await pool.start(initial_backends(serving.table, router) if router.adaptive else None)
         await service.open()
         await _http(service, options, stop, on_ready)
@@ -468,6 +473,20 @@ async def _main(
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(sig, handler)
     return stop.why or "stopped"
+
+
+def warm_models(table: RouteTable, numactl: str | None) -> Warming | None:
+    """Read every model the backends load once, interleaved over the nodes their placements
+    spread memory over, before any backend maps them: a page lives on the node that first
+    touched it, so a model already cached by one node's reader stays there whatever policy
+    the backend asks for. None when no backend interleaves (a one-node host)."""
+    nodes = {
+        n for b in table.backends if b.placement and b.placement.policy for n in b.placement.nodes
+    }
+    if len(nodes) <= 1:
+        return None
+    paths = dict.fromkeys(p for b in table.backends for p in (b.target.path, b.draft_path) if p)
+    return warm_page_cache([Path(p) for p in paths], sorted(nodes), numactl)
 
 
 def _service(
