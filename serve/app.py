@@ -70,6 +70,11 @@ HEADER_PREFERRED = "X-Specreg-Preferred"
 HEADER_QUEUED = "X-Specreg-Queued-Ms"  # how long it waited for cores
 STATUS_PATH = "/v1/specreg/status"
 _JSON = {"content-type": "application/json"}
+# llama-server closes the connection after a streamed answer without saying so: a stream's
+# connection is never kept, or the next request sent on it would find it closed.
+_STREAM = {**_JSON, "connection": "close"}
+# A kept-alive connection the backend closed before it read the request.
+_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 # The stream's last event carries `timings`; keep this much of the stream's tail to find it.
 TAIL_BYTES = 64 * 1024
 KEEPALIVE_S = 4.0
@@ -501,6 +506,7 @@ class _Call:
     position: int = 0  # requests the backend's process had been sent before this one
     concurrency: int = 1  # the most requests in flight at once while this one was
     crashed: str | None = None  # why the backend broke during the request
+    died: bool = False  # ... and whether its process ended (else only the connection broke)
     retired: str | None = None  # why the policy retired the candidate after this request
     streamed: list[str] | None = None  # a stream's text so far (when texts are kept)
     process: LlamaServer | None = None  # the backend's process this request was sent to
@@ -536,8 +542,8 @@ class _Call:
     async def _broken(self, err: Exception, headers: dict[str, str]) -> Response:
         message = await self._failure_message(err)
         self.crashed = message
-        if self.service.router.adaptive:
-            self.retired = message
+        if self.service.router.adaptive and self.died:
+            self.retired = message  # a broken connection while its process runs is not its fault
         self.record(None, 502, message, "crash")
         resp = error(502, message, "backend_error", backend=self.backend.name)
         resp.headers.update(headers)
@@ -545,6 +551,7 @@ class _Call:
 
     async def _failure_message(self, err: Exception) -> str:
         report = await self.backend.crash_report(self.process)
+        self.died = report is not None
         if report is not None:
             if self.backend.server is self.process:  # else the supervisor has been at it
                 self.service.pool.restart_soon(self.backend)  # or retire it (adaptive policy)
@@ -568,9 +575,7 @@ class _Call:
         self.begin()
         await self.catch_up()
         try:
-            async with self.client.post(
-                self.backend.url + self.path, data=self.raw, headers=_JSON
-            ) as resp:
+            async with await self._send(_JSON) as resp:
                 data = await resp.read()
                 status = resp.status
                 ctype = resp.headers.get("content-type", "application/json")
@@ -587,9 +592,7 @@ class _Call:
         self.begin()
         await self.catch_up()
         try:
-            resp = await self.client.post(
-                self.backend.url + self.path, data=self.raw, headers=_JSON
-            )
+            resp = await self._send(_STREAM)
         except aiohttp.ClientError as err:
             return await self._broken(err, headers)
         if resp.status != 200:
@@ -603,6 +606,18 @@ class _Call:
             self.record(None, resp.status, message)
             return Response(data, resp.status, media_type="application/json", headers=headers)
         return StreamingResponse(self._relay(resp), media_type="text/event-stream", headers=headers)
+
+    async def _send(self, headers: dict[str, str]) -> aiohttp.ClientResponse:
+        """POST the request to the backend; once more, on a connection that is not kept, when
+        a kept-alive one turns out closed before the backend read it and its process runs."""
+        url = self.backend.url + self.path
+        try:
+            return await self.client.post(url, data=self.raw, headers=headers)
+        except _STALE:
+            proc = self.process.proc if self.process is not None else None
+            if proc is None or proc.poll() is not None:
+                raise
+            return await self.client.post(url, data=self.raw, headers=_STREAM)
 
     async def _relay(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         tail = b""

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -252,6 +253,25 @@ def test_fifty_concurrent_requests(served: Served) -> None:
     assert {task for _, task in results} == {"code", "prose"}
     backends = served.backends()
     assert all(b["ready"] and b["starts"] == 1 for b in backends), backends
+
+
+def test_streamed_answers_back_to_back_each_arrive_whole(served: Served) -> None:
+    """llama-server closes the connection after a streamed answer without saying so; a
+    kept-alive connection reused for the next request would fail it (every other one did)."""
+
+    def stream(i: int) -> tuple[int, str]:
+        body = {"messages": [{"role": "user", "content": CODE}], "max_tokens": 2, "stream": True}
+        with httpx.stream(
+            "POST", f"{served.url}/v1/chat/completions", json=body, timeout=60,
+            headers={"X-Specreg-Task": "code" if i % 2 else "prose"},
+        ) as resp:  # fmt: skip
+            return resp.status_code, "".join(resp.iter_lines())
+
+    # more clients than slots: a request waiting for the cores is sent the moment one ends
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(stream, range(72)))
+    assert [status for status, _ in answers] == [200] * 72, answers
+    assert all(text.endswith("data: [DONE]") for _, text in answers), answers
 
 
 def test_sigterm_stops_every_backend(
