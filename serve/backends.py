@@ -334,6 +334,27 @@ class BackendPool:
             raise
         self._supervisor = asyncio.create_task(self._supervise(), name="specreg-supervisor")
 
+    async def prestart(self, names: Iterable[str]) -> list[str]:
+        """Start the backends named that fit the memory budget beside those running, without
+        stopping any, so that a candidate's first request does not wait for it to load; the
+        others (and any that fails here) start when a request first needs them. Which
+        started."""
+        started = []
+        for name in dict.fromkeys(names):
+            backend = self.backends[name]
+            if backend.running or backend.failure:
+                continue
+            budget = self.memory_budget
+            if budget is not None and self.used() + self.estimate(backend) > budget:
+                continue
+            try:
+                await backend.start()
+            except ServerFailed as err:
+                log.warning("%s did not start ahead of its first request: %s", name, err)
+                continue
+            started.append(name)
+        return started
+
     def touch(self, backend: Backend) -> None:
         self.clock += 1
         backend.last_used = self.clock

@@ -454,11 +454,14 @@ async def _main(
     try:
         # Fixed: every route's backend now. Adaptive: each task's current best now (in
         # order, within the budget: a task whose best does not fit waits for its request),
-        # the other candidates when the policy first sends a request there.
+        # then the other candidates the budget holds beside them; the rest when the policy
+        # first sends a request there.
         warming = await asyncio.to_thread(warm_models, serving.table, serving.host.numactl)
         if warming is not None:
             progress.note(f"page cache: {warming.summary}")
         await pool.start(initial_backends(serving.table, router) if router.adaptive else None)
+        if router.adaptive:  # exploring a candidate then costs its requests, not its loading
+            await pool.prestart(b.name for b in serving.table.backends)
         await service.open()
         await _http(service, options, stop, on_ready)
     except asyncio.CancelledError:

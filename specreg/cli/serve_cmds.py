@@ -279,7 +279,7 @@ def _print_ready(url: str, table: RouteTable, status: list[BackendStatus]) -> No
         if s.pid is None:
             out.print(f"  backend {s.name}: starts when the policy first chooses it")
         else:
-            out.print(f"  backend {s.name} (pid {s.pid}, port {s.port}): {tasks}")
+            out.print(f"  backend {s.name} (pid {s.pid}, port {s.port}): {tasks or 'a candidate'}")
     if table.policy == "adaptive":
         out.print(f"adaptive policy: candidates and posteriors at {url}/v1/specreg/status")
 

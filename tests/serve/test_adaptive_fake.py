@@ -418,3 +418,28 @@ def test_a_crash_is_reported_for_the_process_that_crashed_after_a_restart(
     assert old is not None and old.startswith("llama-server exited with code 134")
     assert "ggml_abort: fake crash" in old
     assert new is None
+
+
+def test_candidates_that_fit_start_before_the_first_request(tmp_path: Path, fake: Path) -> None:
+    """Each candidate the memory budget holds beside the others is loaded at start (exploring
+    it then costs its requests, not its loading); one that does not fit, or fails to start,
+    waits for a request that needs it, and serve still starts."""
+    mem = ("--fake-mem", "100")
+    plain = backend(fake, "plain", Config(), "--fake-tps", "10", *mem)
+    a = backend(fake, "a", Config(spec_type="ngram-mod"), "--fake-tps", "11", *mem)
+    b = backend(fake, "b", Config(spec_type="ngram-simple"), "--fake-tps", "12", *mem)
+    broken = backend(fake, "broken", Config(spec_type="ngram-map-k"), "--fake-mode", "no-start")
+    t = table([plain, a, b, broken], [cand(x, KIND_NGRAM, 10.0) for x in (plain, a, b, broken)])
+
+    def started(budget: int | None) -> tuple[list[str], list[str]]:
+        async def body(client: httpx.AsyncClient, service: Service) -> Any:
+            extra = await service.pool.prestart(x.name for x in t.backends)
+            running = [n for n, x in service.pool.backends.items() if x.running]
+            return extra, running
+
+        got: tuple[list[str], list[str]] = serve(tmp_path, t, body, budget=budget)
+        return got
+
+    assert started(None) == (["a", "b"], ["plain", "a", "b"])
+    # two fakes (100 MiB and Python each) fit, never three: nothing is stopped to make room
+    assert started(300 * 2**20) == (["a"], ["plain", "a"])
