@@ -10,8 +10,9 @@ stream of distinct code, prose, summarize and JSON requests), each sent once per
 Loads, mixed tasks: closed-loop clients at 1, 2, 4 and 8 (each sends its next request when its
 last is answered); an open-loop Poisson arrival rate (about 70 % of the plain peer's capacity
 at four clients); and a varying load (a burst of 8 at once, then 8 single requests, twice).
-Systems (the peers fresh for each load; each serve started once, serving every load in turn
-as a deployment would, its policy learning as it goes):
+Systems, one after the other (the peers fresh for each load; each serve started once, serving
+every load in turn as a deployment would, its policy learning as it goes, stopped before the
+next system starts):
   (a) one llama-server with -np equal to the concurrency, plain (the peer);
   (b) the same with the best single-stream speculative configuration (--spec, or draft-simple
       with --draft);
@@ -370,15 +371,19 @@ def main() -> None:
               work, seed_home)  # fmt: skip
     prompts = load_prompts(args.prompts, 40 * args.requests, args.seed)
     results: list[LoadResult] = []
-    start_of = systems(b)
     try:
-        results += closed_loops(start_of, prompts, args)
-        results += poisson(start_of, prompts, args, results)
-        results += varying_loads(start_of, prompts, args)
+        # One system at a time, every load, then stopped: an idle serve's backends hold memory
+        # (llama.cpp repacks the weights into each process's own), and several serves alive at
+        # once left the next system measured on a host out of memory.
+        for name, start in systems(b).items():
+            try:
+                results += closed_loops(name, start, prompts, args)
+                results.append(poisson(name, start, prompts, args, results))
+                results.append(varying_load(name, start, prompts, args))
+            finally:
+                if isinstance(start, Lasting):
+                    start.stop_all()
     finally:
-        for start in start_of.values():
-            if isinstance(start, Lasting):
-                start.stop_all()
         if baseline is not None:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
                             str(baseline)], capture_output=True)  # fmt: skip
@@ -396,49 +401,46 @@ def failures(r: LoadResult) -> str:
     return f" ({r.failed} failed)" if r.failed else ""
 
 
-def closed_loops(start_of: dict[str, SystemStart], prompts: list[tuple[str, str]],
+def closed_loops(name: str, start: SystemStart, prompts: list[tuple[str, str]],
                  args: argparse.Namespace) -> list[LoadResult]:  # fmt: skip
     out = []
     for i, c in enumerate(CONCURRENCY):
         n = max(args.requests, 2 * c)
         chunk = prompts[i * 2 * args.requests :][:n]
-        for name, start in start_of.items():
-            answers, wall = run_load(start, c, lambda url, ch=chunk, c=c: closed_loop(
-                url, ch, c, args.max_tokens))  # fmt: skip
-            out.append(LoadResult(name, f"closed {c}", answers, wall))
-            print(f"  closed {c} {name}: {out[-1].aggregate:.1f} t/s{failures(out[-1])}",
-                  flush=True)  # fmt: skip
+        answers, wall = run_load(start, c, lambda url, ch=chunk, c=c: closed_loop(
+            url, ch, c, args.max_tokens))  # fmt: skip
+        out.append(LoadResult(name, f"closed {c}", answers, wall))
+        print(f"  closed {c} {name}: {out[-1].aggregate:.1f} t/s{failures(out[-1])}",
+              flush=True)  # fmt: skip
     return out
 
 
-def poisson(start_of: dict[str, SystemStart], prompts: list[tuple[str, str]],
-            args: argparse.Namespace, done: list[LoadResult]) -> list[LoadResult]:  # fmt: skip
+def poisson(name: str, start: SystemStart, prompts: list[tuple[str, str]],
+            args: argparse.Namespace, done: list[LoadResult]) -> LoadResult:  # fmt: skip
+    """An open-loop Poisson arrival rate: 70 % of the plain peer's capacity at four clients
+    (the peer is measured first)."""
     peer = next(r for r in done if r.system.startswith("(a)") and r.load == "closed 4")
     rate = 0.7 * peer.aggregate / args.max_tokens  # requests per second
     chunk = prompts[10 * args.requests :][: 2 * args.requests]
-    out = []
-    for name, start in start_of.items():
-        answers, wall = run_load(start, 8, lambda url: open_loop(
-            url, chunk, rate, args.max_tokens, args.seed))  # fmt: skip
-        out.append(LoadResult(name, f"poisson {rate:.2f}/s", answers, wall))
-        print(f"  poisson {name}: {out[-1].aggregate:.1f} t/s{failures(out[-1])}", flush=True)
-    return out
+    answers, wall = run_load(start, 8, lambda url: open_loop(
+        url, chunk, rate, args.max_tokens, args.seed))  # fmt: skip
+    result = LoadResult(name, f"poisson {rate:.2f}/s", answers, wall)
+    print(f"  poisson {name}: {result.aggregate:.1f} t/s{failures(result)}", flush=True)
+    return result
 
 
 VARYING: dict[str, list[float]] = {}
 
 
-def varying_loads(start_of: dict[str, SystemStart], prompts: list[tuple[str, str]],
-                  args: argparse.Namespace) -> list[LoadResult]:  # fmt: skip
+def varying_load(name: str, start: SystemStart, prompts: list[tuple[str, str]],
+                 args: argparse.Namespace) -> LoadResult:  # fmt: skip
     chunk = prompts[14 * args.requests :][:32]
-    out = []
-    for name, start in start_of.items():
-        answers, wall, phases = run_load(start, 8, lambda url: varying(
-            url, chunk, args.max_tokens))  # fmt: skip
-        VARYING[name] = phases
-        out.append(LoadResult(name, "varying", answers, wall))
-        print(f"  varying {name}: {out[-1].aggregate:.1f} t/s{failures(out[-1])}", flush=True)
-    return out
+    answers, wall, phases = run_load(start, 8, lambda url: varying(
+        url, chunk, args.max_tokens))  # fmt: skip
+    VARYING[name] = phases
+    result = LoadResult(name, "varying", answers, wall)
+    print(f"  varying {name}: {result.aggregate:.1f} t/s{failures(result)}", flush=True)
+    return result
 
 
 def report(results: list[LoadResult], model: str) -> None:
