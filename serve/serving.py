@@ -354,7 +354,8 @@ def with_replicas(
     from specreg.registry.capacity import latest_capacity
     from specreg.registry.queries import get_model
 
-    backends, replicas, notes = list(table.backends), [], list(table.notes)
+    backends, notes = list(table.backends), list(table.notes)
+    replicas: list[Replica] = []
     for target in table.targets:
         curve = latest_capacity(con, host.fingerprint, target.model_id)
         if curve is None or len(split) < 2:

@@ -50,8 +50,10 @@ from support.topology import EPYC_CPUS
 
 NUMACTL = "/usr/bin/numactl"
 CONCURRENCY = (1, 2, 4, 8)
-PLAIN = ("plain", "none", None)
-NGRAM = ("ngram-mod k=16", "ngram-mod", 16)
+# a configuration as capacity records it: its label, speculative type and K
+Measured = tuple[str, str, int | None]
+PLAIN: Measured = ("plain", "none", None)
+NGRAM: Measured = ("ngram-mod k=16", "ngram-mod", 16)
 
 
 def host_of(topology: Topology, numactl: str | None) -> Host:
@@ -75,7 +77,7 @@ def split_tps(concurrency: int, wins_from: int | None) -> float:
 def curve(
     fingerprint: str,
     model_id: str,
-    wins: dict[tuple[str, str, int | None], int | None],
+    wins: dict[Measured, int | None],
     split: tuple[str, int, int],
 ) -> CapacityCurve:
     """A measurement as `specreg capacity` records it: per configuration (label, type, K) the
@@ -246,6 +248,13 @@ def test_at_load_one_the_full_instance_at_four_the_replicas_by_fewest_in_flight(
                 order.append(pick.backend)
                 pool[pick.backend].assigned += 1  # in flight, as the front counts it
             assert pick.best == full  # the policy's choice is still the configuration
+            for b in pool.backends.values():
+                b.ready.set()  # as if every process were up: joining needs a ready backend
+            # a request on a replica joins only the other replica, never a full instance
+            assert service.alternatives("target", "chat", pool[half0]) == [half1]
+            assert set(service.alternatives("target", "chat", pool[full])) == {
+                half0, half1, backend_of(table, "ngram-mod k=16"),
+            }  # fmt: skip
             for g in grants:
                 sched.release(g)
             assert service.choose("target", "prose").backend == full  # quiet again
