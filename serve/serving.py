@@ -288,15 +288,10 @@ def _load_models(
     return out
 
 
-def full_placement(host: Host, query: HostQuery | None) -> Placement:
-    """Every core of the host serve runs for, one thread each, memory interleaved over its
-    nodes."""
-    return host_layouts(host, query).full
-
-
 def host_layouts(host: Host, query: HostQuery | None) -> Layouts:
-    """The placements of the host serve runs for (host.topology.layouts): this machine's
-    topology from /sys, or another host's as its facts state it."""
+    """The placements of the host serve runs for (host.topology.layouts: every core one thread
+    each, memory interleaved over its nodes, and the splits): this machine's topology from
+    /sys, or another host's as its facts state it."""
     from specreg.host.topology import even_topology, layouts, read_topology
 
     if query is not None and query.elsewhere:
@@ -358,7 +353,7 @@ def with_replicas(
     replicas: list[Replica] = []
     for target in table.targets:
         curve = latest_capacity(con, host.fingerprint, target.model_id)
-        if curve is None or len(split) < 2:
+        if curve is None:
             continue
         found, note = split_evidence(curve, split)
         if note is not None:

@@ -280,10 +280,10 @@ def _print_ready(url: str, table: RouteTable, status: list[BackendStatus]) -> No
     replicas = {r.backend: r for r in table.replicas}
     for s in status:
         tasks = ", ".join(r.task for r in table.routes if r.backend == s.name)
-        if s.name in replicas and s.pid is None:
-            r = replicas[s.name]
-            out.print(f"  backend {s.name}: replica of {r.of} on {r.placement.name}, starts "
-                      "when the load first sends it a request")  # fmt: skip
+        replica = replicas.get(s.name)
+        if replica is not None and s.pid is None:
+            out.print(f"  backend {s.name}: replica of {replica.of} on {replica.placement.name}, "
+                      "starts when the load first sends it a request")  # fmt: skip
         elif s.pid is None:
             out.print(f"  backend {s.name}: starts when the policy first chooses it")
         else:
