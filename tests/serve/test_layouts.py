@@ -38,6 +38,7 @@ from specreg.registry.capacity import (
     record_capacity,
 )
 from specreg.registry.db import opened
+from specreg.registry.queries import resolve_model
 from specreg.registry.scan import model_record
 from specreg.serve.app import Service
 from specreg.serve.backends import BackendPool
@@ -49,6 +50,7 @@ from support import schemas
 from support.topology import EPYC_CPUS
 
 NUMACTL = "/usr/bin/numactl"
+DEMO_TARGET = "Qwen2.5 Coder 32B Instruct"  # in scanned_db, the demo tree
 CONCURRENCY = (1, 2, 4, 8)
 # a configuration as capacity records it: its label, speculative type and K
 Measured = tuple[str, str, int | None]
@@ -325,22 +327,21 @@ def test_two_replicas_decode_together_and_the_full_instance_waits_for_both(
 # -- (d) the dry run --------------------------------------------------------------------------
 
 
-def test_the_dry_run_lists_the_replicas_and_validates(specreg_home: Path, model: Path) -> None:
+def test_the_dry_run_lists_the_replicas_and_validates(scanned_db: Path) -> None:
     """`serve --cores N --dry-run` plans for another host of N cores on this machine's nodes,
     spread evenly (its first split: two halves on one node, else one placement per node)."""
-    db = specreg_home / "registry.duckdb"
     cores = detect_host().physical_cores + 2  # never this machine
-    with opened(db) as con:
+    with opened(scanned_db) as con:
         host = resolve_host(HostQuery(cores=cores), con)[0]
-        model_id = model_record(con, model).model_id
+        model_id = resolve_model(con, DEMO_TARGET).model_id
         split = layouts(even_topology(host.physical_cores, host.numa_nodes)).splits[0]
         shape = (split_layout(split), len(split), split[0].threads)
         record_capacity(con, curve(host.fingerprint, model_id, {PLAIN: 4}, shape))
-    args = ["serve", str(model), "--pin", "default=none", "--cores", str(cores), "--dry-run",
-            "--db", str(db)]  # fmt: skip
+    args = ["serve", DEMO_TARGET, "--pin", "default=none", "--cores", str(cores), "--dry-run",
+            "--db", str(scanned_db)]  # fmt: skip
     result = CliRunner().invoke(cli, [*args, "--json"])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     schemas.validate(doc)
     assert doc["version"] == "6"
     assert [r["placement"]["name"] for r in doc["replicas"]] == [p.name for p in split]
@@ -356,4 +357,4 @@ def test_the_dry_run_lists_the_replicas_and_validates(specreg_home: Path, model:
     assert (
         f"{first['backend']}: replica of {first['of']} on {split[0].label}, serving its "
         "requests at 3 or more requests in flight; specreg capacity of plain"
-    ) in text.output
+    ) in text.stdout
