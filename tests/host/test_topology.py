@@ -34,6 +34,7 @@ from specreg.host.topology import (
     layouts,
     parse_cpu_list,
     read_topology,
+    split_layout,
 )
 from specreg.llama.process import free_port
 from specreg.samples.small_models import SmallModels
@@ -143,6 +144,7 @@ def test_nps4_splits_per_node_and_per_pair(nps4: Path) -> None:
     assert pairs[1].cpus == tuple(range(48, 96)) and pairs[1].nodes == (2, 3)
     assert per_node[0].overlaps(pairs[0]) and not per_node[2].overlaps(pairs[0])
     assert json.loads(json.dumps(lay.to_json()))["splits"][1][0]["name"] == "nodes0-1"
+    assert [split_layout(s) for s in lay.splits] == ["node", "nodes"]  # as capacity records it
 
 
 def test_nps1_full_and_halves(nps1: Path) -> None:
@@ -158,6 +160,7 @@ def test_nps1_full_and_halves(nps1: Path) -> None:
         ("half1", tuple(range(48, 96))),
     ]
     assert all(p.threads == 48 and p.policy is None for p in halves)
+    assert split_layout(halves) == "half"
     assert halves[1].label == "half1: 48 threads on CPUs 48-95"
 
 
