@@ -480,8 +480,16 @@ class Service:
         retry on; under the fixed policy, after a crash (`recorded`: the attempt is recorded
         already), another lossless backend of the target that is running, else the same
         configuration once its process has been started again. None when there is nothing to
-        try. A failed attempt not yet recorded is recorded as a failed run with the reason."""
+        try. A failed attempt not yet recorded is recorded as a failed run with the reason.
+        A split replica is never retired: the request is retried on its configuration's full
+        instance (a replica that failed to start is left out from then on; one that crashed
+        is restarted)."""
         backend = call.backend
+        full = self.layouts.full_of(backend.name)
+        if full is not None:
+            if not recorded:
+                call.record(None, 502, why, "unavailable")
+            return Pick(full, REASON_RETRY, full)
         if not self.router.adaptive:
             if not recorded:
                 return None  # not ready (or down): the fixed route has no other candidate

@@ -215,11 +215,15 @@ class SplitLayouts:
         self.replicas: dict[str, list[Replica]] = {}
         for r in replicas:
             self.replicas.setdefault(r.of, []).append(r)
-        self.names = frozenset(r.backend for r in replicas)
+        self.of = {r.backend: r.of for r in replicas}
         self.placed: Counter[tuple[str, int, str]] = Counter()
 
     def is_replica(self, backend: str) -> bool:
-        return backend in self.names
+        return backend in self.of
+
+    def full_of(self, backend: str) -> str | None:
+        """The full instance whose configuration the replica `backend` runs (None: no replica)."""
+        return self.of.get(backend)
 
     def layout(self, backend: str, level: int) -> str:
         """The layout `backend`'s configuration runs on at load `level`: full, or its split."""

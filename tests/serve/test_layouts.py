@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -280,6 +281,52 @@ def test_at_load_one_the_full_instance_at_four_the_replicas_by_fewest_in_flight(
     assert [levels[(full, level)] for level in (1, 2, 4, 8, 64)] == [
         "full", "full", "half", "half", "half",
     ]  # fmt: skip
+
+
+def test_a_replica_that_cannot_start_sends_its_request_to_the_full_instance(
+    specreg_home: Path, small: Path, model: Path, tmp_path: Path
+) -> None:
+    """Every llama-server here is missing: the replica the load chose fails to start, the
+    request is retried on its configuration's full instance (which fails too: 502 naming it),
+    and the replica is left out from then on."""
+    db = specreg_home / "registry.duckdb"
+    topology = read_topology(small, allowed=[0, 1])
+    table, host, model_id = planned(db, model, topology, None)
+    with opened(db) as con:
+        record_capacity(con, curve(host.fingerprint, model_id, {PLAIN: 4}, ("half", 2, 1)))
+    table = replicated(db, table, host, layouts(topology).splits[0])
+    missing = tuple(replace(b, binary=str(tmp_path / "no-llama-server")) for b in table.backends)
+    table = replace(table, backends=missing)
+    full = backend_of(table, "plain")
+    half0, half1 = (r.backend for r in table.replicas)
+
+    async def main() -> tuple[httpx.Response, str]:
+        pool = BackendPool(table, env={}, logs=tmp_path / "logs", lazy=True, startup_timeout=5)
+        service = Service(table, pool, fitted_classifier(), templates={}, ready_timeout=5)
+        grants = [await pool.scheduler.acquire([full]) for _ in range(3)]  # a fourth meets 4
+        await service.open()
+        try:
+            transport = httpx.ASGITransport(app=service.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://serve") as client:
+                resp = await client.post(
+                    "/v1/chat/completions",
+                    json={"model": "target", "messages": [{"role": "user", "content": "hi"}]},
+                    headers={"X-Specreg-Task": "chat"},
+                )
+            assert all(b.assigned == 0 for b in pool.backends.values())  # every claim ended
+            after = service.choose("target", "chat").backend
+        finally:
+            for g in grants:
+                pool.scheduler.release(g)
+            await service.close()
+            await pool.stop()
+        return resp, after
+
+    resp, after = asyncio.run(main())
+    assert resp.status_code == 502, resp.text
+    assert (resp.headers["X-Specreg-Backend"], resp.headers["X-Specreg-Policy"]) == (full, "retry")
+    assert resp.json()["error"]["backend"] == full
+    assert after == half1  # half0 failed to start: left out
 
 
 # -- (c) the cores ----------------------------------------------------------------------------
