@@ -30,6 +30,7 @@ from specreg.host.topology import (
 )
 from specreg.llama.install import planned_install
 from specreg.recommender.advisor import open_advisor
+from specreg.recommender.predictor import SpeedPredictor
 from specreg.registry.capacity import (
     CONTEXT_LONG,
     CONTEXT_SHORT,
@@ -107,23 +108,35 @@ def curve(
 
 
 def planned(
-    db: Path, model: Path, topology: Topology, numactl: str | None, *, slots: int = 4
+    db: Path, model: Path, topology: Topology, numactl: str | None, predictor: SpeedPredictor
 ) -> tuple[RouteTable, Host, str]:
     """The fixed route table serve plans on `topology`'s host for `model`: plain for every
-    task, ngram-mod K=16 for code, each backend on the full placement. And the model's id."""
+    task, ngram-mod K=16 for code, each backend on the full placement (4 slots). And the
+    model's id. `predictor`: the recommender's model (fitted once for the session)."""
     host = host_of(topology, numactl)
     with opened(db) as con:
         rec = model_record(con, model)
-        advisor = open_advisor(con, HostFacts(30.0, host.physical_cores, "user"))
+        facts = HostFacts(30.0, host.physical_cores, "user")
+        advisor = open_advisor(con, facts, model=predictor)
         pins = [parse_pin("default=none"), parse_pin("code=ngram-mod:16")]
         table = plan_routes(con, planned_install(), host, advisor, [str(model)], pins=pins,
-                            shape=Shape(slots, layouts(topology).full))  # fmt: skip
+                            shape=Shape(4, layouts(topology).full))  # fmt: skip
     return table, host, rec.model_id
 
 
 def replicated(db: Path, table: RouteTable, host: Host, split: tuple[Placement, ...]) -> RouteTable:
     with opened(db) as con:
         return with_replicas(con, table, planned_install(), host, split)
+
+
+def halves(db: Path, small: Path, model: Path, predictor: SpeedPredictor) -> RouteTable:
+    """The 2-core host's table (`small`) once capacity measured plain decoding faster in all on
+    its two halves from 4 clients on: plain replicated on half0 and half1."""
+    topology = read_topology(small, allowed=[0, 1])
+    table, host, model_id = planned(db, model, topology, None, predictor)
+    with opened(db) as con:
+        record_capacity(con, curve(host.fingerprint, model_id, {PLAIN: 4}, ("half", 2, 1)))
+    return replicated(db, table, host, layouts(topology).splits[0])
 
 
 def backend_of(table: RouteTable, label: str) -> str:
@@ -145,12 +158,12 @@ def model(gguf_factory: Any) -> Path:
 
 
 def test_a_split_that_wins_gets_one_replica_per_node_placed_like_a_full_backend(
-    specreg_home: Path, nps4: Path, model: Path
+    specreg_home: Path, nps4: Path, model: Path, prior_model: SpeedPredictor
 ) -> None:
     db = specreg_home / "registry.duckdb"
     topology = read_topology(nps4, allowed=EPYC_CPUS)
     split = layouts(topology).splits[0]
-    table, host, model_id = planned(db, model, topology, NUMACTL)
+    table, host, model_id = planned(db, model, topology, NUMACTL, prior_model)
     assert replicated(db, table, host, split) == table  # nothing measured: nothing changes
     with opened(db) as con:
         record_capacity(con, curve(host.fingerprint, model_id, {PLAIN: 4, NGRAM: 8},
@@ -184,12 +197,12 @@ def test_a_split_that_wins_gets_one_replica_per_node_placed_like_a_full_backend(
 
 
 def test_a_one_node_host_without_numactl_splits_into_halves_pinned_by_llama_cpp(
-    specreg_home: Path, small: Path, model: Path
+    specreg_home: Path, small: Path, model: Path, prior_model: SpeedPredictor
 ) -> None:
     db = specreg_home / "registry.duckdb"
     topology = read_topology(small, allowed=[0, 1])
     split = layouts(topology).splits[0]
-    table, host, model_id = planned(db, model, topology, None)
+    table, host, model_id = planned(db, model, topology, None, prior_model)
     with opened(db) as con:
         record_capacity(con, curve(host.fingerprint, model_id, {PLAIN: 2, NGRAM: None},
                                    ("half", 2, 1)))  # fmt: skip
@@ -206,11 +219,11 @@ def test_a_one_node_host_without_numactl_splits_into_halves_pinned_by_llama_cpp(
 
 
 def test_a_curve_of_another_split_gives_no_replicas_and_says_why(
-    specreg_home: Path, nps4: Path, model: Path
+    specreg_home: Path, nps4: Path, model: Path, prior_model: SpeedPredictor
 ) -> None:
     db = specreg_home / "registry.duckdb"
     topology = read_topology(nps4, allowed=EPYC_CPUS)
-    table, host, model_id = planned(db, model, topology, NUMACTL)
+    table, host, model_id = planned(db, model, topology, NUMACTL, prior_model)
     with opened(db) as con:
         record_capacity(con, curve(host.fingerprint, model_id, {PLAIN: 4}, ("half", 2, 48)))
     got = replicated(db, table, host, layouts(topology).splits[0])
@@ -225,14 +238,9 @@ def test_a_curve_of_another_split_gives_no_replicas_and_says_why(
 
 
 def test_at_load_one_the_full_instance_at_four_the_replicas_by_fewest_in_flight(
-    specreg_home: Path, small: Path, model: Path, tmp_path: Path
+    specreg_home: Path, small: Path, model: Path, tmp_path: Path, prior_model: SpeedPredictor
 ) -> None:
-    db = specreg_home / "registry.duckdb"
-    topology = read_topology(small, allowed=[0, 1])
-    table, host, model_id = planned(db, model, topology, None)
-    with opened(db) as con:
-        record_capacity(con, curve(host.fingerprint, model_id, {PLAIN: 4}, ("half", 2, 1)))
-    table = replicated(db, table, host, layouts(topology).splits[0])
+    table = halves(specreg_home / "registry.duckdb", small, model, prior_model)
     full = backend_of(table, "plain")
     half0, half1 = (r.backend for r in table.replicas)
 
@@ -284,17 +292,12 @@ def test_at_load_one_the_full_instance_at_four_the_replicas_by_fewest_in_flight(
 
 
 def test_a_replica_that_cannot_start_sends_its_request_to_the_full_instance(
-    specreg_home: Path, small: Path, model: Path, tmp_path: Path
+    specreg_home: Path, small: Path, model: Path, tmp_path: Path, prior_model: SpeedPredictor
 ) -> None:
     """Every llama-server here is missing: the replica the load chose fails to start, the
     request is retried on its configuration's full instance (which fails too: 502 naming it),
     and the replica is left out from then on."""
-    db = specreg_home / "registry.duckdb"
-    topology = read_topology(small, allowed=[0, 1])
-    table, host, model_id = planned(db, model, topology, None)
-    with opened(db) as con:
-        record_capacity(con, curve(host.fingerprint, model_id, {PLAIN: 4}, ("half", 2, 1)))
-    table = replicated(db, table, host, layouts(topology).splits[0])
+    table = halves(specreg_home / "registry.duckdb", small, model, prior_model)
     missing = tuple(replace(b, binary=str(tmp_path / "no-llama-server")) for b in table.backends)
     table = replace(table, backends=missing)
     full = backend_of(table, "plain")
@@ -333,14 +336,9 @@ def test_a_replica_that_cannot_start_sends_its_request_to_the_full_instance(
 
 
 def test_two_replicas_decode_together_and_the_full_instance_waits_for_both(
-    specreg_home: Path, small: Path, model: Path, tmp_path: Path
+    specreg_home: Path, small: Path, model: Path, tmp_path: Path, prior_model: SpeedPredictor
 ) -> None:
-    db = specreg_home / "registry.duckdb"
-    topology = read_topology(small, allowed=[0, 1])
-    table, host, model_id = planned(db, model, topology, None)
-    with opened(db) as con:
-        record_capacity(con, curve(host.fingerprint, model_id, {PLAIN: 4}, ("half", 2, 1)))
-    table = replicated(db, table, host, layouts(topology).splits[0])
+    table = halves(specreg_home / "registry.duckdb", small, model, prior_model)
     full = backend_of(table, "plain")
     half0, half1 = (r.backend for r in table.replicas)
 
