@@ -11,10 +11,12 @@ loads to the full instance. Without such a measurement on this host nothing chan
 
 The cores stay the scheduler's (serve.cores): the full instance overlaps every replica and the
 replicas are disjoint, so the replicas decode together while the full instance waits, and the
-full instance decodes alone. Replicas start when the load first sends them a request and count
-against the memory budget like any backend. Their requests are recorded (a run names its
-replica) but are no evidence for the adaptive policy, which compares configurations on the full
-instance; the layout is the capacity curve's call.
+full instance decodes alone; a request on a replica joins only another replica (serve.app
+`alternatives`), and one whose replica cannot serve goes to the full instance. Replicas start
+when the load first sends them a request and count against the memory budget like any backend.
+Their requests are recorded (a run names its replica) but are no evidence for the adaptive
+policy, which compares configurations on the full instance; the layout is the capacity curve's
+call.
 """
 
 from __future__ import annotations
@@ -212,22 +214,22 @@ class SplitLayouts:
     per configuration, load level and layout, for the status."""
 
     def __init__(self, replicas: Sequence[Replica]):
-        self.replicas: dict[str, list[Replica]] = {}
+        self.replicas_of: dict[str, list[Replica]] = {}  # by the full instance's name
         for r in replicas:
-            self.replicas.setdefault(r.of, []).append(r)
-        self.of = {r.backend: r.of for r in replicas}
+            self.replicas_of.setdefault(r.of, []).append(r)
+        self._full_of = {r.backend: r.of for r in replicas}
         self.placed: Counter[tuple[str, int, str]] = Counter()
 
     def is_replica(self, backend: str) -> bool:
-        return backend in self.of
+        return backend in self._full_of
 
     def full_of(self, backend: str) -> str | None:
         """The full instance whose configuration the replica `backend` runs (None: no replica)."""
-        return self.of.get(backend)
+        return self._full_of.get(backend)
 
     def layout(self, backend: str, level: int) -> str:
         """The layout `backend`'s configuration runs on at load `level`: full, or its split."""
-        mine = self.replicas.get(backend)
+        mine = self.replicas_of.get(backend)
         return mine[0].layout if mine and level in mine[0].levels else LAYOUT_FULL
 
     def place(self, backend: str, load: int, in_flight: Mapping[str, int]) -> str:
@@ -235,7 +237,7 @@ class SplitLayouts:
         split wins, the replica with the fewest requests in flight (the first of a tie) among
         the usable ones `in_flight` counts; else `backend` itself."""
         level = level_of(load)
-        usable = [r.backend for r in self.replicas.get(backend, ()) if r.backend in in_flight]
+        usable = [r.backend for r in self.replicas_of.get(backend, ()) if r.backend in in_flight]
         layout = self.layout(backend, level) if usable else LAYOUT_FULL
         chosen = min(usable, key=lambda n: in_flight[n]) if layout != LAYOUT_FULL else backend
         self.placed[(backend, level, layout)] += 1
@@ -253,10 +255,10 @@ class SplitLayouts:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "replicas": [r.to_json() for rs in self.replicas.values() for r in rs],
+            "replicas": [r.to_json() for rs in self.replicas_of.values() for r in rs],
             "levels": [
                 {"backend": of, "level": level, "layout": self.layout(of, level)}
-                for of in self.replicas
+                for of in self.replicas_of
                 for level in LEVELS
             ],
             "requests": [
