@@ -373,17 +373,18 @@ def test_two_replicas_decode_together_and_the_full_instance_waits_for_both(
 
 
 def test_the_dry_run_lists_the_replicas_and_validates(scanned_db: Path) -> None:
-    """`serve --cores N --dry-run` plans for another host of N cores on this machine's nodes,
-    spread evenly (its first split: two halves on one node, else one placement per node)."""
+    """`serve --cores N --bandwidth B --dry-run` plans for another host of N cores on this
+    machine's nodes, spread evenly (its first split: two halves on one node, else one
+    placement per node)."""
     cores = detect_host().physical_cores + 2  # never this machine
     with opened(scanned_db) as con:
-        host = resolve_host(HostQuery(cores=cores), con)[0]
+        host = resolve_host(HostQuery(bandwidth_gbs=100.0, cores=cores), con)[0]
         model_id = resolve_model(con, DEMO_TARGET).model_id
         split = layouts(even_topology(host.physical_cores, host.numa_nodes)).splits[0]
         shape = (split_layout(split), len(split), split[0].threads)
         record_capacity(con, curve(host.fingerprint, model_id, {PLAIN: 4}, shape))
-    args = ["serve", DEMO_TARGET, "--pin", "default=none", "--cores", str(cores), "--dry-run",
-            "--db", str(scanned_db)]  # fmt: skip
+    args = ["serve", DEMO_TARGET, "--pin", "default=none", "--cores", str(cores), "--bandwidth",
+            "100", "--dry-run", "--db", str(scanned_db)]  # fmt: skip
     result = CliRunner().invoke(cli, [*args, "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
