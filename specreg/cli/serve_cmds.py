@@ -240,9 +240,10 @@ def _print_routes(table: RouteTable, status: PolicyStatus | None, as_json: bool)
         out.print(f"  {ctx}: {b.config.ctx} tokens a request ({b.ctx_why})")
         for given in b.server_args:
             out.print(f"  {shlex.join(given.args)}: {given.origin}")
-    for r in table.replicas:
-        out.print(f"{r.backend}: replica of {r.of} on {r.placement.label}, serving its requests "
-                  f"at {r.loads} requests in flight; {r.evidence.why}")  # fmt: skip
+    for replica in table.replicas:
+        out.print(f"{replica.backend}: replica of {replica.of} on {replica.placement.label}, "
+                  f"serving its requests at {replica.loads} requests in flight; "
+                  f"{replica.evidence.why}")  # fmt: skip
     for note in table.notes:
         out.print(f"note: {note}")
 
