@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,6 +243,12 @@ class Layouts:
             "full": self.full.to_json(),
             "splits": [[p.to_json() for p in split] for split in self.splits],
         }
+
+
+def split_layout(split: Sequence[Placement]) -> str:
+    """The name of a split's layout, as `specreg capacity` records it: its placements' name
+    without their numbers (`node` for node0, node1 ...; `nodes` for nodes0-1 ...; `half`)."""
+    return split[0].name.rstrip("0123456789-")
 
 
 def layouts(topology: Topology) -> Layouts:

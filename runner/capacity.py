@@ -31,7 +31,7 @@ from specreg.host.cpu import CpuWatch
 from specreg.host.load import guarded
 from specreg.host.machine import Host
 from specreg.host.placement import launch_flags, launch_prefix
-from specreg.host.topology import Placement, Topology, layouts
+from specreg.host.topology import Placement, Topology, layouts, split_layout
 from specreg.llama.config import Config, server_argv
 from specreg.llama.install import LlamaInstall
 from specreg.llama.server import Completion, LlamaServer
@@ -254,7 +254,7 @@ def measure_capacity(
         chosen.append((LAYOUT_FULL, (shapes.full,)))
     if "split" in plan.layouts and shapes.splits:
         split = shapes.splits[0]
-        chosen.append((split[0].name.rstrip("0123456789-"), split))
+        chosen.append((split_layout(split), split))
     started = datetime.now(timezone.utc)
     log_path = logs_dir() / f"capacity-{started.strftime('%Y%m%dT%H%M%S%f')}.log"
     points: list[CapacityPoint] = []

@@ -45,6 +45,7 @@ from specreg.serve.adaptive import (
 from specreg.serve.backends import Backend, BackendPool, BackendUnavailable
 from specreg.serve.classify import TASK_HEADER, Classification, TaskClassifier, classify
 from specreg.serve.cores import Grant, QueueFull
+from specreg.serve.layouts import SplitLayouts
 from specreg.serve.policy import PolicyStatus
 from specreg.serve.pooled import CatchUp, PooledState
 from specreg.serve.recorder import RunRecorder
@@ -167,13 +168,14 @@ class Service:
         self.templates = templates
         self.recorder = recorder
         self.router = router or Router(table)
+        # where a configuration runs at a load: its full instance, or a split's replica
+        self.layouts = SplitLayouts(table.replicas)
         # Requests' texts are kept (in their runs) only to grow lookup caches from them.
         self.traffic = traffic
         # Backends with pooled n-gram state read the traffic routed elsewhere (serve.pooled).
         self.pooled = pooled
         if self.router.adaptive:
-            # a crashed candidate is retired, not restarted (unless a policy has no other)
-            pool.on_crash = lambda backend, why: self.router.retire(backend.name, why)
+            pool.on_crash = self._retires
         self.inflight: set[_Call] = set()
         # Work of serve's own on the same cores (a traffic cache's build): it counts as one
         # more request in flight for every request it overlaps.
@@ -196,6 +198,22 @@ class Service:
             middleware=[Middleware(KeyCheck, keys=keys)] if keys else [],
         )
 
+    def _retires(self, backend: Backend, why: str) -> bool:
+        """Whether a crashed backend is retired rather than restarted: a candidate is (unless
+        a policy has no other); a split replica is restarted (its configuration is the
+        policy's to judge, on the full instance)."""
+        return not self.layouts.is_replica(backend.name) and self.router.retire(backend.name, why)
+
+    def choose(self, target: str, task: str) -> Pick:
+        """Where a request of (target, task) goes: the policy's configuration at the load it
+        meets, on the layout serve.layouts says for that load (the full instance, or the
+        replica of it with the fewest requests in flight)."""
+        load = self.load_of(target)
+        pick = self.router.choose(target, task, load=load)
+        usable = {name: b.assigned for name, b in self.pool.backends.items() if not b.failure}
+        placed = self.layouts.place(pick.backend, load, usable)
+        return pick if placed == pick.backend else replace(pick, backend=placed)
+
     def count_concurrency(self) -> None:
         """Every request in flight ran alongside the others decoding on its cores (the
         scheduler lets nothing else decode there) and serve's own work."""
@@ -217,14 +235,18 @@ class Service:
         """Backends a request may join instead of `chosen` when they serve it sooner: other
         lossless configurations of its target (speculation never changes what is generated;
         fewer experts would, so it is never substituted), running and ready, the policy's
-        ranking first."""
+        ranking first. A request on a split replica joins only another replica: the load it
+        met chose the split, and joining a full instance's free slot would keep the full
+        instance busy and the split idle for as long as the load lasts."""
         if chosen.spec.config.experts is not None:
             return []
         ranked = self.router.ranked(target, task)
+        split = self.layouts.is_replica(chosen.name)
         same = [
             b for b in self.pool.backends.values()
             if b is not chosen and b.spec.target.name == target and b.ready.is_set()
             and b.spec.config.experts is None and not b.failure
+            and (not split or self.layouts.is_replica(b.name))
         ]  # fmt: skip
         order = {name: i for i, name in enumerate(ranked)}
         return [b.name for b in sorted(same, key=lambda b: order.get(b.name, len(order)))]
@@ -291,6 +313,7 @@ class Service:
     def policy_status(self) -> PolicyStatus:
         """The policy per target and task, with the backends and the memory budget."""
         status = self.router.status()
+        status = replace(status, tasks=tuple(self.layouts.annotate(t) for t in status.tasks))
         extra = {
             "memory_budget": self.pool.memory_budget,
             "memory_used": self.pool.used(),
@@ -301,6 +324,7 @@ class Service:
             },
             "traffic_caches": self.traffic.to_json() if self.traffic is not None else None,
             "pooled_state": self.pooled.to_json() if self.pooled is not None else None,
+            "layouts": self.layouts.to_json(),
             "backends": [
                 {
                     "name": b.name,
@@ -375,7 +399,7 @@ class Service:
             return asked
         raw, body, target, cls = asked.raw, asked.body, asked.target, asked.cls
         route = self.table.route(target.name, cls.task)
-        pick = self.router.choose(target.name, cls.task, load=self.load_of(target.name))
+        pick = self.choose(target.name, cls.task)
         for attempt in (1, 2):
             backend = self.pool[pick.backend]
             headers = {
@@ -388,6 +412,7 @@ class Service:
             }
             call = _Call(self, route, backend, cls, body, raw, started, t0, request.url.path,
                          target=target.name, pick=pick, attempt=attempt)  # fmt: skip
+            call.claim()
             try:
                 await self.pool.ensure(backend, self.ready_timeout)
             except BackendUnavailable as err:
@@ -443,7 +468,7 @@ class Service:
         call.concurrency = max(call.concurrency, grant.load + self.neighbours)
         headers[HEADER_QUEUED] = f"{grant.queued_s * 1000:.0f}"
         if grant.backend != chosen.name:
-            call.backend = self.pool[grant.backend]
+            call.move(self.pool[grant.backend])
             headers[HEADER_PREFERRED] = chosen.name
             headers[HEADER_BACKEND] = grant.backend
             headers[HEADER_CONFIG] = call.backend.spec.config.label
@@ -455,8 +480,16 @@ class Service:
         retry on; under the fixed policy, after a crash (`recorded`: the attempt is recorded
         already), another lossless backend of the target that is running, else the same
         configuration once its process has been started again. None when there is nothing to
-        try. A failed attempt not yet recorded is recorded as a failed run with the reason."""
+        try. A failed attempt not yet recorded is recorded as a failed run with the reason.
+        A split replica is never retired: the request is retried on its configuration's full
+        instance (a replica that failed to start is left out from then on; one that crashed
+        is restarted)."""
         backend = call.backend
+        full = self.layouts.full_of(backend.name)
+        if full is not None:
+            if not recorded:
+                call.record(None, 502, why, "unavailable")
+            return Pick(full, REASON_RETRY, full)
         if not self.router.adaptive:
             if not recorded:
                 return None  # not ready (or down): the fixed route has no other candidate
@@ -513,8 +546,21 @@ class _Call:
     caught_up: CatchUp | None = None  # texts a pooled-state backend read before this request
     warm: bool | None = None  # ... and whether it had read enough of them (None: not pooled)
     grant: Grant | None = None  # its time on the backend's cores (the scheduler's)
+    _claimed: bool = False  # counted in its backend's `assigned`
     _live: bool = False
     _recorded: bool = False
+
+    def claim(self) -> None:
+        """Count it against its backend until it ends (Backend.assigned)."""
+        self.backend.assigned += 1
+        self._claimed = True
+
+    def move(self, backend: Backend) -> None:
+        """It runs on `backend` instead: it joined a lossless alternative that was free."""
+        if self._claimed:
+            self.backend.assigned -= 1
+            backend.assigned += 1
+        self.backend = backend
 
     def begin(self) -> None:
         """Count this request as decoding (with every other one in flight: same cores)."""
@@ -526,6 +572,9 @@ class _Call:
         self._live = True
 
     def end(self) -> None:
+        if self._claimed:
+            self.backend.assigned -= 1
+            self._claimed = False
         if self._live:
             self.service.inflight.discard(self)
             self.backend.inflight -= 1

@@ -101,6 +101,9 @@ class Backend:
         self.answered = 0  # requests sent to the current process (a run's position in it)
         self.last_used = 0  # the pool's request counter when a request last chose it
         self.inflight = 0  # requests on their way through it now
+        # requests sent to it that have not ended: waiting for it to start or for its cores,
+        # or decoding (serve.layouts places a request on the replica with the fewest)
+        self.assigned = 0
         self.starting: asyncio.Task[None] | None = None  # a lazy start under way
         self.last_pss: int | None = None  # bytes it held when last measured
         self.placement_check: PlacementCheck | None = None  # its cores and pages, read back

@@ -706,7 +706,9 @@ class PolicyStatus:
     """Every task policy of a server, for `serve --dry-run` and the status endpoint."""
 
     JSON_KIND = "serve-policy"
-    JSON_VERSION = "2"  # 2: the host's figures the predictions used, each with its source
+    # 2: the host's figures the predictions used, each with its source; 3: each task's layout
+    # (at level 1 and at each level it met) and `layouts`, the split replicas (serve.layouts)
+    JSON_VERSION = "3"
 
     policy: str
     seed: int

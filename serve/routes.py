@@ -41,6 +41,7 @@ from specreg.registry.noise import FALLBACK_NOISE, NoiseFigure, noise_figure
 from specreg.registry.queries import ModelRecord, get_model
 from specreg.registry.scan import model_record
 from specreg.runner.runs import with_expert_key
+from specreg.serve.layouts import Replica
 from specreg.serve.policy import (
     KIND_CACHE,
     KIND_DRAFT,
@@ -171,7 +172,9 @@ class RouteTable:
     `candidates` what the adaptive policy chooses among (empty under --policy fixed)."""
 
     JSON_KIND = "serve-routes"
-    JSON_VERSION = "5"  # 3: slots, placement; 4: host figures and sources; 5: ctx, server_args
+    # 3: slots, placement; 4: host figures and sources; 5: ctx, server_args; 6: replicas (the
+    # backends a split layout runs, with the capacity measurement that says why)
+    JSON_VERSION = "6"
 
     targets: tuple[Target, ...]
     routes: tuple[Route, ...]
@@ -181,6 +184,8 @@ class RouteTable:
     candidates: tuple[CandidateRoute, ...] = ()
     noise: NoiseFigure = FALLBACK_NOISE  # the host's, as the adaptive policy's prior reads it
     figures: tuple[str, ...] = ()  # per target: the figures its recommendations used
+    # backends running another's configuration on a placement of a split (serve.layouts)
+    replicas: tuple[Replica, ...] = ()
 
     def candidates_of(self, target: str, task: str) -> list[CandidateRoute]:
         return [c for c in self.candidates if c.target == target and c.task == task]
@@ -234,6 +239,7 @@ class RouteTable:
                 "candidates": self.candidates,
                 "noise": self.noise.to_json(),
                 "figures": self.figures,
+                "replicas": [r.to_json() for r in self.replicas],
             },
         )
 
@@ -781,6 +787,27 @@ def cache_candidate(
         None, *prior, 0.8, ORIGIN_TRAFFIC_CACHE,
     )  # fmt: skip
     return spec, candidate
+
+
+def replica_backend(
+    base: BackendSpec,
+    place: Placement,
+    slots: int,
+    install: LlamaInstall,
+    host: Host,
+    draft: ModelRecord | None,
+) -> BackendSpec:
+    """`base`'s configuration on `place` with `slots` slots (`draft` is base's draft model):
+    the same target, draft, context per request and user's flags; the placement's threads
+    (`--threads` caps every backend's), CPUs and memory policy, launched as every backend is.
+    Named after base and the placement (`smollm2-plain-node0`)."""
+    threads = min(base.config.threads or place.threads, place.threads)
+    per_token = base.kv_bytes // max(base.config.ctx * base.slots, 1)
+    # a dictionary of its own: replicas on placements of one size have the same flags (the
+    # CPUs are numactl's, before the binary), and each is a process of its own
+    spec = _backend({}, install, host, base.target, base.config.with_(threads=threads), draft,
+                    Shape(slots, place), base.ctx_why, base.server_args, per_token)  # fmt: skip
+    return replace(spec, name=safe_name(f"{base.name}~{place.name}"))
 
 
 def _unique(cands: Sequence[CandidateRoute]) -> list[CandidateRoute]:

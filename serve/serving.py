@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import math
 import signal
 import socket
 from collections import Counter
@@ -35,6 +36,7 @@ from specreg.serve.adaptive import Router
 from specreg.serve.app import DEFAULT_MAX_BODY, KIND_SERVE, REQUEST_TIMEOUT_S, Service
 from specreg.serve.backends import DEFAULT_MAX_QUEUE, BackendPool, BackendStatus
 from specreg.serve.classify import fitted_classifier
+from specreg.serve.layouts import Replica, split_evidence
 from specreg.serve.loadpolicy import LoadModel, load_model_for
 from specreg.serve.memory import default_budget
 from specreg.serve.policy import KIND_PLAIN
@@ -49,6 +51,7 @@ from specreg.serve.routes import (
     cache_candidate,
     parse_pin,
     plan_routes,
+    replica_backend,
 )
 from specreg.serve.traffic import (
     TrafficCaches,
@@ -63,7 +66,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from specreg.host.facts import HostFacts, HostQuery
-    from specreg.host.topology import Placement
+    from specreg.host.topology import Layouts, Placement
     from specreg.registry.lookup_caches import LookupCache
 
 log = logging.getLogger(__name__)
@@ -238,12 +241,14 @@ def prepare(db_path: Path, targets: Sequence[str], plan: ServePlan = ServePlan()
         # recommender that had read them too would count each request twice.
         advisor = open_advisor(con, facts, without=(KIND_SERVE,) if adaptive else ())
         own = user_server_args(plan.server_args, "serve --server-arg") if plan.server_args else None
-        place = full_placement(host, plan.host_query)
-        shape = Shape(plan.parallel, place, plan.threads, plan.ctx, own)
+        shapes = host_layouts(host, plan.host_query)
+        shape = Shape(plan.parallel, shapes.full, plan.threads, plan.ctx, own)
         table = plan_routes(
             con, install, host, advisor, targets, spec=spec, pins=parsed, shape=shape,
             policy=plan.policy,
         )  # fmt: skip
+        if shapes.splits:  # where `specreg capacity` measured a split faster in all
+            table = with_replicas(con, table, install, host, shapes.splits[0])
         if not adaptive:
             return Prepared(table, install, host)
         models = _load_models(con, table, host, facts)
@@ -283,16 +288,17 @@ def _load_models(
     return out
 
 
-def full_placement(host: Host, query: HostQuery | None) -> Placement:
-    """Every core of the host serve runs for, one thread each, memory interleaved over its
-    nodes: this machine's topology from /sys, or another host's as its facts state it."""
+def host_layouts(host: Host, query: HostQuery | None) -> Layouts:
+    """The placements of the host serve runs for (host.topology.layouts: every core one thread
+    each, memory interleaved over its nodes, and the splits): this machine's topology from
+    /sys, or another host's as its facts state it."""
     from specreg.host.topology import even_topology, layouts, read_topology
 
     if query is not None and query.elsewhere:
         topology = even_topology(host.physical_cores, host.numa_nodes)
     else:
         topology = read_topology()
-    return layouts(topology).full
+    return layouts(topology)
 
 
 def with_traffic_caches(
@@ -328,6 +334,43 @@ def with_traffic_caches(
     return replace(table, backends=tuple(backends), candidates=tuple(candidates))
 
 
+def with_replicas(
+    con: duckdb.DuckDBPyConnection,
+    table: RouteTable,
+    install: LlamaInstall,
+    host: Host,
+    split: Sequence[Placement],
+) -> RouteTable:
+    """The table with a replica on every placement of `split` (the host's first split, the one
+    `specreg capacity` measures) for each backend whose configuration's newest capacity curve
+    on this host has the split's aggregate above the full instance's at some load
+    (serve.layouts); the table as it was without one. A replica has its share of the full
+    instance's slots, as capacity gave each of the split's instances."""
+    from specreg.registry.capacity import latest_capacity
+    from specreg.registry.queries import get_model
+
+    backends, notes = list(table.backends), list(table.notes)
+    replicas: list[Replica] = []
+    for target in table.targets:
+        curve = latest_capacity(con, host.fingerprint, target.model_id)
+        if curve is None:
+            continue
+        found, note = split_evidence(curve, split)
+        if note is not None:
+            notes.append(f"{target.name}: {note}")
+        for evidence in (e for e in found if e.levels):
+            bases = [b for b in table.backends
+                     if b.target == target and evidence.runs(b.config, b.draft_id)]  # fmt: skip
+            for base in bases:
+                draft = get_model(con, base.draft_id) if base.draft_id else None
+                slots = math.ceil(base.slots / len(split))
+                for place in split:
+                    spec = replica_backend(base, place, slots, install, host, draft)
+                    backends.append(spec)
+                    replicas.append(Replica(spec.name, base.name, place, evidence))
+    return replace(table, backends=tuple(backends), replicas=tuple(replicas), notes=tuple(notes))
+
+
 def served_runs(con: duckdb.DuckDBPyConnection, table: RouteTable) -> tuple[RunRecord, ...]:
     """Every served request recorded for the table's targets (the policy's evidence)."""
     from specreg.registry.run_store import list_runs
@@ -359,7 +402,12 @@ def run_template(spec: BackendSpec, install: LlamaInstall, host: Host) -> RunRec
 
 
 def initial_backends(table: RouteTable, router: Router) -> list[str]:
-    """The backends to start with: each (target, task)'s current best, most wanted first."""
+    """The backends to start with: each (target, task)'s current best, most wanted first
+    (adaptive); every backend but the split replicas, which start when the load first sends
+    them a request (fixed)."""
+    if not router.adaptive:
+        replicas = {r.backend for r in table.replicas}
+        return [b.name for b in table.backends if b.name not in replicas]
     wanted = [router.best(t.name, task) for t in table.targets for task in TASKS]
     counts = Counter(wanted)
     return sorted(dict.fromkeys(wanted), key=lambda name: -counts[name])
@@ -454,14 +502,15 @@ async def _main(
     try:
         # Fixed: every route's backend now. Adaptive: each task's current best now (in
         # order, within the budget: a task whose best does not fit waits for its request),
-        # then the other candidates the budget holds beside them; the rest when the policy
-        # first sends a request there.
+        # then the other candidates the budget holds beside them; the rest, and split
+        # replicas, when the policy or the load first sends a request there.
         warming = await asyncio.to_thread(warm_models, serving.table, serving.host.numactl)
         if warming is not None:
             progress.note(f"page cache: {warming.summary}")
-        await pool.start(initial_backends(serving.table, router) if router.adaptive else None)
+        await pool.start(initial_backends(serving.table, router))
         if router.adaptive:  # exploring a candidate then costs its requests, not its loading
-            await pool.prestart(b.name for b in serving.table.backends)
+            replicas = {r.backend for r in serving.table.replicas}
+            await pool.prestart(b.name for b in serving.table.backends if b.name not in replicas)
         await service.open()
         await _http(service, options, stop, on_ready)
     except asyncio.CancelledError:
@@ -507,7 +556,7 @@ def _service(
         budget = default_budget()
     pool = BackendPool(
         table, env=host.env(), logs=logs_dir(), startup_timeout=options.startup_timeout,
-        memory_budget=budget, lazy=adaptive, max_queue=options.max_queue,
+        memory_budget=budget, lazy=adaptive or bool(table.replicas), max_queue=options.max_queue,
     )  # fmt: skip
     templates = {b.name: run_template(b, install, host) for b in table.backends}
     dropping: set[asyncio.Task[None]] = set()

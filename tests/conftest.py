@@ -18,6 +18,7 @@ pytest_plugins = [
     "support.quality",
     "support.recommender",
     "support.reports",
+    "support.topology",
 ]
 
 

@@ -240,6 +240,10 @@ def _print_routes(table: RouteTable, status: PolicyStatus | None, as_json: bool)
         out.print(f"  {ctx}: {b.config.ctx} tokens a request ({b.ctx_why})")
         for given in b.server_args:
             out.print(f"  {shlex.join(given.args)}: {given.origin}")
+    for replica in table.replicas:
+        out.print(f"{replica.backend}: replica of {replica.of} on {replica.placement.label}, "
+                  f"serving its requests at {replica.loads} requests in flight; "
+                  f"{replica.evidence.why}")  # fmt: skip
     for note in table.notes:
         out.print(f"note: {note}")
 
@@ -274,9 +278,14 @@ def _print_ready(url: str, table: RouteTable, status: list[BackendStatus]) -> No
     out = err_console()
     names = ", ".join(t.name for t in table.targets)
     out.print(f"serving {names} at {url}/v1 (OpenAI API); health at {url}/health")
+    replicas = {r.backend: r for r in table.replicas}
     for s in status:
         tasks = ", ".join(r.task for r in table.routes if r.backend == s.name)
-        if s.pid is None:
+        replica = replicas.get(s.name)
+        if replica is not None and s.pid is None:
+            out.print(f"  backend {s.name}: replica of {replica.of} on {replica.placement.name}, "
+                      "starts when the load first sends it a request")  # fmt: skip
+        elif s.pid is None:
             out.print(f"  backend {s.name}: starts when the policy first chooses it")
         else:
             out.print(f"  backend {s.name} (pid {s.pid}, port {s.port}): {tasks or 'a candidate'}")

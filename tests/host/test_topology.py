@@ -9,7 +9,6 @@ import os
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterable
 from itertools import combinations
 from pathlib import Path
 
@@ -35,53 +34,14 @@ from specreg.host.topology import (
     layouts,
     parse_cpu_list,
     read_topology,
+    split_layout,
 )
 from specreg.llama.process import free_port
 from specreg.samples.small_models import SmallModels
 
+from support.topology import EPYC_CORES, EPYC_CPUS, fake_sys
+
 NUMACTL = "/usr/bin/numactl"
-EPYC_CORES = 96
-EPYC_CPUS = range(2 * EPYC_CORES)
-
-
-def fake_sys(root: Path, cores: Iterable[tuple[int, ...]], nodes: dict[int, str] | None) -> Path:
-    """A /sys tree: each core's CPUs (SMT siblings) with their topology files, and the node
-    folders with their cpulist (none: a machine without NUMA folders)."""
-    for core_id, siblings in enumerate(cores):
-        for cpu in siblings:
-            topo = root / f"devices/system/cpu/cpu{cpu}/topology"
-            topo.mkdir(parents=True)
-            (topo / "thread_siblings_list").write_text(format_cpu_list(siblings) + "\n")
-            (topo / "core_id").write_text(f"{core_id}\n")
-            (topo / "physical_package_id").write_text("0\n")
-    (root / "devices/system/cpu/cpufreq").mkdir(parents=True, exist_ok=True)  # not a CPU
-    for node, cpulist in (nodes or {}).items():
-        folder = root / f"devices/system/node/node{node}"
-        folder.mkdir(parents=True)
-        (folder / "cpulist").write_text(cpulist + "\n")
-    return root
-
-
-def epyc_cores() -> list[tuple[int, int]]:
-    return [(cpu, cpu + EPYC_CORES) for cpu in range(EPYC_CORES)]
-
-
-@pytest.fixture
-def nps4(tmp_path: Path) -> Path:
-    """EPYC 9655 in NPS4: node N holds cores 24N..24N+23 and their siblings 96 above."""
-    nodes = {n: f"{24 * n}-{24 * n + 23},{96 + 24 * n}-{96 + 24 * n + 23}" for n in range(4)}
-    return fake_sys(tmp_path / "nps4", epyc_cores(), nodes)
-
-
-@pytest.fixture
-def nps1(tmp_path: Path) -> Path:
-    return fake_sys(tmp_path / "nps1", epyc_cores(), {0: "0-191"})
-
-
-@pytest.fixture
-def small(tmp_path: Path) -> Path:
-    """This machine's shape: 2 cores, no SMT, one node."""
-    return fake_sys(tmp_path / "sys", [(0,), (1,)], {0: "0-1"})
 
 
 def all_placements(lay: Layouts) -> list[Placement]:
@@ -184,6 +144,7 @@ def test_nps4_splits_per_node_and_per_pair(nps4: Path) -> None:
     assert pairs[1].cpus == tuple(range(48, 96)) and pairs[1].nodes == (2, 3)
     assert per_node[0].overlaps(pairs[0]) and not per_node[2].overlaps(pairs[0])
     assert json.loads(json.dumps(lay.to_json()))["splits"][1][0]["name"] == "nodes0-1"
+    assert [split_layout(s) for s in lay.splits] == ["node", "nodes"]  # as capacity records it
 
 
 def test_nps1_full_and_halves(nps1: Path) -> None:
@@ -199,6 +160,7 @@ def test_nps1_full_and_halves(nps1: Path) -> None:
         ("half1", tuple(range(48, 96))),
     ]
     assert all(p.threads == 48 and p.policy is None for p in halves)
+    assert split_layout(halves) == "half"
     assert halves[1].label == "half1: 48 threads on CPUs 48-95"
 
 

@@ -194,7 +194,7 @@ def test_it_converges_and_the_status_shows_why(tmp_path: Path, fake: Path) -> No
     assert arms["ngram"]["posterior_lo"] < 34 < arms["ngram"]["posterior_hi"]
     assert status["kind"] == "serve-policy" and status["policy"] == "adaptive"
     # which host figure the policy's prior scatter is, and where it came from (issue 40)
-    assert status["version"] == "2" and status["figures"][0].startswith("noise prior of a ")
+    assert status["version"] == "3" and status["figures"][0].startswith("noise prior of a ")
     assert "noise floor" in status["figures"][0] and code["noise_prior"] > 0
 
 

@@ -122,11 +122,12 @@ def test_dry_run_json_lists_routes_and_commands(
         tmp_path, specreg_home, small_models, llama_install, "--threads", "1", "--policy",
         "adaptive",
     )  # fmt: skip
-    assert (doc["version"], doc["kind"]) == ("5", "serve-routes")
+    assert (doc["version"], doc["kind"]) == ("6", "serve-routes")
     assert set(doc) == {
         "version", "kind", "targets", "routes", "backends", "notes", "policy", "candidates",
-        "noise", "figures",
+        "noise", "figures", "replicas",
     }  # fmt: skip
+    assert doc["replicas"] == []  # no capacity measured on this host: no split replicas
     # the host's figures the recommendations used, each with where it came from
     assert doc["noise"]["source"] in ("measured", "fallback")
     assert doc["figures"] and all("noise floor" in f for f in doc["figures"])
