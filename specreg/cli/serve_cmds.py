@@ -194,9 +194,7 @@ def serve_cmd(targets: tuple[str, ...], listening: dict[str, Any], backends: dic
     if host_query.elsewhere and not dry_run:
         raise UsageError("--host-facts, --cores and --memory describe another host: add --dry-run")
     options = serving.ServeOptions.of(**listening, **policy)
-    if options.public and not options.loopback:
-        err_console().print(f"warning: listening on {options.host} without a key (--public): "
-                            "anyone who can reach this machine can use these models")  # fmt: skip
+    _warn_if_public(options)
     plan = serving.ServePlan(llama_bin=llama_bin, host_query=host_query,
                              policy=policy["policy"], dry_run=dry_run, **backends)  # fmt: skip
     with measuring(as_json=as_json):  # the recommender's fit, the first time
@@ -213,6 +211,12 @@ def serve_cmd(targets: tuple[str, ...], listening: dict[str, Any], backends: dic
                         options, on_ready=ready, router=router,
                         traffic=prepared.traffic)  # fmt: skip
     err_console().print(f"stopped ({why}); every backend has exited")
+
+
+def _warn_if_public(options: Any) -> None:
+    if options.public and not options.loopback:
+        err_console().print(f"warning: listening on {options.host} without a key (--public): "
+                            "anyone who can reach this machine can use these models")  # fmt: skip
 
 
 def _serving() -> Any:
