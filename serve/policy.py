@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Any
@@ -99,6 +99,12 @@ TASK_SIGMA = 0.25
 # error against the prediction was +0.43 to +1.27 (log) across code, prose, json and summarize,
 # a scatter of 0.39 (benchmarks/serve_adaptive.py, 2026-11-25).
 TASK_SIGMA_LOOKUP = 0.5
+# How far a drafter's error against its prediction at one K sits from its error at another
+# (log units), beyond the per-request scatter: the drafter's cost on these cores is the same at
+# every K, and the cost model's K curve is what may differ. On this 2-core host the Qwen2.5-Coder
+# pair's draft loses at every K (0.1-0.75x plain at K 2-16, docs/measurements/real-pair.md)
+# where an uncalibrated prior puts it at 0.7-0.8x: without this each K paid for its own try.
+K_SIGMA = 0.25
 
 EXPLORE = "explore"
 EXPLOIT = "exploit"
@@ -519,26 +525,27 @@ class TaskPolicy:
             a.shift = r / (w + SHIFT_SHRINK) if w > 0 and a.candidate.shared_shift else 0.0
 
     def _from_peers(self) -> None:
-        """Each candidate's prior, moved and narrowed by its own error on the other tasks.
+        """Each candidate's prior, moved and narrowed by its own error on the other tasks and,
+        for a drafter, by its error at the other K.
 
         Normal model: a configuration's log speed on task t is its prediction plus the task's
         shared shift plus b (its own error, common to the tasks) plus e_t ~ N(0, TASK_SIGMA^2).
         A peer task's measurements estimate b by their `own_error`, with variance TASK_SIGMA^2
-        plus the per-request scatter over their evidence. The prior of b is what is left of
-        the recommender's band after the task-to-task part; its posterior, plus e_t, is the
-        prior here, which its own requests then update as any prior. A peer's own_error reads
-        only that peer's measurements, so nothing goes round in circles. Without peer evidence
-        the prior is the recommender's, unchanged."""
+        plus the per-request scatter over their evidence. A drafter's other K estimate it too,
+        with K_SIGMA^2 more: what the cost model gets wrong about a drafter on these cores
+        (its pass, its acceptance) is the drafter's at every K. The prior of b is what is left
+        of the recommender's band after the task-to-task part; its posterior, plus e_t, is the
+        prior here, which its own requests then update as any prior. A related arm's own_error
+        reads only that arm's measurements, so nothing goes round in circles. Without related
+        evidence the prior is the recommender's, unchanged."""
         for arm in self.arms.values():
             arm.peer_shift, arm.peer_sigma, arm.peer_weight = 0.0, None, 0.0
             if not arm.candidate.shared_shift:
                 continue  # a prior made from a measured neighbour holds what is known already
             ts = TASK_SIGMA_LOOKUP if _match_only(arm.candidate) else TASK_SIGMA
-            seen = [(e, a.noise**2 / a.weight + ts**2, a.weight)
-                    for p in self.peers if p is not self
-                    and (a := p.arms.get(arm.candidate.key)) is not None
-                    and a.candidate.shared_shift and a.weight > 0
-                    and (e := a.own_error) is not None]  # fmt: skip
+            seen = [(e, a.noise**2 / a.weight + apart, a.weight)
+                    for a, apart in self._related(arm, ts)
+                    if (e := a.own_error) is not None]  # fmt: skip
             if not seen:
                 continue
             s0 = arm.candidate.prior_sigma
@@ -547,6 +554,23 @@ class TaskPolicy:
             arm.peer_shift = sum(e / v for e, v, _ in seen) / prec
             arm.peer_sigma = min(math.sqrt(1.0 / prec + ts**2), s0)
             arm.peer_weight = sum(w for _, _, w in seen)
+
+    def _related(self, arm: Arm, ts: float) -> Iterator[tuple[Arm, float]]:
+        """The measured arms whose own error speaks for `arm`'s, each with how far theirs may
+        sit from its (a log variance): the same configuration on the target's other tasks
+        (ts^2), and a drafter at another K on this task (K_SIGMA^2) or on another (both)."""
+        c = arm.candidate
+        drafter = c.family if c.kind == KIND_DRAFT else None
+        for policy in {id(p): p for p in (self, *self.peers)}.values():
+            elsewhere = ts**2 if policy is not self else 0.0
+            for other in policy.arms.values():
+                o = other.candidate
+                if other is arm or not o.shared_shift or other.weight <= 0:
+                    continue
+                if o.key == c.key:
+                    yield other, elsewhere
+                elif drafter is not None and o.kind == KIND_DRAFT and o.family == drafter:
+                    yield other, K_SIGMA**2 + elsewhere
 
     def _retire(self) -> None:
         best = self.best()
@@ -566,7 +590,7 @@ class TaskPolicy:
                 arm.why = (
                     f"{DOMINATED} {best.candidate.label} ({mid:.1f} t/s [{lo:.1f}-{hi:.1f}]): "
                     f"P(faster) = {p:.3f} after {arm.requests} request(s)"
-                    + (f" and {arm.peer_weight:g} on other tasks" if arm.peer_weight else "")
+                    + (f" and {arm.peer_weight:g} on other tasks or K" if arm.peer_weight else "")
                 )
                 self.events.append(f"retired {arm.candidate.label}: {arm.why}")
 

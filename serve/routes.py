@@ -68,8 +68,11 @@ POLICIES = (POLICY_ADAPTIVE, POLICY_FIXED)
 DEFAULT_TASK = "default"
 # llama-server slots per backend: requests it decodes at once, batched into one pass per step
 # (on this 2-core host two slots gave 1.47x one slot's aggregate: 123.6 against 84.1 t/s).
-# Beyond its slots a backend's requests wait in serve's queue.
-DEFAULT_PARALLEL = 4
+# Beyond its slots a backend's requests wait in serve's queue. Eight: with four, eight clients
+# of the Qwen2.5-Coder pair waited in turn (p95 end to end 1.15x a llama-server with -np 8,
+# benchmarks/serve_load.py at 6e81957); a slot not decoding costs only its KV cache, and one
+# stream decodes as fast with eight slots as with one.
+DEFAULT_PARALLEL = 8
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 

@@ -35,7 +35,7 @@ from specreg.units import INT32_MAX
 
 # Slots per backend (llama-server -np): as serve.routes.DEFAULT_PARALLEL, which needs the
 # [serve] extra to import.
-DEFAULT_SLOTS = 4
+DEFAULT_SLOTS = 8
 
 if TYPE_CHECKING:
     from specreg.host.facts import HostQuery

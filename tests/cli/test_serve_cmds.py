@@ -51,8 +51,8 @@ def test_the_context_follows_the_model_and_the_memory(scanned_db: Path) -> None:
             "why": "the model's trained context (32768), which memory holds",
         }
         assert b["argv"][b["argv"].index("-c") + 1] == str(32768 * b["slots"])
-    # 1.2 GB: half the 0.7 GB beside the weights holds less than the trained context
-    tight = _routes(scanned_db, facts='{"mem_bytes": 1200000000}')
+    # 2 GB: half the 1.5 GB beside the weights holds less than the trained context for 8 slots
+    tight = _routes(scanned_db, facts='{"mem_bytes": 2000000000}')
     for b in tight["backends"]:
         assert 4096 <= b["ctx"]["tokens"] < 32768
         assert b["ctx"]["why"].startswith("as much of the trained 32768 as half the memory")

@@ -295,6 +295,34 @@ def test_a_draft_that_lost_on_one_task_is_not_tried_again_on_another() -> None:
     assert "on other tasks" in arm.why, arm.why
 
 
+def test_a_drafter_that_lost_at_one_k_is_not_tried_again_at_each_other_k() -> None:
+    # The Qwen2.5-Coder pair on this 2-core host: the draft loses at every K (about half of
+    # plain's speed), where the uncalibrated prior puts it at 0.8x plain with a wide band.
+    # Once one K has lost, its neighbours' priors move down with it.
+    truth = {"plain": 36.0, "d:K=4": 17.0, "d:K=8": 15.0, "d:K=12": 12.0}
+
+    def drafts(family: str | None) -> list[Candidate]:
+        return [replace(draft(k, 8.0), family=family or f"d{k}") for k in (4, 8, 12)]
+
+    plain = Candidate("plain", "plain", 10.0, 5.8, 17.4)
+    tries = {"family": 0, "apart": 0}
+    for seed in range(30):
+        for how, family in (("family", "d"), ("apart", None)):
+            policy = TaskPolicy("t/code", [plain, *drafts(family)], seed=seed)
+            tries[how] += sum(k != "plain" for k in run(policy, truth, 16, seed=seed))
+    assert tries["apart"] >= 3 * 30  # apart, each K pays for its own try
+    assert tries["family"] <= 0.8 * tries["apart"], tries
+    # what one K found moves an untried neighbour, and says so
+    policy = TaskPolicy("t/code", [plain, *drafts("d")], seed=0)
+    for _ in range(3):
+        policy.observe("plain", 36.0)
+        policy.observe("d:K=4", 17.0)
+    arm = policy["d:K=8"]
+    policy.choose()
+    assert arm.requests == 0 and arm.peer_shift < -0.1 and arm.peer_weight == 3
+    assert arm.band()[2] < 36.0 or arm.status == STATUS_RETIRED
+
+
 def test_the_other_tasks_never_retire_a_lookup_before_its_own_try() -> None:
     # SmolLM2 served (2026-11-25): ngram-mod decoded about plain's speed on prose, json and
     # code, far above its prediction there; that evidence moved and narrowed its summarize
