@@ -41,6 +41,7 @@ from specreg.serve.loadpolicy import LoadModel, load_model_for
 from specreg.serve.memory import default_budget
 from specreg.serve.policy import KIND_PLAIN
 from specreg.serve.pooled import PooledState
+from specreg.serve.probe import probe_candidates
 from specreg.serve.recorder import RunRecorder
 from specreg.serve.routes import (
     DEFAULT_PARALLEL,
@@ -511,6 +512,9 @@ async def _main(
         if router.adaptive:  # exploring a candidate then costs its requests, not its loading
             replicas = {r.backend for r in serving.table.replicas}
             await pool.prestart(b.name for b in serving.table.backends if b.name not in replicas)
+            probed = await probe_candidates(router, pool.backends)  # ... nor its first requests
+            if probed:
+                progress.note("probed: " + "; ".join(p.line() for p in probed))
         await service.open()
         await _http(service, options, stop, on_ready)
     except asyncio.CancelledError:

@@ -21,12 +21,14 @@ import pytest
 from specreg.host.machine import detect_host
 from specreg.llama.config import Config
 from specreg.llama.install import LlamaInstall
+from specreg.runner.workload import task_prompts
 from specreg.serve.adaptive import SERVE_KEY, Router
 from specreg.serve.app import Service
 from specreg.serve.backends import BackendPool
 from specreg.serve.classify import fitted_classifier
 from specreg.serve.policy import KIND_DRAFT, KIND_NGRAM, KIND_PLAIN, ORIGIN_K_OUTWARD
 from specreg.serve.pooled import PooledState
+from specreg.serve.probe import PROBE_TOKENS, probe_candidates
 from specreg.serve.routes import (
     POLICY_ADAPTIVE,
     BackendSpec,
@@ -443,3 +445,45 @@ def test_candidates_that_fit_start_before_the_first_request(tmp_path: Path, fake
     assert started(None) == (["a", "b"], ["plain", "a", "b"])
     # two fakes (100 MiB and Python each) fit, never three: nothing is stopped to make room
     assert started(300 * 2**20) == (["a"], ["plain", "a"])
+
+
+def test_each_candidate_is_probed_before_serving_and_a_losing_draft_serves_no_one(
+    tmp_path: Path, fake: Path
+) -> None:
+    """The prior says the draft is a little faster than plain; it decodes at a third of plain's
+    speed. Probed at start, it never costs a user's request. A lookup (its state outlives a
+    request) is not probed, and a candidate with evidence is not probed again."""
+    calls = tmp_path / "draft-calls.jsonl"
+    plain = backend(fake, "plain", Config(), "--fake-tps", "30")
+    draft = backend(fake, "draft", Config(spec_type="draft-simple", k=4), "--fake-tps", "10",
+                    "--fake-log", str(calls))  # fmt: skip
+    ngram = backend(fake, "ngram", Config(spec_type="ngram-mod"), "--fake-tps", "29")
+    t = table(
+        [plain, draft, ngram],
+        [cand(plain, KIND_PLAIN, 10.0), cand(draft, KIND_DRAFT, 11.0, family="d"),
+         cand(ngram, KIND_NGRAM, 9.0)],
+    )  # fmt: skip
+    router = Router(t, seed=0)
+
+    async def body(client: httpx.AsyncClient, service: Service) -> Any:
+        await service.pool.prestart(x.name for x in t.backends)
+        probed = await probe_candidates(router, service.pool.backends)
+        again = await probe_candidates(router, service.pool.backends)
+        got = [await ask(client, f"request {i}") for i in range(12)]
+        return probed, again, got
+
+    probed, again, got = serve(tmp_path, t, body, router=router)
+    assert [(p.backend, p.task, p.tps) for p in probed] == [
+        ("plain", "code", 30.0),
+        ("draft", "code", 10.0),
+    ]
+    assert probed[1].drafted == 24 and probed[1].accepted == 12
+    assert again == []
+    (call,) = [json.loads(line) for line in calls.read_text().splitlines()][:1]
+    assert call["body"]["max_tokens"] == PROBE_TOKENS and call["body"]["temperature"] == 0
+    assert call["body"]["messages"][0]["content"] == task_prompts("code")[0].text
+    chosen = [r.headers["x-specreg-backend"] for r in got]
+    assert set(chosen) <= {"plain", "ngram"} and "plain" in chosen, chosen
+    code = router.policy("tiny", "code")
+    assert code is not None and code["draft"].requests == 1  # the probe, nothing since
+    assert code["ngram"].requests == chosen.count("ngram")  # users' requests only
