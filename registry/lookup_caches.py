@@ -23,6 +23,7 @@ from typing import Any
 import duckdb
 
 from specreg.errors import UsageError
+from specreg.jsonout import FieldsDocument
 from specreg.registry.queries import human_bytes, human_count
 from specreg.registry.run_store import STATUS_OK
 from specreg.registry.sql import transaction, where_equal
@@ -141,18 +142,13 @@ class LookupCache:
 
 
 @dataclass(frozen=True)
-class LookupCacheList:
+class LookupCacheList(FieldsDocument):
     """`specreg lookup-cache list`."""
 
     JSON_KIND = "lookup-caches"
     JSON_VERSION = "1"
 
     caches: tuple[LookupCache, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        from specreg.jsonout import document
-
-        return document(self.JSON_KIND, self.JSON_VERSION, {"caches": self.caches})
 
 
 _COLUMNS = [f.name for f in fields(LookupCache)]

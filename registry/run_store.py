@@ -26,6 +26,7 @@ from typing import Any
 import duckdb
 
 from specreg.errors import UsageError
+from specreg.jsonout import FieldsDocument
 from specreg.llamacpp import keeps_state
 from specreg.registry.sql import transaction
 from specreg.terms import REGIME_WARM
@@ -175,7 +176,7 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
-class RunList:
+class RunList(FieldsDocument):
     """`specreg runs`: recorded runs, newest first."""
 
     JSON_KIND = "runs"
@@ -183,14 +184,9 @@ class RunList:
 
     runs: tuple[RunRecord, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        from specreg.jsonout import document
-
-        return document(self.JSON_KIND, self.JSON_VERSION, {"runs": self.runs})
-
 
 @dataclass(frozen=True)
-class VerifiedRun:
+class VerifiedRun(FieldsDocument):
     """`specreg verify`: the plain baseline and the judged configuration's run."""
 
     JSON_KIND = "verify"
@@ -198,12 +194,6 @@ class VerifiedRun:
 
     baseline: RunRecord
     run: RunRecord
-
-    def to_json(self) -> dict[str, Any]:
-        from specreg.jsonout import document
-
-        payload = {"baseline": self.baseline, "run": self.run}
-        return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
 
 _JSON_RUN = {"config", "host", "protocol", "repeat_figures", "phase_figures", "type_figures"}
