@@ -145,14 +145,9 @@ def current_policy() -> LoadPolicy:
     return _POLICY.get() or LoadPolicy.from_env()
 
 
-@contextmanager
-def using(policy: LoadPolicy) -> Iterator[LoadPolicy]:
+def using(policy: LoadPolicy) -> contextlib.AbstractContextManager[LoadPolicy]:
     """Measure under `policy` in the block (the CLI's --allow-load, the stored noise floor)."""
-    token = _POLICY.set(policy)
-    try:
-        yield policy
-    finally:
-        _POLICY.reset(token)
+    return progress.bound(_POLICY, policy)
 
 
 # -- who uses the CPU --------------------------------------------------------------------------

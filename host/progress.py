@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Task(Protocol):
@@ -58,13 +60,19 @@ def listener() -> Listener:
 
 
 @contextmanager
-def listening(to: Listener) -> Iterator[Listener]:
-    """Report the progress of the block's work to `to`."""
-    token = _LISTENER.set(to)
+def bound(var: ContextVar[T | None], value: T) -> Iterator[T]:
+    """`var` is `value` in the block, and what it was before once the block ends (this
+    module's listener, the load policy of `host.load`)."""
+    token = var.set(value)
     try:
-        yield to
+        yield value
     finally:
-        _LISTENER.reset(token)
+        var.reset(token)
+
+
+def listening(to: Listener) -> AbstractContextManager[Listener]:
+    """Report the progress of the block's work to `to`."""
+    return bound(_LISTENER, to)
 
 
 @contextmanager

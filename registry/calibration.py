@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from dataclasses import dataclass, fields
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import duckdb
 
-from specreg.registry.sql import transaction, where_equal
+from specreg.registry.sql import Rows, transaction, where_equal
 
 CALIBRATIONS = "calibrations"
 CALIBRATION_POINTS = "calibration_points"
@@ -205,55 +205,33 @@ def point(
     )
 
 
-_CAL_COLUMNS = [f.name for f in fields(CalibrationRecord) if f.name not in ("points",)]
-_CAL_INSERT = [c for c in _CAL_COLUMNS if c != "calibration_id"]
-_POINT_COLUMNS = [f.name for f in fields(CalibrationPoint)]
-# TIMESTAMPTZ values come back as pytz-aware datetimes, and pytz is not a dependency: read
-# instants as epoch seconds.
-_CAL_SELECT = ", ".join("epoch(measured_at)" if c == "measured_at" else c for c in _CAL_COLUMNS)
+_CALIBRATIONS = Rows(
+    CALIBRATIONS, CalibrationRecord, instant="measured_at", arrays=["argv"], skip=["points"]
+)
+_POINTS = Rows(CALIBRATION_POINTS, CalibrationPoint, arrays=["samples"])
 
 
 def record_calibration(con: duckdb.DuckDBPyConnection, rec: CalibrationRecord) -> int:
     """Store a calibration and its points in one transaction; return its id."""
-    values: list[Any] = [
-        list(getattr(rec, c)) if c == "argv" else getattr(rec, c) for c in _CAL_INSERT
-    ]
     with transaction(con):
-        row = con.execute(
-            f"INSERT INTO {CALIBRATIONS} ({', '.join(_CAL_INSERT)}) "
-            f"VALUES ({', '.join('?' for _ in _CAL_INSERT)}) RETURNING calibration_id",
-            values,
-        ).fetchone()
-        assert row is not None
-        cal_id = int(row[0])
+        values = _CALIBRATIONS.values(rec)
+        cal_id = int(_CALIBRATIONS.insert(con, values, returning="calibration_id"))
         for p in rec.points:
-            pvalues = [list(p.samples) if c == "samples" else getattr(p, c) for c in _POINT_COLUMNS]
-            con.execute(
-                f"INSERT INTO {CALIBRATION_POINTS} (calibration_id, {', '.join(_POINT_COLUMNS)}) "
-                f"VALUES (?, {', '.join('?' for _ in _POINT_COLUMNS)})",
-                [cal_id, *pvalues],
-            )
+            _POINTS.insert(con, {"calibration_id": cal_id, **_POINTS.values(p)})
     return cal_id
 
 
 def _points(con: duckdb.DuckDBPyConnection, cal_id: int) -> tuple[CalibrationPoint, ...]:
     rows = con.execute(
-        f"SELECT {', '.join(_POINT_COLUMNS)} FROM {CALIBRATION_POINTS} "
+        f"SELECT {_POINTS.select} FROM {CALIBRATION_POINTS} "
         "WHERE calibration_id = ? ORDER BY kind, n_tokens",
         [cal_id],
     ).fetchall()
-    out = []
-    for r in rows:
-        data = dict(zip(_POINT_COLUMNS, r, strict=True))
-        data["samples"] = tuple(data["samples"] or ())
-        out.append(CalibrationPoint(**data))
-    return tuple(out)
+    return tuple(_POINTS.read(r) for r in rows)
 
 
 def _record(con: duckdb.DuckDBPyConnection, row: tuple[Any, ...]) -> CalibrationRecord:
-    data = dict(zip(_CAL_COLUMNS, row, strict=True))
-    data["measured_at"] = datetime.fromtimestamp(data["measured_at"], timezone.utc)
-    data["argv"] = tuple(data["argv"] or ())
+    data = _CALIBRATIONS.decode(row)
     return CalibrationRecord(**data, points=_points(con, data["calibration_id"]))
 
 
@@ -269,7 +247,7 @@ def list_calibrations(
     where, params = where_equal(
         host_fingerprint=host_fingerprint, model_id=model_id, threads=threads
     )
-    sql = f"SELECT {_CAL_SELECT} FROM {CALIBRATIONS}{where}"
+    sql = f"SELECT {_CALIBRATIONS.select} FROM {CALIBRATIONS}{where}"
     if latest_only:
         sql += (
             " QUALIFY row_number() OVER (PARTITION BY host_fingerprint, model_id, threads"
@@ -308,32 +286,25 @@ class BandwidthRecord:
     foreign_share: float | None = None
 
 
-_BW_COLUMNS = [f.name for f in fields(BandwidthRecord)]
-_BW_SELECT = ", ".join("epoch(measured_at)" if c == "measured_at" else c for c in _BW_COLUMNS)
+_BANDWIDTH = Rows(HOST_BANDWIDTH, BandwidthRecord, instant="measured_at")
 
 
 def record_bandwidth(con: duckdb.DuckDBPyConnection, rec: BandwidthRecord) -> None:
     with transaction(con):
-        con.execute(
-            f"INSERT INTO {HOST_BANDWIDTH} ({', '.join(_BW_COLUMNS)}) "
-            f"VALUES ({', '.join('?' for _ in _BW_COLUMNS)})",
-            [getattr(rec, c) for c in _BW_COLUMNS],
-        )
+        _BANDWIDTH.insert(con, _BANDWIDTH.values(rec))
 
 
 def latest_bandwidth(
     con: duckdb.DuckDBPyConnection, host_fingerprint: str
 ) -> BandwidthRecord | None:
     row = con.execute(
-        f"SELECT {_BW_SELECT} FROM {HOST_BANDWIDTH} WHERE host_fingerprint = ? "
+        f"SELECT {_BANDWIDTH.select} FROM {HOST_BANDWIDTH} WHERE host_fingerprint = ? "
         "ORDER BY measured_at DESC LIMIT 1",
         [host_fingerprint],
     ).fetchone()
     if row is None:
         return None
-    data = dict(zip(_BW_COLUMNS, row, strict=True))
-    data["measured_at"] = datetime.fromtimestamp(data["measured_at"], timezone.utc)
-    return BandwidthRecord(**data)
+    return _BANDWIDTH.read(row)
 
 
 # -- llama-server's pass factor (migration 13) --------------------------------------------------
@@ -389,17 +360,12 @@ class PassFactorRecord:
     contended: bool = False
 
 
-_PF_COLUMNS = [f.name for f in fields(PassFactorRecord)]
-_PF_SELECT = ", ".join("epoch(measured_at)" if c == "measured_at" else c for c in _PF_COLUMNS)
+_PASS_FACTORS = Rows(PASS_FACTORS, PassFactorRecord, instant="measured_at", arrays=["samples"])
 
 
 def record_pass_factor(con: duckdb.DuckDBPyConnection, rec: PassFactorRecord) -> None:
     with transaction(con):
-        con.execute(
-            f"INSERT INTO {PASS_FACTORS} ({', '.join(_PF_COLUMNS)}) "
-            f"VALUES ({', '.join('?' for _ in _PF_COLUMNS)})",
-            [list(rec.samples) if c == "samples" else getattr(rec, c) for c in _PF_COLUMNS],
-        )
+        _PASS_FACTORS.insert(con, _PASS_FACTORS.values(rec))
 
 
 def latest_pass_factor(
@@ -415,14 +381,12 @@ def latest_pass_factor(
     )
     try:
         row = con.execute(
-            f"SELECT {_PF_SELECT} FROM {PASS_FACTORS}{where} ORDER BY measured_at DESC LIMIT 1",
+            f"SELECT {_PASS_FACTORS.select} FROM {PASS_FACTORS}{where} "
+            "ORDER BY measured_at DESC LIMIT 1",
             params,
         ).fetchone()
     except duckdb.CatalogException:
         return None
     if row is None:
         return None
-    data = dict(zip(_PF_COLUMNS, row, strict=True))
-    data["measured_at"] = datetime.fromtimestamp(data["measured_at"], timezone.utc)
-    data["samples"] = tuple(data["samples"] or ())
-    return PassFactorRecord(**data)
+    return _PASS_FACTORS.read(row)

@@ -12,12 +12,12 @@ The runner hands over typed records; this module owns the SQL (migration 12).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import duckdb
 
+from specreg.jsonout import FieldsDocument
 from specreg.registry.sql import transaction
 
 CAPACITY = "capacity_points"
@@ -92,7 +92,7 @@ class CapacityPoint:
 
 
 @dataclass(frozen=True)
-class CapacityCurve:
+class CapacityCurve(FieldsDocument):
     """Every point of one measurement of a model on a host (`specreg capacity --json`)."""
 
     JSON_KIND = "capacity"
@@ -130,20 +130,6 @@ class CapacityCurve:
         """The layout with the highest aggregate at `concurrency` (any configuration)."""
         pts = [p for p in self.points if p.concurrency == concurrency and p.context == context]
         return max(pts, key=lambda p: p.aggregate_tps).layout if pts else None
-
-    def to_json(self) -> dict[str, Any]:
-        from specreg.jsonout import document
-
-        return document(
-            self.JSON_KIND,
-            self.JSON_VERSION,
-            {
-                "host_fingerprint": self.host_fingerprint,
-                "model_id": self.model_id,
-                "measured_at": self.measured_at,
-                "points": [asdict(p) for p in self.points],
-            },
-        )
 
 
 _FIELDS = tuple(CapacityPoint.__dataclass_fields__)

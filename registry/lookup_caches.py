@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import duckdb
 
 from specreg.errors import UsageError
+from specreg.jsonout import FieldsDocument, plain
 from specreg.registry.queries import human_bytes, human_count
 from specreg.registry.run_store import STATUS_OK
-from specreg.registry.sql import transaction, where_equal
+from specreg.registry.sql import Rows, transaction, where_equal
 
 LOOKUP_CACHES = "lookup_caches"
 
@@ -141,7 +142,7 @@ class LookupCache:
 
 
 @dataclass(frozen=True)
-class LookupCacheList:
+class LookupCacheList(FieldsDocument):
     """`specreg lookup-cache list`."""
 
     JSON_KIND = "lookup-caches"
@@ -149,53 +150,28 @@ class LookupCacheList:
 
     caches: tuple[LookupCache, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        from specreg.jsonout import document
 
-        return document(self.JSON_KIND, self.JSON_VERSION, {"caches": self.caches})
-
-
-_COLUMNS = [f.name for f in fields(LookupCache)]
-_SELECT = ", ".join("epoch(built_at)" if c == "built_at" else c for c in _COLUMNS)
-
-
-def _values(cache: LookupCache) -> list[Any]:
-    out: list[Any] = []
-    for name in _COLUMNS:
-        value = getattr(cache, name)
-        if name == "sources":
-            from specreg.jsonout import plain
-
-            value = json.dumps(plain(value))
-        elif name in ("prompt_sha256s", "argv"):
-            value = list(value)
-        out.append(value)
-    return out
+_CACHES = Rows(LOOKUP_CACHES, LookupCache, instant="built_at", arrays=["prompt_sha256s", "argv"])
 
 
 def _from_row(row: tuple[Any, ...]) -> LookupCache:
-    data = dict(zip(_COLUMNS, row, strict=True))
+    data = _CACHES.decode(row)
     sources = json.loads(data["sources"]) if isinstance(data["sources"], str) else []
     data["sources"] = tuple(CacheSource(**s) for s in sources or ())
-    data["prompt_sha256s"] = tuple(data["prompt_sha256s"] or ())
-    data["argv"] = tuple(data["argv"] or ())
-    data["built_at"] = datetime.fromtimestamp(data["built_at"], timezone.utc)
     return LookupCache(**data)
 
 
 def record_cache(con: duckdb.DuckDBPyConnection, cache: LookupCache) -> None:
     """Store `cache`; one of the same name is replaced (a rebuild)."""
-    placeholders = ", ".join("?" for _ in _COLUMNS)
+    sources = json.dumps(plain(cache.sources))
     with transaction(con):
         con.execute(f"DELETE FROM {LOOKUP_CACHES} WHERE name = ?", [cache.name])
-        con.execute(
-            f"INSERT INTO {LOOKUP_CACHES} ({', '.join(_COLUMNS)}) VALUES ({placeholders})",
-            _values(cache),
-        )
+        _CACHES.insert(con, {**_CACHES.values(cache), "sources": sources})
 
 
 def find_cache(con: duckdb.DuckDBPyConnection, name: str) -> LookupCache | None:
-    row = con.execute(f"SELECT {_SELECT} FROM {LOOKUP_CACHES} WHERE name = ?", [name]).fetchone()
+    sql = f"SELECT {_CACHES.select} FROM {LOOKUP_CACHES} WHERE name = ?"
+    row = con.execute(sql, [name]).fetchone()
     return _from_row(row) if row is not None else None
 
 
@@ -218,7 +194,7 @@ def list_caches(
 ) -> list[LookupCache]:
     """Caches by name; only those of one tokenizer family and/or task when given."""
     where, params = where_equal(tok_fingerprint=tok_fingerprint, task=task)
-    sql = f"SELECT {_SELECT} FROM {LOOKUP_CACHES}{where}"
+    sql = f"SELECT {_CACHES.select} FROM {LOOKUP_CACHES}{where}"
     try:
         rows = con.execute(sql + " ORDER BY name", params).fetchall()
     except duckdb.CatalogException:  # a registry from before migration 6 (read-only open)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
+
+from specreg.registry.sql import Rows, transaction
 
 if TYPE_CHECKING:  # read by the load guard and serve's policy: no database at import
     import duckdb
@@ -71,21 +73,12 @@ class NoiseFloor:
         }
 
 
-_COLUMNS = (
-    "host_fingerprint", "measured_at", "spread", "n_samples", "source", "model_id", "threads",
-    "foreign_cpu_s",
-)  # fmt: skip
+_FLOORS = Rows(NOISE_FLOORS, NoiseFloor, instant="measured_at")
 
 
 def record_noise_floor(con: duckdb.DuckDBPyConnection, floor: NoiseFloor) -> None:
-    from specreg.registry.sql import transaction
-
     with transaction(con):
-        con.execute(
-            f"INSERT INTO {NOISE_FLOORS} ({', '.join(_COLUMNS)}) "
-            f"VALUES ({', '.join('?' for _ in _COLUMNS)})",
-            [getattr(floor, c) for c in _COLUMNS],
-        )
+        _FLOORS.insert(con, _FLOORS.values(floor))
 
 
 def latest_noise_floor(con: duckdb.DuckDBPyConnection, host_fingerprint: str) -> NoiseFloor | None:
@@ -94,18 +87,13 @@ def latest_noise_floor(con: duckdb.DuckDBPyConnection, host_fingerprint: str) ->
 
     try:
         row = con.execute(
-            f"SELECT host_fingerprint, epoch(measured_at), spread, n_samples, source, model_id, "
-            f"threads, foreign_cpu_s FROM {NOISE_FLOORS} WHERE host_fingerprint = ? "
+            f"SELECT {_FLOORS.select} FROM {NOISE_FLOORS} WHERE host_fingerprint = ? "
             "ORDER BY measured_at DESC LIMIT 1",
             [host_fingerprint],
         ).fetchone()
     except duckdb.CatalogException:
         return None
-    if row is None:
-        return None
-    fp, at, spread, n, source, model_id, threads, foreign = row
-    when = datetime.fromtimestamp(at, timezone.utc)
-    return NoiseFloor(fp, spread, n, source, when, model_id, threads, foreign)
+    return _FLOORS.read(row) if row is not None else None
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import duckdb
 
-from specreg.registry.sql import transaction, where_equal
+from specreg.registry.sql import Rows, transaction, where_equal
 
 QUALITY_TABLE = "quality_measurements"
 PURPOSE_QUALITY = "quality"
@@ -101,10 +101,7 @@ class QualityRecord:
 
 
 _JSON = {"config", "host", "confidence"}
-_COLUMNS = [f.name for f in fields(QualityRecord) if f.name != "measurement_id"]
-_SELECT = ", ".join(
-    "epoch(started_at)" if c == "started_at" else c for c in ["measurement_id", *_COLUMNS]
-)
+_ROWS = Rows(QUALITY_TABLE, QualityRecord, instant="started_at", arrays=["argv"])
 
 
 def _finite(value: Any) -> Any:
@@ -124,19 +121,13 @@ def _encode(name: str, value: Any) -> Any:
 
 def record_quality(con: duckdb.DuckDBPyConnection, rec: QualityRecord) -> int:
     """Store one measurement; return its measurement_id."""
-    values = [_encode(name, getattr(rec, name)) for name in _COLUMNS]
+    values = {name: _encode(name, getattr(rec, name)) for name in _ROWS.columns}
     with transaction(con):
-        row = con.execute(
-            f"INSERT INTO {QUALITY_TABLE} ({', '.join(_COLUMNS)}) "
-            f"VALUES ({', '.join('?' for _ in _COLUMNS)}) RETURNING measurement_id",
-            values,
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
+        return int(_ROWS.insert(con, values, returning="measurement_id"))
 
 
 def _from_row(row: tuple[Any, ...]) -> QualityRecord:
-    data = dict(zip(["measurement_id", *_COLUMNS], row, strict=True))
+    data = _ROWS.decode(row)
     for name in _JSON:
         if isinstance(data[name], str):
             data[name] = json.loads(data[name])
@@ -148,8 +139,6 @@ def _from_row(row: tuple[Any, ...]) -> QualityRecord:
             )
             for k, v in data["confidence"].items()
         }
-    data["argv"] = tuple(data["argv"] or ())
-    data["started_at"] = datetime.fromtimestamp(data["started_at"], timezone.utc)
     return QualityRecord(**data)
 
 
@@ -167,7 +156,7 @@ def list_quality(
     where, params = where_equal(
         purpose=purpose, base_model_id=base_model_id, model_id=model_id, task=task, status=status
     )
-    sql = f"SELECT {_SELECT} FROM {QUALITY_TABLE}{where} ORDER BY measurement_id DESC"
+    sql = f"SELECT {_ROWS.select} FROM {QUALITY_TABLE}{where} ORDER BY measurement_id DESC"
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     return [_from_row(r) for r in con.execute(sql, params).fetchall()]
@@ -188,7 +177,7 @@ def latest_measurements(
         where.append("host_fingerprint = ?")
         params.append(host_fingerprint)
     rows = con.execute(
-        f"SELECT {_SELECT} FROM {QUALITY_TABLE} WHERE {' AND '.join(where)} "
+        f"SELECT {_ROWS.select} FROM {QUALITY_TABLE} WHERE {' AND '.join(where)} "
         "QUALIFY row_number() OVER (PARTITION BY model_id, coalesce(experts, -1), task, "
         "coalesce(temperature, 0) ORDER BY measurement_id DESC) = 1 "
         "ORDER BY model_id, task",

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from specreg.errors import AmbiguousModel, ModelNotFound
+from specreg.jsonout import FieldsDocument
 from specreg.registry.hub_cache import repo_id, snapshot_name
 from specreg.registry.text import fs_path, path_text
 from specreg.text import clip
@@ -439,18 +440,13 @@ def kv_values(con: duckdb.DuckDBPyConnection, key: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class ModelList:
+class ModelList(FieldsDocument):
     """`specreg models`: the models that match a listing's filters."""
 
     JSON_KIND = "models"
     JSON_VERSION = "1"
 
     models: tuple[ModelRecord, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        from specreg.jsonout import document
-
-        return document(self.JSON_KIND, self.JSON_VERSION, {"models": self.models})
 
 
 @dataclass(frozen=True)
@@ -463,7 +459,7 @@ class ModelKey:
 
 
 @dataclass(frozen=True)
-class ModelDetails:
+class ModelDetails(FieldsDocument):
     """`specreg show`: a model's row, its files and every GGUF key/value."""
 
     JSON_KIND = "model"
@@ -472,12 +468,6 @@ class ModelDetails:
     model: ModelRecord
     files: tuple[dict[str, Any], ...]
     kv: tuple[ModelKey, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        from specreg.jsonout import document
-
-        payload = {"model": self.model, "files": self.files, "kv": self.kv}
-        return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
 
 def model_details(con: duckdb.DuckDBPyConnection, ref: str | os.PathLike[str]) -> ModelDetails:

@@ -19,15 +19,16 @@ import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
 from specreg.errors import UsageError
+from specreg.jsonout import FieldsDocument
 from specreg.llamacpp import keeps_state
-from specreg.registry.sql import transaction
+from specreg.registry.sql import Rows, transaction
 from specreg.terms import REGIME_WARM
 
 RUNS = "runs"
@@ -175,7 +176,7 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
-class RunList:
+class RunList(FieldsDocument):
     """`specreg runs`: recorded runs, newest first."""
 
     JSON_KIND = "runs"
@@ -183,14 +184,9 @@ class RunList:
 
     runs: tuple[RunRecord, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        from specreg.jsonout import document
-
-        return document(self.JSON_KIND, self.JSON_VERSION, {"runs": self.runs})
-
 
 @dataclass(frozen=True)
-class VerifiedRun:
+class VerifiedRun(FieldsDocument):
     """`specreg verify`: the plain baseline and the judged configuration's run."""
 
     JSON_KIND = "verify"
@@ -198,12 +194,6 @@ class VerifiedRun:
 
     baseline: RunRecord
     run: RunRecord
-
-    def to_json(self) -> dict[str, Any]:
-        from specreg.jsonout import document
-
-        payload = {"baseline": self.baseline, "run": self.run}
-        return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
 
 _JSON_RUN = {"config", "host", "protocol", "repeat_figures", "phase_figures", "type_figures"}
@@ -216,13 +206,8 @@ _PROMPT_ARRAYS = (
     "samples_session",
     "samples_position",
 )
-_RUN_COLUMNS = [f.name for f in fields(RunRecord) if f.name not in ("run_id", "prompts")]
-# TIMESTAMPTZ values come back as pytz-aware datetimes, and pytz is not a dependency:
-# read the instant as epoch seconds instead.
-_RUN_SELECT = ", ".join(
-    "epoch(started_at)" if c == "started_at" else c for c in ["run_id", *_RUN_COLUMNS]
-)
-_PROMPT_COLUMNS = [f.name for f in fields(PromptRecord)]
+_RUNS = Rows(RUNS, RunRecord, instant="started_at", arrays=["argv"], skip=["prompts"])
+_PROMPTS = Rows(RUN_PROMPTS, PromptRecord, arrays=_PROMPT_ARRAYS)
 
 
 def new_run_uuid() -> str:
@@ -262,45 +247,35 @@ def _zombie(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
-def _run_values(run: RunRecord) -> list[Any]:
-    values = []
-    for name in _RUN_COLUMNS:
-        value = getattr(run, name)
-        if name in _JSON_RUN and value is not None:
-            value = json.dumps(value, default=str)
-        elif name == "argv":
-            value = list(value)
-        values.append(value)
-    return values
+def _with_json(values: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    """`values` with the columns `names` as JSON text (None stays NULL)."""
+    return {
+        c: json.dumps(v, default=str) if c in names and v is not None else v
+        for c, v in values.items()
+    }
+
+
+def _from_json(data: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    for name in names:
+        if isinstance(data[name], str):
+            data[name] = json.loads(data[name])
+    return data
+
+
+def _run_values(run: RunRecord) -> dict[str, Any]:
+    return _with_json(_RUNS.values(run), _JSON_RUN)
 
 
 def _insert_prompts(con: duckdb.DuckDBPyConnection, run_id: int, run: RunRecord) -> None:
     for prompt in run.prompts:
-        pvalues: list[Any] = [run_id]
-        for name in _PROMPT_COLUMNS:
-            value = getattr(prompt, name)
-            if name in _JSON_PROMPT and value is not None:
-                value = json.dumps(value, default=str)
-            elif name in _PROMPT_ARRAYS:
-                value = list(value)
-            pvalues.append(value)
-        con.execute(
-            f"INSERT INTO {RUN_PROMPTS} (run_id, {', '.join(_PROMPT_COLUMNS)}) "
-            f"VALUES ({', '.join('?' for _ in pvalues)})",
-            pvalues,
-        )
+        values = _with_json(_PROMPTS.values(prompt), _JSON_PROMPT)
+        _PROMPTS.insert(con, {"run_id": run_id, **values})
 
 
 def _insert_run(con: duckdb.DuckDBPyConnection, run: RunRecord) -> int:
     if run.run_uuid is None:
         run = replace(run, run_uuid=new_run_uuid())
-    placeholders = ", ".join("?" for _ in _RUN_COLUMNS)
-    row = con.execute(
-        f"INSERT INTO {RUNS} ({', '.join(_RUN_COLUMNS)}) VALUES ({placeholders}) RETURNING run_id",
-        _run_values(run),
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
+    return int(_RUNS.insert(con, _run_values(run), returning="run_id"))
 
 
 def record_run(con: duckdb.DuckDBPyConnection, run: RunRecord) -> int:
@@ -345,12 +320,11 @@ def start_run(con: duckdb.DuckDBPyConnection, run: RunRecord) -> int:
 def finish_run(con: duckdb.DuckDBPyConnection, run_id: int, run: RunRecord) -> None:
     """Replace the `running` record `run_id` with the finished run and its prompts (its
     start time and run_uuid stay as recorded)."""
-    kept = ("started_at", "run_uuid")
-    columns = [c for c in _RUN_COLUMNS if c not in kept]
-    values = [v for c, v in zip(_RUN_COLUMNS, _run_values(run), strict=True) if c not in kept]
-    sets = ", ".join(f"{c} = ?" for c in columns)
+    kept = ("started_at", "run_uuid", "run_id")
+    values = {c: v for c, v in _run_values(run).items() if c not in kept}
+    sets = ", ".join(f"{c} = ?" for c in values)
     with transaction(con):
-        con.execute(f"UPDATE {RUNS} SET {sets} WHERE run_id = ?", [*values, run_id])
+        con.execute(f"UPDATE {RUNS} SET {sets} WHERE run_id = ?", [*values.values(), run_id])
         con.execute(f"DELETE FROM {RUN_PROMPTS} WHERE run_id = ?", [run_id])
         _insert_prompts(con, run_id, run)
 
@@ -380,39 +354,25 @@ def mark_interrupted(con: duckdb.DuckDBPyConnection) -> int:
     return len(gone)
 
 
-def _run_from_row(row: tuple[Any, ...], prompts: tuple[PromptRecord, ...] = ()) -> RunRecord:
-    data = dict(zip(["run_id", *_RUN_COLUMNS], row, strict=True))
-    for name in _JSON_RUN:
-        if isinstance(data[name], str):
-            data[name] = json.loads(data[name])
-    data["argv"] = tuple(data["argv"] or ())
+def _run_from_row(row: tuple[Any, ...], con: duckdb.DuckDBPyConnection | None = None) -> RunRecord:
+    """The run of a row read with `_RUNS.select`; with `con`, its prompts too."""
+    data = _from_json(_RUNS.decode(row), _JSON_RUN)
     data["repeat_figures"] = tuple(data["repeat_figures"] or ())
     data["trusted"] = data["trusted"] is not False
-    data["started_at"] = datetime.fromtimestamp(data["started_at"], timezone.utc)
     if data["status"] == STATUS_RUNNING and owner_gone(data["owner"]):
         data.update(
             status=STATUS_INTERRUPTED, error_kind=STATUS_INTERRUPTED, error=INTERRUPTED_ERROR
         )
+    prompts = _prompts(con, data["run_id"]) if con is not None else ()
     return RunRecord(**data, prompts=prompts)
-
-
-def _prompt_from_row(row: tuple[Any, ...]) -> PromptRecord:
-    data = dict(zip(_PROMPT_COLUMNS, row, strict=True))
-    for name in _JSON_PROMPT:
-        if isinstance(data[name], str):
-            data[name] = json.loads(data[name])
-    for name in _PROMPT_ARRAYS:
-        data[name] = tuple(data[name] or ())
-    return PromptRecord(**data)
 
 
 def _prompts(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[PromptRecord, ...]:
     rows = con.execute(
-        f"SELECT {', '.join(_PROMPT_COLUMNS)} FROM {RUN_PROMPTS} WHERE run_id = ? "
-        "ORDER BY prompt_id",
+        f"SELECT {_PROMPTS.select} FROM {RUN_PROMPTS} WHERE run_id = ? ORDER BY prompt_id",
         [run_id],
     ).fetchall()
-    return tuple(_prompt_from_row(r) for r in rows)
+    return tuple(PromptRecord(**_from_json(_PROMPTS.decode(r), _JSON_PROMPT)) for r in rows)
 
 
 def list_runs(
@@ -437,24 +397,25 @@ def list_runs(
     if model_id is not None:
         where.append("(target_model_id = ? OR draft_model_id = ?)")
         params += [model_id, model_id]
-    sql = f"SELECT {_RUN_SELECT} FROM {RUNS}"
+    sql = f"SELECT {_RUNS.select} FROM {RUNS}"
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY run_id DESC"
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     rows = con.execute(sql, params).fetchall()
-    runs = [_run_from_row(r, _prompts(con, r[0]) if with_prompts else ()) for r in rows]
+    runs = [_run_from_row(r, con if with_prompts else None) for r in rows]
     if status == STATUS_FAILED:
         runs = [r for r in runs if r.status in FAILED_STATUSES]
     return runs
 
 
 def get_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunRecord:
-    row = con.execute(f"SELECT {_RUN_SELECT} FROM {RUNS} WHERE run_id = ?", [run_id]).fetchone()
+    sql = f"SELECT {_RUNS.select} FROM {RUNS} WHERE run_id = ?"
+    row = con.execute(sql, [run_id]).fetchone()
     if row is None:
         raise UsageError(f"no run {run_id}: see `specreg runs` for the ids")
-    return _run_from_row(row, _prompts(con, run_id))
+    return _run_from_row(row, con)
 
 
 def interrupt_run(con: duckdb.DuckDBPyConnection, run_id: int, why: str) -> None:

@@ -33,6 +33,7 @@ from gguf.constants import (
 )
 
 from specreg.errors import FolderNotEmpty, param
+from specreg.jsonout import FieldsDocument
 
 Q = GGMLQuantizationType
 
@@ -839,7 +840,7 @@ def check_demo_folder(root: Path) -> None:
 
 
 @dataclass(frozen=True)
-class DemoTree:
+class DemoTree(FieldsDocument):
     """`specreg demo DIR`: the folder and every file written under it."""
 
     JSON_KIND = "demo"
@@ -847,12 +848,6 @@ class DemoTree:
 
     directory: Path
     files: tuple[Path, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        from specreg.jsonout import document
-
-        payload = {"directory": str(self.directory), "files": [str(p) for p in self.files]}
-        return document(self.JSON_KIND, self.JSON_VERSION, payload)
 
 
 def make_demo_tree(root: Path, *, force: bool = False) -> list[Path]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from specreg.home import cache_dir
+from specreg.jsonout import FieldsDocument
 
 
 @dataclass(frozen=True)
@@ -21,18 +21,13 @@ class SmallModel:
 
 
 @dataclass(frozen=True)
-class ModelFiles:
+class ModelFiles(FieldsDocument):
     """`specreg llama models`: the test models in the cache, fetched or made."""
 
     JSON_KIND = "llama-models"
     JSON_VERSION = "1"
 
     models: tuple[SmallModel, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        from specreg.jsonout import document
-
-        return document(self.JSON_KIND, self.JSON_VERSION, {"models": self.models})
 
 
 def models_dir() -> Path:

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from specreg.host.topology import Placement, split_layout
+from specreg.jsonout import fields_of
 from specreg.llama.config import Config
 from specreg.registry.capacity import CONTEXT_SHORT, LAYOUT_FULL, CapacityCurve
 from specreg.serve.loadpolicy import LEVELS, level_of
@@ -47,12 +48,7 @@ class SplitPoint:
         return self.split_tps > self.full_tps
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "concurrency": self.concurrency,
-            "split_tps": self.split_tps,
-            "full_tps": self.full_tps,
-            "split_wins": self.split_wins,
-        }
+        return fields_of(self, split_wins=self.split_wins)
 
 
 @dataclass(frozen=True)

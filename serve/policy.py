@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from specreg.jsonout import document
+from specreg.jsonout import document, fields_of
 from specreg.registry.noise import FALLBACK_NOISE, NoiseFigure
 
 # Per-request scatter of log tokens/s around a configuration's mean, as a multiple of the
@@ -312,12 +312,7 @@ class Decision:
     best_key: str  # the candidate with the best posterior mean at the time
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "reason": self.reason,
-            "sampled_tps": self.sampled_tps,
-            "best_key": self.best_key,
-        }
+        return fields_of(self)
 
 
 def _match_only(c: Candidate) -> bool:

@@ -12,7 +12,7 @@ import enum
 import json
 import math
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 class JsonResult(Protocol):
@@ -22,6 +22,22 @@ class JsonResult(Protocol):
 def document(kind: str, version: str, payload: dict[str, Any]) -> dict[str, Any]:
     """The envelope every `--json` output shares: version first, then kind, then the fields."""
     return {"version": version, "kind": kind, **{k: plain(v) for k, v in payload.items()}}
+
+
+def fields_of(obj: Any, **more: Any) -> dict[str, Any]:
+    """A dataclass's fields by name, in their order, then `more` (properties, derived values);
+    the values as they are (`document` and `plain` turn them into JSON types)."""
+    return {**{f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, **more}
+
+
+class FieldsDocument:
+    """A result dataclass whose `--json` document is its fields, in their order."""
+
+    JSON_KIND: ClassVar[str]
+    JSON_VERSION: ClassVar[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return document(self.JSON_KIND, self.JSON_VERSION, fields_of(self))
 
 
 def plain(obj: Any) -> Any:

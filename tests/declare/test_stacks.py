@@ -11,6 +11,7 @@ import pytest
 from specreg.declare.spec import SpecFileError, load_spec
 from specreg.samples.small_models import SmallModels
 
+from support.declare import smollm2_spec
 from support.lookup_cache import cache_record, write_cache
 
 SPEC = """\
@@ -86,23 +87,14 @@ def test_a_lookup_cache_needs_ngram_cache(tmp_path: Path) -> None:
     )
 
 
-EXPORT_SPEC = """\
-version: 1
-llama:
-  dialect: current
-  threads: 1
-models:
-  {model_id}:
-    path: {path}
-    aliases: [smollm2]
-roles:
-  assistant:
-    target: smollm2
-    configs:
+EXPORT_SPEC = smollm2_spec(
+    """\
       json:
         spec_type: ngram-cache,ngram-mod
         lookup_cache: orders
-"""
+""",
+    llama="llama:\n  dialect: current\n  threads: 1\n",
+)
 
 
 def test_export_renders_the_stack_and_the_cache_with_their_origins(

@@ -11,7 +11,7 @@ from specreg.registry import queries
 from specreg.registry.db import opened
 from specreg.registry.hub_cache import repo_id, snapshot_name
 from specreg.registry.scan import scan_paths
-from specreg.samples.demo import Arch, DemoModel, qwen_vocab, write_demo_model
+from specreg.samples.demo import DemoModel, write_demo_model
 
 REPO = "models--Org--Tiny-GGUF"
 
@@ -47,15 +47,10 @@ def test_a_cached_model_is_known_by_its_snapshot_name(tmp_path: Path, gguf_facto
     assert os.path.basename(model.path) == "tiny-q8_0.gguf"  # what `models` shows
 
 
-def test_a_cached_split_set_is_one_model_named_by_its_parts(tmp_path: Path) -> None:
-    model = DemoModel(
-        "Tiny-Split.gguf",
-        "Tiny Split",
-        Arch("qwen2", 4, 256, 512, 4, 2, 151936),
-        qwen_vocab("qwen2.5"),
-        n_split=3,
-    )
-    parts = write_demo_model(tmp_path / "w", model)
+def test_a_cached_split_set_is_one_model_named_by_its_parts(
+    tmp_path: Path, tiny_split: DemoModel
+) -> None:
+    parts = write_demo_model(tmp_path / "w", tiny_split)
     repo = _cache(tmp_path, {p.name: p for p in parts})
     snaps = tuple(str(repo / "snapshots" / "r1" / p.name) for p in parts)
     with opened(tmp_path / "r.duckdb") as con:

@@ -16,12 +16,7 @@ from specreg.registry import queries
 from specreg.registry.db import opened
 from specreg.registry.gguf_header import read_header
 from specreg.registry.scan import scan_paths
-from specreg.samples.demo import (
-    Arch,
-    DemoModel,
-    qwen_vocab,
-    write_demo_model,
-)
+from specreg.samples.demo import DemoModel, write_demo_model
 
 
 def _scan(db: Path, *paths: Path, **kw):
@@ -120,15 +115,10 @@ def test_incremental_rescan_reports_new_changed_unchanged_removed(
     assert sum(m.status == "gone" for m in everything) == 2
 
 
-def test_split_set_is_one_model_and_a_missing_part_is_reported(tmp_path: Path) -> None:
-    model = DemoModel(
-        "Tiny-Split.gguf",
-        "Tiny Split",
-        Arch("qwen2", 4, 256, 512, 4, 2, 151936),
-        qwen_vocab("qwen2.5"),
-        n_split=3,
-    )
-    parts = write_demo_model(tmp_path / "m", model)
+def test_split_set_is_one_model_and_a_missing_part_is_reported(
+    tmp_path: Path, tiny_split: DemoModel
+) -> None:
+    parts = write_demo_model(tmp_path / "m", tiny_split)
     db = tmp_path / "r.duckdb"
     ok = _scan(db, tmp_path / "m")
     assert ok.ok and ok.n_models == 1

@@ -145,6 +145,12 @@ def backend_of(table: RouteTable, label: str) -> str:
     return found
 
 
+def plain_backends(table: RouteTable) -> tuple[str, str, str]:
+    """The backends of `halves`' table: plain's full instance, its replicas on half0 and half1."""
+    half0, half1 = (r.backend for r in table.replicas)
+    return backend_of(table, "plain"), half0, half1
+
+
 def flag(argv: tuple[str, ...], name: str) -> str:
     return argv[argv.index(name) + 1]
 
@@ -241,8 +247,7 @@ def test_at_load_one_the_full_instance_at_four_the_replicas_by_fewest_in_flight(
     specreg_home: Path, small: Path, model: Path, tmp_path: Path, prior_model: SpeedPredictor
 ) -> None:
     table = halves(specreg_home / "registry.duckdb", small, model, prior_model)
-    full = backend_of(table, "plain")
-    half0, half1 = (r.backend for r in table.replicas)
+    full, half0, half1 = plain_backends(table)
 
     async def main() -> dict[str, Any]:
         pool = BackendPool(table, env={}, logs=tmp_path / "logs")
@@ -300,8 +305,7 @@ def test_a_replica_that_cannot_start_sends_its_request_to_the_full_instance(
     table = halves(specreg_home / "registry.duckdb", small, model, prior_model)
     missing = tuple(replace(b, binary=str(tmp_path / "no-llama-server")) for b in table.backends)
     table = replace(table, backends=missing)
-    full = backend_of(table, "plain")
-    half0, half1 = (r.backend for r in table.replicas)
+    full, half0, half1 = plain_backends(table)
 
     async def main() -> tuple[httpx.Response, str]:
         pool = BackendPool(table, env={}, logs=tmp_path / "logs", lazy=True, startup_timeout=5)
@@ -339,8 +343,7 @@ def test_two_replicas_decode_together_and_the_full_instance_waits_for_both(
     specreg_home: Path, small: Path, model: Path, tmp_path: Path, prior_model: SpeedPredictor
 ) -> None:
     table = halves(specreg_home / "registry.duckdb", small, model, prior_model)
-    full = backend_of(table, "plain")
-    half0, half1 = (r.backend for r in table.replicas)
+    full, half0, half1 = plain_backends(table)
 
     async def main() -> None:
         pool = BackendPool(table, env={}, logs=tmp_path / "logs")  # registers each's cores

@@ -10,6 +10,7 @@ from specreg.llama.install import LlamaInstall
 from specreg.samples.small_models import SmallModels
 from specreg.serve.routes import BackendSpec, Shape, Target, ngram_cache_note
 
+from support.declare import smollm2_spec
 from support.lookup_cache import cache_record, write_cache
 
 
@@ -46,22 +47,13 @@ def test_other_types_need_no_note() -> None:
     assert ngram_cache_note(backend("none")) is None
 
 
-SPEC = """\
-version: 1
-models:
-  {model_id}:
-    path: {path}
-    aliases: [smollm2]
-roles:
-  assistant:
-    target: smollm2
-    configs:
+SPEC = smollm2_spec("""\
       json:
         spec_type: ngram-mod,ngram-cache
         lookup_cache: orders
       code:
         spec_type: ngram-cache
-"""
+""")
 
 
 def test_a_pinned_stack_with_a_workload_cache_is_served_in_one_backend(

@@ -24,24 +24,16 @@ from specreg.serve.routes import RouteTable, Shape, Target, plan_routes
 from specreg.serve.serving import is_loopback
 from specreg.terms import TASKS
 
+from support.declare import smollm2_spec
 from support.serve import front_without_backend
 
-SPEC = """\
-version: 1
-models:
-  {model_id}:
-    path: {path}
-    aliases: [smollm2]
-roles:
-  assistant:
-    target: smollm2
-    configs:
+SPEC = smollm2_spec("""\
       code:
         spec_type: ngram-mod
         draft_max: 8
       default:
         spec_type: none
-"""
+""")
 
 
 def write_spec(tmp_path: Path, db: Path, model: Path) -> Path:

@@ -221,6 +221,16 @@ deprecated_models:
 """
 
 
+def smollm2_spec(configs: str, *, llama: str = "") -> str:
+    """A specreg.yaml pinning SmolLM2 (alias smollm2) as the target of the role `assistant`,
+    with `configs` (YAML, indented as under `configs:`) and an optional `llama:` block; the
+    model's `{model_id}` and `{path}` are left to `str.format`."""
+    return (
+        f"version: 1\n{llama}models:\n  {{model_id}}:\n    path: {{path}}\n    aliases: [smollm2]\n"
+        f"roles:\n  assistant:\n    target: smollm2\n    configs:\n{configs}"
+    )
+
+
 def write_registry(path: Path, models_dir: Path) -> Path:
     text = ORCHESTRATOR_REGISTRY
     for name, value in (

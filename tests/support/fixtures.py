@@ -7,12 +7,15 @@ import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from gguf import GGUFWriter
 
 from support import REPO, require
+
+if TYPE_CHECKING:
+    from specreg.samples.demo import DemoModel
 
 
 @pytest.fixture(autouse=True)
@@ -123,6 +126,21 @@ def gguf_factory(tmp_path: Path) -> GGUFFactory:
         return path
 
     return make
+
+
+@pytest.fixture
+def tiny_split() -> DemoModel:
+    """A tiny Qwen2-shaped model in three split parts (`Tiny-Split-0000N-of-00003.gguf`), to
+    write with `write_demo_model`."""
+    from specreg.samples.demo import Arch, DemoModel, qwen_vocab
+
+    return DemoModel(
+        "Tiny-Split.gguf",
+        "Tiny Split",
+        Arch("qwen2", 4, 256, 512, 4, 2, 151936),
+        qwen_vocab("qwen2.5"),
+        n_split=3,
+    )
 
 
 @pytest.fixture(scope="session")
