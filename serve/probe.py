@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -42,22 +42,29 @@ PROBED_KINDS = (KIND_PLAIN, KIND_DRAFT)  # no state that outlives a request
 
 @dataclass(frozen=True)
 class Probed:
-    """One candidate's probe: its decode speed and drafts, or why there is none."""
+    """One candidate's probe: llama-server's timings of its answer, or why there are none."""
 
-    target: str
-    task: str
     backend: str
-    tps: float | None
-    drafted: int | None = None
-    accepted: int | None = None
-    generated: int | None = None
+    timings: Mapping[str, Any] = field(default_factory=dict)
     error: str = ""
+
+    @property
+    def tps(self) -> float | None:
+        return finite(self.timings.get("predicted_per_second"))
+
+    def drafts(self) -> tuple[int, int, int | None]:
+        """Draft tokens proposed, accepted, and tokens generated, as served requests count
+        them: timings without draft figures drafted nothing."""
+        t = self.timings
+        generated = int(t.get("predicted_n", 0) or 0) or None
+        return int(t.get("draft_n", 0) or 0), int(t.get("draft_n_accepted", 0) or 0), generated
 
     def line(self) -> str:
         if self.tps is None:
             return f"{self.backend}: not probed ({self.error})"
-        drafts = f", {self.accepted}/{self.drafted} drafts kept" if self.drafted else ""
-        return f"{self.backend}: {self.tps:.1f} t/s{drafts}"
+        drafted, accepted, _ = self.drafts()
+        kept = f", {accepted}/{drafted} drafts kept" if drafted else ""
+        return f"{self.backend}: {self.tps:.1f} t/s{kept}"
 
 
 def probe_plan(router: Router, running: Mapping[str, Backend]) -> list[tuple[str, str, str]]:
@@ -97,11 +104,12 @@ async def probe_candidates(router: Router, backends: Mapping[str, Backend]) -> l
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for target, task, name in plan:
-            got = await _probe(session, backends[name], prompts[task], target, task)
+            got = await _probe(session, backends[name], prompts[task])
             if got.tps is not None:
+                drafted, accepted, generated = got.drafts()
                 router.observe(
-                    target, task, name, got.tps, 1, drafted=got.drafted, accepted=got.accepted,
-                    generated=got.generated,
+                    target, task, name, got.tps, 1, drafted=drafted, accepted=accepted,
+                    generated=generated,
                 )  # fmt: skip
             else:
                 log.warning("probe of %s failed: %s", name, got.error)
@@ -109,9 +117,7 @@ async def probe_candidates(router: Router, backends: Mapping[str, Backend]) -> l
     return out
 
 
-async def _probe(
-    session: aiohttp.ClientSession, backend: Backend, prompt: str, target: str, task: str
-) -> Probed:
+async def _probe(session: aiohttp.ClientSession, backend: Backend, prompt: str) -> Probed:
     body = {
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": PROBE_TOKENS,
@@ -121,17 +127,10 @@ async def _probe(
         async with session.post(backend.url + "/v1/chat/completions", json=body) as resp:
             answer = await resp.json(content_type=None)
             if resp.status != 200:
-                return Probed(target, task, backend.name, None, error=f"HTTP {resp.status}")
+                return Probed(backend.name, error=f"HTTP {resp.status}")
     except (aiohttp.ClientError, TimeoutError, ValueError) as err:
-        return Probed(target, task, backend.name, None, error=str(err) or type(err).__name__)
-    timings: dict[str, Any] = answer.get("timings") or {} if isinstance(answer, dict) else {}
-    tps = finite(timings.get("predicted_per_second"))
-    if tps is None or tps <= 0:
-        return Probed(target, task, backend.name, None, error="no timings in the answer")
-    # as served requests count them: timings without draft figures drafted nothing
-    return Probed(
-        target, task, backend.name, tps,
-        drafted=int(timings.get("draft_n", 0) or 0),
-        accepted=int(timings.get("draft_n_accepted", 0) or 0),
-        generated=int(timings.get("predicted_n", 0) or 0) or None,
-    )  # fmt: skip
+        return Probed(backend.name, error=str(err) or type(err).__name__)
+    timings = answer.get("timings") if isinstance(answer, dict) else None
+    if not isinstance(timings, dict) or finite(timings.get("predicted_per_second")) is None:
+        return Probed(backend.name, error="no timings in the answer")
+    return Probed(backend.name, timings)

@@ -473,11 +473,8 @@ def test_each_candidate_is_probed_before_serving_and_a_losing_draft_serves_no_on
         return probed, again, got
 
     probed, again, got = serve(tmp_path, t, body, router=router)
-    assert [(p.backend, p.task, p.tps) for p in probed] == [
-        ("plain", "code", 30.0),
-        ("draft", "code", 10.0),
-    ]
-    assert probed[1].drafted == 24 and probed[1].accepted == 12
+    assert [(p.backend, p.tps) for p in probed] == [("plain", 30.0), ("draft", 10.0)]
+    assert probed[1].drafts() == (24, 12, 24)
     assert again == []
     (call,) = [json.loads(line) for line in calls.read_text().splitlines()][:1]
     assert call["body"]["max_tokens"] == PROBE_TOKENS and call["body"]["temperature"] == 0
