@@ -33,6 +33,11 @@ REASON_FIXED = "fixed"  # the fixed policy's only reason
 REASON_RETRY = "retry"  # the second attempt of a request, on the current best
 REASON_JOINED = "joined"  # it joined another lossless backend of its target: cores were busy
 SERVE_KEY = "serve"  # a served run's config[SERVE_KEY]: policy, candidate, reason, concurrency
+# A request may join another lossless candidate whose cores serve it sooner only when that one's
+# posterior speed at the load is at least this share of the chosen one's: joining a draft that
+# decodes at half speed to start sooner costs more than the wait (serve_load.py's varying load
+# on the Qwen pair, 2026-11-27: a burst joined the draft one request was exploring).
+JOIN_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,19 @@ class Router:
             return [self.table.route(target, task).backend]
         policy = loads.at(level_of(load))
         return [a.candidate.key for a in sorted(policy.active, key=lambda a: -a.mean)]
+
+    def joinable(self, target: str, task: str, chosen: str, *, load: int = 1) -> list[str] | None:
+        """The candidates a request chosen for `chosen` may join instead, best first: those
+        the policy still holds at `load` whose posterior speed is at least JOIN_SHARE of
+        `chosen`'s. None: no policy for (target, task) (fixed: any lossless backend)."""
+        loads = self.loads.get((target, task))
+        if loads is None:
+            return None
+        policy = loads.at(level_of(load))
+        mine = policy.arms.get(chosen)
+        floor = mine.mean + math.log(JOIN_SHARE) if mine is not None else -math.inf
+        ranked = sorted(policy.active, key=lambda a: -a.mean)
+        return [a.candidate.key for a in ranked if a.candidate.key != chosen and a.mean >= floor]
 
     def best(self, target: str, task: str) -> str:
         policy = self.policy(target, task)

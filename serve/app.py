@@ -235,18 +235,24 @@ class Service:
         """Backends a request may join instead of `chosen` when they serve it sooner: other
         lossless configurations of its target (speculation never changes what is generated;
         fewer experts would, so it is never substituted), running and ready, the policy's
-        ranking first. A request on a split replica joins only another replica: the load it
+        ranking first; under the adaptive policy only its candidates at least JOIN_SHARE as
+        fast as `chosen` at the load. A request on a split replica joins only another replica: the load it
         met chose the split, and joining a full instance's free slot would keep the full
         instance busy and the split idle for as long as the load lasts."""
         if chosen.spec.config.experts is not None:
             return []
-        ranked = self.router.ranked(target, task)
         split = self.layouts.is_replica(chosen.name)
+        # the adaptive policy's candidates fast enough at this load, else (fixed, replicas)
+        # any lossless backend, the policy's ranking first
+        allowed = None if split else self.router.joinable(
+            target, task, chosen.name, load=self.load_of(target))  # fmt: skip
+        ranked = allowed if allowed is not None else self.router.ranked(target, task)
         same = [
             b for b in self.pool.backends.values()
             if b is not chosen and b.spec.target.name == target and b.ready.is_set()
             and b.spec.config.experts is None and not b.failure
             and (not split or self.layouts.is_replica(b.name))
+            and (allowed is None or b.name in allowed)
         ]  # fmt: skip
         order = {name: i for i, name in enumerate(ranked)}
         return [b.name for b in sorted(same, key=lambda b: order.get(b.name, len(order)))]

@@ -484,3 +484,36 @@ def test_each_candidate_is_probed_before_serving_and_a_losing_draft_serves_no_on
     code = router.policy("tiny", "code")
     assert code is not None and code["draft"].requests == 1  # the probe, nothing since
     assert code["ngram"].requests == chosen.count("ngram")  # users' requests only
+
+
+def test_a_request_joins_only_a_candidate_about_as_fast_as_its_own(
+    tmp_path: Path, fake: Path
+) -> None:
+    """Busy cores let a request join another lossless backend of its target, but not one the
+    policy knows to decode at a third of the chosen one's speed: starting sooner there loses
+    more than the wait."""
+    plain = backend(fake, "plain", Config(), "--fake-tps", "30")
+    draft = backend(fake, "draft", Config(spec_type="draft-simple", k=4), "--fake-tps", "10")
+    ngram = backend(fake, "ngram", Config(spec_type="ngram-mod"), "--fake-tps", "28")
+    t = table(
+        [plain, draft, ngram],
+        [cand(plain, KIND_PLAIN, 30.0), cand(draft, KIND_DRAFT, 30.0, family="d"),
+         cand(ngram, KIND_NGRAM, 30.0)],
+    )  # fmt: skip
+    router = Router(t, seed=0)
+    for _ in range(4):
+        for name, tps in (("plain", 30.0), ("draft", 10.0), ("ngram", 28.0)):
+            router.observe("tiny", "code", name, tps, 1)
+
+    async def body(client: httpx.AsyncClient, service: Service) -> Any:
+        await service.pool.prestart(x.name for x in t.backends)
+        pool = service.pool
+        return (
+            service.alternatives("tiny", "code", pool["plain"]),
+            service.alternatives("tiny", "code", pool["draft"]),
+        )
+
+    from_plain, from_draft = serve(tmp_path, t, body, router=router)
+    assert from_plain == ["ngram"]
+    assert from_draft == ["plain", "ngram"]  # a faster one always serves it
+    assert router.joinable("tiny", "code", "plain") == ["ngram"]
