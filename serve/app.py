@@ -236,9 +236,9 @@ class Service:
         lossless configurations of its target (speculation never changes what is generated;
         fewer experts would, so it is never substituted), running and ready, the policy's
         ranking first; under the adaptive policy only its candidates at least JOIN_SHARE as
-        fast as `chosen` at the load. A request on a split replica joins only another replica: the load it
-        met chose the split, and joining a full instance's free slot would keep the full
-        instance busy and the split idle for as long as the load lasts."""
+        fast as `chosen` at the load. A request on a split replica joins only another
+        replica: the load it met chose the split, and joining a full instance's free slot
+        would keep the full instance busy and the split idle for as long as the load lasts."""
         if chosen.spec.config.experts is not None:
             return []
         split = self.layouts.is_replica(chosen.name)
