@@ -20,7 +20,7 @@ from specreg.registry.scan import model_record
 from specreg.samples.small_models import SmallModels
 from specreg.serve.app import Service
 from specreg.serve.recorder import RunRecorder
-from specreg.serve.routes import RouteTable, Shape, Target, plan_routes
+from specreg.serve.routes import DEFAULT_PARALLEL, RouteTable, Shape, Target, plan_routes
 from specreg.serve.serving import is_loopback
 from specreg.terms import TASKS
 
@@ -142,7 +142,8 @@ def test_dry_run_json_lists_routes_and_commands(
     for b in doc["backends"]:
         place = b["placement"]
         assert place["name"] == "full" and set(place["cpus"]) <= os.sched_getaffinity(0)
-        assert b["slots"] == 4 and b["argv"][b["argv"].index("-np") + 1] == "4"
+        assert b["slots"] == DEFAULT_PARALLEL == 8
+        assert b["argv"][b["argv"].index("-np") + 1] == "8"
         assert b["argv"][b["argv"].index("-tb") + 1] == "1"  # --threads 1 given
     tasks = {b["config_label"]: b["tasks"] for b in doc["backends"]}
     assert tasks == {
