@@ -447,6 +447,20 @@ def test_candidates_that_fit_start_before_the_first_request(tmp_path: Path, fake
     assert started(300 * 2**20) == (["a"], ["plain", "a"])
 
 
+def plain_draft_ngram(
+    fake: Path, tps: tuple[int, int, int], priors: tuple[float, float, float], *draft_flags: str
+) -> RouteTable:
+    """Plain decoding, a draft and an n-gram lookup of one target, each a fake at its `tps`
+    (draft_flags: the draft's own fake options) with the recommender's prediction `priors`."""
+    configs = (Config(), Config(spec_type="draft-simple", k=4), Config(spec_type="ngram-mod"))
+    names, kinds = ("plain", "draft", "ngram"), (KIND_PLAIN, KIND_DRAFT, KIND_NGRAM)
+    made = [backend(fake, n, c, "--fake-tps", str(x), *(draft_flags if n == "draft" else ()))
+            for n, c, x in zip(names, configs, tps, strict=True)]  # fmt: skip
+    cands = [cand(b, kind, prior, family="d" if kind == KIND_DRAFT else None)
+             for b, kind, prior in zip(made, kinds, priors, strict=True)]  # fmt: skip
+    return table(made, cands)
+
+
 def test_each_candidate_is_probed_before_serving_and_a_losing_draft_serves_no_one(
     tmp_path: Path, fake: Path
 ) -> None:
@@ -454,15 +468,7 @@ def test_each_candidate_is_probed_before_serving_and_a_losing_draft_serves_no_on
     speed. Probed at start, it never costs a user's request. A lookup (its state outlives a
     request) is not probed, and a candidate with evidence is not probed again."""
     calls = tmp_path / "draft-calls.jsonl"
-    plain = backend(fake, "plain", Config(), "--fake-tps", "30")
-    draft = backend(fake, "draft", Config(spec_type="draft-simple", k=4), "--fake-tps", "10",
-                    "--fake-log", str(calls))  # fmt: skip
-    ngram = backend(fake, "ngram", Config(spec_type="ngram-mod"), "--fake-tps", "29")
-    t = table(
-        [plain, draft, ngram],
-        [cand(plain, KIND_PLAIN, 10.0), cand(draft, KIND_DRAFT, 11.0, family="d"),
-         cand(ngram, KIND_NGRAM, 9.0)],
-    )  # fmt: skip
+    t = plain_draft_ngram(fake, (30, 10, 29), (10.0, 11.0, 9.0), "--fake-log", str(calls))
     router = Router(t, seed=0)
 
     async def body(client: httpx.AsyncClient, service: Service) -> Any:
@@ -492,14 +498,7 @@ def test_a_request_joins_only_a_candidate_about_as_fast_as_its_own(
     """Busy cores let a request join another lossless backend of its target, but not one the
     policy knows to decode at a third of the chosen one's speed: starting sooner there loses
     more than the wait."""
-    plain = backend(fake, "plain", Config(), "--fake-tps", "30")
-    draft = backend(fake, "draft", Config(spec_type="draft-simple", k=4), "--fake-tps", "10")
-    ngram = backend(fake, "ngram", Config(spec_type="ngram-mod"), "--fake-tps", "28")
-    t = table(
-        [plain, draft, ngram],
-        [cand(plain, KIND_PLAIN, 30.0), cand(draft, KIND_DRAFT, 30.0, family="d"),
-         cand(ngram, KIND_NGRAM, 30.0)],
-    )  # fmt: skip
+    t = plain_draft_ngram(fake, (30, 10, 28), (30.0, 30.0, 30.0))
     router = Router(t, seed=0)
     for _ in range(4):
         for name, tps in (("plain", 30.0), ("draft", 10.0), ("ngram", 28.0)):
