@@ -10,7 +10,7 @@ candidate at a time on otherwise idle cores, and the policy takes its decode spe
 acceptance as a request at load 1 on that task. The target's other tasks hear of it as they
 hear of any request (their peers, `TaskPolicy._from_peers`).
 
-Not probed: candidates that drafts from what their server has read (n-gram lookups and caches,
+Not probed: candidates that draft from what their server has read (n-gram lookups and caches,
 stacks holding one: a probe would leave text no user sent in their state, which outlives a
 request), and candidates that have evidence already (a restarted server replays its served
 runs). A probe is not a served request: it is not recorded as a run.
