@@ -358,6 +358,21 @@ class BackendPool:
             started.append(name)
         return started
 
+    def start_ahead(self, name: str) -> None:
+        """Start a backend that joined while serving (a traffic cache's), in the background,
+        when it fits the memory budget beside those running: its first request then does not
+        wait for it to load (a Qwen2.5-Coder-1.5B backend takes seconds). It starts as a
+        request would start it (`ensure`): a request that needs it meanwhile waits for this
+        start, and one that fails marks the backend down."""
+        backend = self.backends[name]
+        if not self.lazy or backend.running or backend.failure or backend.starting is not None:
+            return
+        budget = self.memory_budget
+        if budget is not None and self.used() + self.estimate(backend) > budget:
+            return
+        backend.starting = asyncio.create_task(self._lazy_start(backend))
+        backend.starting.add_done_callback(_failure_told)
+
     def touch(self, backend: Backend) -> None:
         self.clock += 1
         backend.last_used = self.clock
@@ -515,3 +530,10 @@ class BackendPool:
 
     def status(self, *, memory: bool = True) -> list[BackendStatus]:
         return [b.status(memory=memory) for b in self.backends.values()]
+
+
+def _failure_told(task: asyncio.Task[None]) -> None:
+    """A background start's failure is the backend's (`Backend.failure`); logged here, not
+    raised to no one."""
+    if not task.cancelled() and (err := task.exception()) is not None:
+        log.warning("%s", err)

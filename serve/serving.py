@@ -576,6 +576,7 @@ def _service(
             job = asyncio.create_task(pool.drop(gone, f"superseded by {cand.label}"))
             dropping.add(job)
             job.add_done_callback(dropping.discard)
+        pool.start_ahead(spec.name)
 
     traffic = None
     if adaptive and recorder is not None and options.traffic_every > 0:

@@ -447,6 +447,34 @@ def test_candidates_that_fit_start_before_the_first_request(tmp_path: Path, fake
     assert started(300 * 2**20) == (["a"], ["plain", "a"])
 
 
+def test_a_backend_added_while_serving_starts_ahead_of_its_first_request(
+    tmp_path: Path, fake: Path
+) -> None:
+    """A traffic cache's backend joins while serving (`BackendPool.start_ahead`): it loads in
+    the background when the memory budget holds it, a request that needs it meanwhile waits
+    for that one start (not a second process), and one that does not fit waits for a request."""
+    mem = ("--fake-mem", "200")
+    plain = backend(fake, "plain", Config(), "--fake-tps", "10", *mem)
+    cache = backend(fake, "cache", Config(spec_type="ngram-cache"), "--fake-tps", "12", *mem)
+    t = table([plain], [cand(plain, KIND_PLAIN, 10.0)])
+
+    def added(budget: int | None) -> tuple[bool, bool, int]:
+        async def body(client: httpx.AsyncClient, service: Service) -> Any:
+            joined = service.pool.add(cache)
+            service.pool.start_ahead(cache.name)
+            loading = joined.starting is not None
+            await service.pool.ensure(joined, 30)  # a request that chose it
+            return loading, joined.running, joined.starts
+
+        got: tuple[bool, bool, int] = serve(tmp_path, t, body, budget=budget)
+        return got
+
+    assert added(None) == (True, True, 1)
+    # beside plain (200 MiB and Python), a second fake does not fit 300 MiB: it starts when a
+    # request needs it, after plain (idle) makes room
+    assert added(300 * 2**20) == (False, True, 1)
+
+
 def plain_draft_ngram(
     fake: Path, tps: tuple[int, int, int], priors: tuple[float, float, float], *draft_flags: str
 ) -> RouteTable:

@@ -59,6 +59,10 @@ def cache_arm(task: dict[str, Any]) -> dict[str, Any] | None:
     return next((c for c in task["candidates"] if c["origin"] == "traffic-cache"), None)
 
 
+def backend_ready(served: Served, name: str) -> bool:
+    return any(b["name"] == name and b["ready"] for b in served.status()["backends"])
+
+
 def test_a_cache_grown_from_traffic_joins_and_is_judged_on_later_requests(
     tmp_path: Path, llama_install: LlamaInstall, small_models: SmallModels
 ) -> None:
@@ -72,6 +76,10 @@ def test_a_cache_grown_from_traffic_joins_and_is_judged_on_later_requests(
             time.sleep(0.5)
         assert arm is not None, (served.status(), served.log.read_text()[-2000:])
         assert served.status()["traffic_caches"]["generation"] == {f"{model.stem}/code": 1}
+        # its backend starts ahead of the request that first chooses it
+        while not (ahead := backend_ready(served, arm["key"])) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ahead, served.status()["backends"]
         later = [served.ask(i) for i in range(EVERY, EVERY + 4)]
         after = served.task("code")
     finally:
