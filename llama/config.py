@@ -120,6 +120,16 @@ class Config:
             return given[spec_type]
         return self.k if spec_type == self.stack.primary else None
 
+    def ngram_mod_bounds(self) -> tuple[int, int] | None:
+        """(n_max, n_min) of its ngram-mod, as its argv spells them: n_min is its own K
+        minimum where ngram-mod leads the stack, else a quarter of n_max. None: it has no
+        ngram-mod with a K."""
+        k = self.k_of("ngram-mod")
+        if k is None:
+            return None
+        own = self.k_min is not None and self.stack.primary == "ngram-mod"
+        return k, self.k_min if own and self.k_min is not None else max(1, k // 4)
+
     @property
     def behaviour_changing(self) -> bool:
         """Knobs that change the output distribution, unlike speculation itself."""
@@ -183,10 +193,10 @@ def _spec_flags(config: Config, draft_path: Path | None, dialect: Dialect) -> li
         flags += [dialect.draft_model, str(draft_path)]
     for spec_type in stack.types:
         k, flag = config.k_of(spec_type), dialect.k_flag.get(spec_type)
-        if spec_type == "ngram-mod" and k is not None:
-            own_min = config.k_min is not None and stack.primary == spec_type
-            k_min = config.k_min if own_min and config.k_min is not None else max(1, k // 4)
-            flags += [SpecFlag.NGRAM_MOD_N_MAX, str(k), SpecFlag.NGRAM_MOD_N_MIN, str(k_min)]
+        bounds = config.ngram_mod_bounds() if spec_type == "ngram-mod" else None
+        if bounds is not None:
+            n_max, n_min = bounds
+            flags += [SpecFlag.NGRAM_MOD_N_MAX, str(n_max), SpecFlag.NGRAM_MOD_N_MIN, str(n_min)]
         elif k is not None and flag is not None:
             flags += [flag, str(k)]
     if config.k_min is not None and stack.model_drafter is not None and dialect.draft_n_min:

@@ -72,6 +72,14 @@ class Arithmetic:
         return self.tokens / self.steps if self.steps > 0 else math.nan
 
     @property
+    def drafting_verify(self) -> float:
+        """Target steps one drafting round's verification costs: a lookup's verify steps a
+        round are (1 - q) + q x this (q its drafting share; the cost model's round at full
+        experts)."""
+        q = self.drafting
+        return (self.verify - (1.0 - q)) / q if q > 0 else math.nan
+
+    @property
     def line(self) -> str:
         unit = "a verification" if self.drafting >= 1.0 else "a round"
         head = (

@@ -23,6 +23,7 @@ from specreg.serve.policy import (
     REQUEST_SCATTER,
     Candidate,
     PolicyStatus,
+    Replay,
     TaskPolicy,
     request_sigma,
 )
@@ -38,6 +39,15 @@ SERVE_KEY = "serve"  # a served run's config[SERVE_KEY]: policy, candidate, reas
 # decodes at half speed to start sooner costs more than the wait (serve_load.py's varying load
 # on the Qwen pair, 2026-11-27: a burst joined the draft one request was exploring).
 JOIN_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """An ngram-mod candidate to replay served requests on, with its draft bounds."""
+
+    key: str
+    n_max: int
+    n_min: int
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,7 @@ def _candidate(c: CandidateRoute) -> Candidate:
         family=c.family,
         kind=c.kind,
         origin=c.origin,
+        lookup_verify=c.lookup_verify,
     )
 
 
@@ -182,6 +193,27 @@ class Router:
                 generated=generated, cold=cold,
             )  # fmt: skip
 
+    def lookups_to_replay(self, target: str, task: str, served_by: str) -> list[Lookup]:
+        """(target, task)'s ngram-mod candidates that a request `served_by` served speaks
+        for: the active ones and those the idle rule retired (a replay may reinstate them),
+        `served_by` itself excepted (its own requests are measured)."""
+        policy = self.policy(target, task)
+        if policy is None:
+            return []
+        out = []
+        for key, arm in policy.arms.items():
+            if key == served_by or arm.candidate.lookup_verify is None:
+                continue
+            bounds = self.table.backend(key).config.ngram_mod_bounds()
+            if bounds is not None and (arm.active or arm.idle):
+                out.append(Lookup(key, *bounds))
+        return out
+
+    def observe_replay(self, target: str, task: str, key: str, replay: Replay) -> None:
+        loads = self.loads.get((target, task))
+        if loads is not None:
+            loads.observe_replay(key, replay)
+
     def offer_cache(self, route: CandidateRoute, why: str) -> list[str]:
         """A cache grown from (target, task)'s traffic joins its policy, its prior the older
         cache's posterior where that has evidence, else plain decoding's (ngram-cache drafts
@@ -279,6 +311,11 @@ class Router:
                 generated=run.prompts[0].predicted_n if run.prompts else None,
                 cold=isinstance(info, dict) and info.get("warm") is False,
             )
+            replays = info.get("replays") if isinstance(info, dict) else None
+            for key, doc in (replays or {}).items() if isinstance(replays, dict) else ():
+                replay = Replay.from_json(doc)
+                if replay is not None and key in policy.arms:
+                    loads.observe_replay(key, replay)
             n += 1
         self.replayed += n
         return n

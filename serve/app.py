@@ -38,6 +38,7 @@ from specreg.serve.adaptive import (
     REASON_JOINED,
     REASON_RETRY,
     SERVE_KEY,
+    Lookup,
     Pick,
     Router,
     finite,
@@ -46,9 +47,10 @@ from specreg.serve.backends import Backend, BackendPool, BackendUnavailable
 from specreg.serve.classify import TASK_HEADER, Classification, TaskClassifier, classify
 from specreg.serve.cores import Grant, QueueFull
 from specreg.serve.layouts import SplitLayouts
-from specreg.serve.policy import PolicyStatus
+from specreg.serve.policy import PolicyStatus, Replay
 from specreg.serve.pooled import CatchUp, PooledState
 from specreg.serve.recorder import RunRecorder
+from specreg.serve.replay import LookupReplays
 from specreg.serve.routes import Route, RouteTable, Target, split_model
 from specreg.serve.traffic import TrafficCaches, answer_text, delta_text, request_text
 from specreg.terms import STARTUP_TIMEOUT_S, TASKS
@@ -174,6 +176,8 @@ class Service:
         self.traffic = traffic
         # Backends with pooled n-gram state read the traffic routed elsewhere (serve.pooled).
         self.pooled = pooled
+        # ngram-mod candidates judged on the requests others served (serve.replay)
+        self.replays = LookupReplays(self.router) if self.router.adaptive else None
         if self.router.adaptive:
             pool.on_crash = self._retires
         self.inflight: set[_Call] = set()
@@ -274,6 +278,8 @@ class Service:
         )
 
     async def close(self) -> None:
+        if self.replays is not None:
+            await self.replays.drain()  # their requests' runs are recorded when they end
         if self.client is not None:
             await self.client.close()
 
@@ -330,6 +336,7 @@ class Service:
             },
             "traffic_caches": self.traffic.to_json() if self.traffic is not None else None,
             "pooled_state": self.pooled.to_json() if self.pooled is not None else None,
+            "lookup_replays": self.replays.to_json() if self.replays is not None else None,
             "layouts": self.layouts.to_json(),
             "backends": [
                 {
@@ -615,7 +622,18 @@ class _Call:
 
     @property
     def keeps_texts(self) -> bool:
-        return self.service.traffic is not None or self.service.pooled is not None
+        return (
+            self.service.traffic is not None
+            or self.service.pooled is not None
+            or bool(self._lookups())
+        )
+
+    def _lookups(self) -> list[Lookup]:
+        """The ngram-mod candidates this request, once served, is replayed for."""
+        replays = self.service.replays
+        if replays is None or self.pick is None:
+            return []
+        return replays.wanted(self.target, self.cls.task, self.backend.name)
 
     async def catch_up(self) -> None:
         """A backend with pooled n-gram state first reads the target's traffic it missed."""
@@ -739,11 +757,31 @@ class _Call:
             prompt_text, output_text = self.texts(answer)
             text = "\n".join(t for t in (prompt_text, output_text) if t)
             self.service.pooled.served(self.target, self.backend.name, self.backend.starts, text)
+        try:
+            run = self._run(answer, status, message, kind)
+        except Exception:  # recording must never fail a request
+            log.exception("could not record a served request")
+            return
+        lookups, replays = self._lookups() if status == 200 else [], self.service.replays
+        prompt_text, output_text = self.texts(answer) if lookups else (None, None)
+        if replays is None or not prompt_text or not output_text:
+            self._put(run)
+            return
+
+        def done(got: dict[str, Replay]) -> None:
+            info = {**run.config[SERVE_KEY], "replays": {k: r.to_json() for k, r in got.items()}}
+            self._put(replace(run, config={**run.config, SERVE_KEY: info}))
+
+        texts = (prompt_text, output_text)
+        replays.submit(self.client, self.backend.url, self.target, self.cls.task, texts, lookups,
+                       done)  # fmt: skip
+
+    def _put(self, run: RunRecord) -> None:
+        """Record the run; a traffic cache hears of its text."""
         recorder = self.service.recorder
         if recorder is None:
             return
         try:
-            run = self._run(answer, status, message, kind)
             recorder.put(run)
         except Exception:  # recording must never fail a request
             log.exception("could not record a served request")

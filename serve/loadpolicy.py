@@ -39,6 +39,7 @@ from specreg.serve.policy import (
     Arm,
     Candidate,
     Decision,
+    Replay,
     TaskPolicy,
 )
 
@@ -131,9 +132,10 @@ class LoadPolicy:
                 policy.arms[key] = Arm.of(candidate)
             else:
                 arm.candidate = candidate
+                policy.reconsider(key)  # level 1's replay may speak for it here too
         for key, arm in self.base.arms.items():
             if not self._carried(arm) and key in policy.arms:
-                policy.retire(key, arm.why)
+                policy.retire(key, arm.why, idle=arm.idle)
         return policy
 
     @staticmethod
@@ -168,6 +170,11 @@ class LoadPolicy:
         """A request's speed, evidence for its own load level (in full: the level is its
         context, not a discount)."""
         self.at(level_of(concurrency)).observe(key, tps, concurrency=1, **figures)
+
+    def observe_replay(self, key: str, replay: Replay) -> None:
+        """A lookup replayed on a request another candidate served: level 1's prior, which
+        every level's follows."""
+        self.base.observe_replay(key, replay)
 
     def retire(self, key: str, why: str) -> None:
         for policy in self.levels.values():

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from specreg.jsonout import document, fields_of
+from specreg.recommender.lookup_replay import NO_STEPS, LookupSteps
 from specreg.registry.noise import FALLBACK_NOISE, NoiseFigure
 
 # Per-request scatter of log tokens/s around a configuration's mean, as a multiple of the
@@ -155,6 +156,10 @@ class Candidate:
     origin: str = ORIGIN_RECOMMEND
     shared_shift: bool = True  # False: the prior already holds this host's evidence
     payload: Any = field(default=None, compare=False, repr=False)
+    # ngram-mod: target steps one drafting verification costs at its K (the recommender's
+    # arithmetic), which turns a replay of served text into a speed (`replayed_prior`)
+    lookup_verify: float | None = None
+    replay: Replay | None = None  # ngram-mod replayed on requests others served
 
     @property
     def prior_mu(self) -> float:
@@ -167,6 +172,61 @@ class Candidate:
         z = NormalDist().inv_cdf(0.5 + self.prior_band / 2)
         sigma = math.log(self.prior_hi / self.prior_lo) / (2 * z)
         return max(sigma, MIN_PRIOR_SIGMA)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What an ngram-mod lookup would have drafted, on first encounter, on the requests of a
+    task that other candidates served (recommender.lookup_replay, on their token ids)."""
+
+    steps: LookupSteps = NO_STEPS
+    generated: int = 0  # the answers' tokens
+    requests: int = 0
+
+    def __add__(self, other: Replay) -> Replay:
+        return Replay(
+            self.steps + other.steps,
+            self.generated + other.generated,
+            self.requests + other.requests,
+        )
+
+    def speedup(self, verify: float) -> float:
+        """Tokens a round over target steps a round (the cost model's n-gram round,
+        recommender.costmodel.rounds): drafting rounds yield their accepted tokens and the
+        target's own and cost `verify` steps, the others one token for one step."""
+        q, e = self.steps.draft_rate, self.steps.tokens_per_drafting_step
+        return ((1.0 - q) + q * e) / ((1.0 - q) + q * verify)
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.steps
+        return {"requests": self.requests, "generated": self.generated, "steps": s.steps,
+                "drafting": s.drafting, "drafted": s.drafted, "accepted": s.accepted}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Replay | None:
+        """A replay as `to_json` wrote it (a served run's); None for anything else."""
+        names = ("steps", "drafting", "drafted", "accepted", "generated", "requests")
+        if not isinstance(doc, dict) or not all(isinstance(doc.get(n), int) for n in names):
+            return None
+        steps = LookupSteps(doc["steps"], doc["drafting"], doc["drafted"], doc["accepted"])
+        return cls(steps, doc["generated"], doc["requests"])
+
+
+def replayed_prior(base: Candidate, plain: Candidate, replay: Replay) -> Candidate:
+    """`base` (an ngram-mod candidate as the recommender predicted it) with the prior that the
+    replay gives: plain decoding's prediction times the replayed round's speed-up, in the
+    recommender's band (as `recommend` does with text `specreg agree` kept:
+    recommender.acceptance.apply_lookup)."""
+    assert base.lookup_verify is not None
+    tps = plain.prior_tps * replay.speedup(base.lookup_verify)
+    scale = tps / base.prior_tps
+    return replace(
+        base,
+        prior_tps=tps,
+        prior_lo=base.prior_lo * scale,
+        prior_hi=base.prior_hi * scale,
+        replay=replay,
+    )
 
 
 def request_weight(concurrency: int) -> float:
@@ -200,10 +260,12 @@ class Arm:
     peer_shift: float = 0.0  # added to the prior mean by the other tasks' evidence (log units)
     peer_sigma: float | None = None  # the prior's sigma once the other tasks have evidence
     peer_weight: float = 0.0  # the other tasks' evidence behind peer_shift
+    idle: bool = False  # retired by the idle rule (a replay of served text may reinstate it)
+    predicted: Candidate | None = None  # the candidate before any replay moved its prior
 
     @classmethod
     def of(cls, candidate: Candidate) -> Arm:
-        return cls(candidate)
+        return cls(candidate, predicted=candidate)
 
     @property
     def prior_sigma(self) -> float:
@@ -299,6 +361,7 @@ class Arm:
             "generated": self.generated,
             "status": self.status,
             "why": self.why,
+            "replay": c.replay.to_json() if c.replay is not None else None,
         }
 
 
@@ -454,15 +517,51 @@ class TaskPolicy:
         self._retire_idle(arm)
         self._move_k()
 
-    def retire(self, key: str, why: str) -> None:
-        """Take a candidate out for good (a backend that cannot start, a crash)."""
+    def observe_replay(self, key: str, replay: Replay) -> None:
+        """What ngram-mod candidate `key` would have drafted on a request another candidate
+        served: its prior becomes plain decoding's times the speed-up of what it would have
+        drafted on the task's requests so far (`replayed_prior`), and the idle rule counts
+        those drafts too. A lookup drafts only where the text repeats, which a prediction
+        cannot see and which one try on a request that happens not to repeat misjudges: on
+        SmolLM2 a copy-editing request drafts whole spans, a summary in two sentences
+        nothing, and both are `summarize`. A replay costs no request."""
+        arm = self.arms.get(key)
+        plain = next((a for a in self.arms.values() if a.candidate.kind == KIND_PLAIN), None)
+        base = arm.predicted if arm is not None else None
+        if arm is None or base is None or base.lookup_verify is None or plain is None:
+            return
+        total = replay + arm.candidate.replay if arm.candidate.replay is not None else replay
+        arm.candidate = replayed_prior(base, plain.candidate, total)
+        self._shift()
+        self._from_peers()
+        self.reconsider(key)
+
+    def reconsider(self, key: str) -> None:
+        """A candidate the idle rule retired comes back once the drafts its replay found
+        say it is not idle (`observe_replay`)."""
+        arm = self.arms.get(key)
+        if arm is None or arm.active or not arm.idle or self._idle(arm):
+            return
+        arm.status, arm.idle = STATUS_ACTIVE, False
+        replay = arm.candidate.replay
+        arm.why = (
+            f"reinstated: on {replay.requests} request(s) others served it would have drafted "
+            f"{replay.steps.accepted} accepted token(s) of {replay.generated}"
+            if replay is not None
+            else ""
+        )
+        self.events.append(f"{arm.candidate.label} {arm.why}")
+
+    def retire(self, key: str, why: str, *, idle: bool = False) -> None:
+        """Take a candidate out for good (a backend that cannot start, a crash); `idle`: the
+        idle rule's verdict, which a replay may overturn (`reconsider`)."""
         arm = self.arms.get(key)
         if arm is None or not arm.active:
             return
         if len(self.active) == 1:
             arm.why = f"{why} (kept: the last candidate)"
             return
-        arm.status, arm.why = STATUS_RETIRED, why
+        arm.status, arm.why, arm.idle = STATUS_RETIRED, why, idle
         self.events.append(f"retired {arm.candidate.label}: {why}")
 
     def add(self, candidate: Candidate, why: str) -> bool:
@@ -589,22 +688,36 @@ class TaskPolicy:
                 )
                 self.events.append(f"retired {arm.candidate.label}: {arm.why}")
 
+    def _idle(self, arm: Arm) -> bool:
+        """Whether the target hardly ever keeps `arm`'s drafts (see IDLE_SHARE): on its own
+        requests and, for a lookup, on the requests others served that it was replayed on."""
+        replay = arm.candidate.replay
+        accepted = arm.accepted + (replay.steps.accepted if replay is not None else 0)
+        generated = arm.generated + (replay.generated if replay is not None else 0)
+        return arm.figured >= IDLE_RETIRE_REQUESTS and accepted < IDLE_SHARE * generated
+
     def _retire_idle(self, arm: Arm) -> None:
         """A speculative candidate whose drafts the target hardly ever keeps is plain decoding
         with extra work; with plain itself on offer it retires (see IDLE_SHARE)."""
-        if not arm.active or arm.candidate.kind == KIND_PLAIN:
-            return
-        if arm.figured < IDLE_RETIRE_REQUESTS or arm.accepted >= IDLE_SHARE * arm.generated:
+        if not arm.active or arm.candidate.kind == KIND_PLAIN or not self._idle(arm):
             return
         if not any(a.active and a.candidate.kind == KIND_PLAIN for a in self.arms.values()):
             return
-        arm.status = STATUS_RETIRED
-        arm.why = (
+        replay = arm.candidate.replay
+        self.retire(
+            arm.candidate.key,
             f"{arm.accepted} accepted draft token(s) of {arm.generated} generated in "
-            f"{arm.figured} request(s) (under {IDLE_SHARE:.0%}): it decodes as plain decoding "
-            "does, with the cost of drafting on top"
+            f"{arm.figured} request(s)"
+            + (
+                f" and {replay.steps.accepted} of {replay.generated} replayed on "
+                f"{replay.requests} others served"
+                if replay is not None
+                else ""
+            )
+            + f" (under {IDLE_SHARE:.0%}): it decodes as plain decoding does, with the cost of "
+            "drafting on top",
+            idle=True,
         )
-        self.events.append(f"retired {arm.candidate.label}: {arm.why}")
 
     def _move_k(self) -> None:
         if not self.k_ladder:

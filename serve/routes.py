@@ -8,6 +8,7 @@ llama-server flags it runs with, so two routes that would start the same process
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Callable, Sequence
@@ -161,6 +162,9 @@ class CandidateRoute:
     prior_band: float
     origin: str
     reserve: bool = False
+    # ngram-mod: target steps a drafting round's verification costs at its K (the
+    # recommender's arithmetic), for replaying served requests (serve.policy.Replay)
+    lookup_verify: float | None = None
 
     @property
     def key(self) -> str:
@@ -176,8 +180,9 @@ class RouteTable:
 
     JSON_KIND = "serve-routes"
     # 3: slots, placement; 4: host figures and sources; 5: ctx, server_args; 6: replicas (the
-    # backends a split layout runs, with the capacity measurement that says why)
-    JSON_VERSION = "6"
+    # backends a split layout runs, with the capacity measurement that says why); 7: each
+    # candidate's lookup_verify (ngram-mod: a drafting round's verify cost, for replays)
+    JSON_VERSION = "7"
 
     targets: tuple[Target, ...]
     routes: tuple[Route, ...]
@@ -497,13 +502,30 @@ def _prior_of(
     """The recommender's prediction for a pinned configuration (its closest option)."""
     if recommendation is None:
         return (1.0, 0.0, 0.0)
+    o = _closest_option(recommendation, config, draft)
+    if o is None:
+        return (recommendation.best.tps, 0.0, 0.0)  # no band: the policy's default width
+    return (o.tps, o.tps_lo, o.tps_hi)
+
+
+def _closest_option(
+    recommendation: Recommendation, config: Config, draft: ModelRecord | None
+) -> Option | None:
+    """The recommender's option of a configuration's type and draft nearest its K."""
     draft_id = draft.model_id if draft is not None else None
     same = [o for o in recommendation.options if o.spec_type == config.spec_type
             and o.draft_id == draft_id]  # fmt: skip
     if not same:
-        return (recommendation.best.tps, 0.0, 0.0)  # no band: the policy's default width
-    o = min(same, key=lambda o: abs((o.k or 0) - (config.k or o.k or 0)))
-    return (o.tps, o.tps_lo, o.tps_hi)
+        return None
+    return min(same, key=lambda o: abs((o.k or 0) - (config.k or o.k or 0)))
+
+
+def _pinned_lookup_verify(
+    recommendation: Recommendation | None, config: Config, draft: ModelRecord | None
+) -> float | None:
+    """`_lookup_verify` of a pinned configuration's option at exactly its K."""
+    o = _closest_option(recommendation, config, draft) if recommendation is not None else None
+    return _lookup_verify(o) if o is not None and o.k == config.k else None
 
 
 def _backend(
@@ -708,7 +730,9 @@ def _task_candidates(
         for config, draft in choice.members:
             b = backend_of(config, draft)
             kind, family = _pinned_kind(config, draft)
-            out.append(made(b, _prior_of(recommendation, config, draft), kind, family, ORIGIN_PIN))
+            pin = made(b, _prior_of(recommendation, config, draft), kind, family, ORIGIN_PIN)
+            verify = _pinned_lookup_verify(recommendation, config, draft)
+            out.append(replace(pin, lookup_verify=verify))
         return _unique(out)
     assert recommendation is not None
     offers: list[Candidate] = []
@@ -742,8 +766,19 @@ def _task_candidates(
         draft = get_model(con, option.draft_id) if option.draft_id else None
         b = backend_of(option_config(option).with_(temperature=0.0), draft)
         prior = (c.prior_tps, c.prior_lo, c.prior_hi)
-        out.append(made(b, prior, c.kind, c.family, ORIGIN_RECOMMEND, reserve=spare))
+        made_one = made(b, prior, c.kind, c.family, ORIGIN_RECOMMEND, reserve=spare)
+        out.append(replace(made_one, lookup_verify=_lookup_verify(option)))
     return _unique(out)
+
+
+def _lookup_verify(option: Option) -> float | None:
+    """An ngram-mod option's cost of a drafting verification in target steps (None for any
+    other option): what a replay of served text needs to become a speed."""
+    arithmetic = option.arithmetic
+    if option.spec_type != "ngram-mod" or arithmetic is None:
+        return None
+    verify = arithmetic.drafting_verify
+    return verify if math.isfinite(verify) and verify > 0 else None
 
 
 def _route_kind(offers: Sequence[Candidate], route: BackendSpec) -> tuple[str, str | None]:

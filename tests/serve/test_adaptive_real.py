@@ -2,7 +2,8 @@
 (a candidate set pinned with --pin twice), one thread. On requests that edit a supplied text the
 output repeats the input and ngram-mod drafts it. After a restart the policy continues from the
 runs the first server recorded. On requests that repeat nothing ngram-mod drafts next to nothing
-the target keeps: it measures what plain measures, and the policy settles on plain."""
+the target keeps: it measures what plain measures, and the policy settles on plain. The
+requests plain serves are replayed for ngram-mod (serve.replay)."""
 
 from __future__ import annotations
 
@@ -119,6 +120,14 @@ def test_edits_settle_and_a_restart_continues(
     if all(arms[ngram]["posterior_lo"] > c["posterior_hi"] for c in others):
         assert choice == ngram, (shown, first["why"])
 
+    # every request another candidate served was replayed for ngram-mod: on edits it would
+    # have drafted the copied text (serve.replay), and that, not the prediction, is its prior
+    replay = arms[ngram]["replay"]
+    served_by_others = sum(1 for b in chosen if b != ngram)
+    assert replay is not None and replay["requests"] == served_by_others, (chosen, replay)
+    if served_by_others:
+        assert replay["accepted"] > 0, replay
+
     # a new server reads the recorded runs back: the same posteriors, the same choice
     again = start(home, llama_install, small_models.smollm2.path)
     try:
@@ -138,6 +147,7 @@ def test_edits_settle_and_a_restart_continues(
     }
     # the same priors too: the recommender they come from leaves served runs out (it read
     # them as evidence once, and moved the priors 3 %: each request counted twice)
+    assert after[ngram]["replay"] == replay  # the replays were recorded with their runs
     for k, c in after.items():
         assert c["prior_tps"] == pytest.approx(before[k]["prior_tps"], rel=1e-6)
         assert c["posterior_tps"] == pytest.approx(before[k]["posterior_tps"], rel=0.01)

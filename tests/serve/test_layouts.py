@@ -392,7 +392,7 @@ def test_the_dry_run_lists_the_replicas_and_validates(scanned_db: Path) -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     schemas.validate(doc)
-    assert doc["version"] == "6"
+    assert doc["version"] == "7"
     assert [r["placement"]["name"] for r in doc["replicas"]] == [p.name for p in split]
     names = {b["name"]: b for b in doc["backends"]}
     for r, place in zip(doc["replicas"], split, strict=True):

@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specreg.recommender.lookup_replay import LookupSteps
 from specreg.serve.policy import (
     EXPLOIT,
     KIND_DRAFT,
@@ -16,8 +17,10 @@ from specreg.serve.policy import (
     KIND_PLAIN,
     ONLY,
     ORIGIN_K_OUTWARD,
+    STATUS_ACTIVE,
     STATUS_RETIRED,
     Candidate,
+    Replay,
     TaskPolicy,
     pick_candidates,
     request_weight,
@@ -238,6 +241,66 @@ def test_a_lookup_the_prediction_puts_far_below_plain_is_tried_early_and_wins_wh
     # nor for a lookup that drafts from a cache on every step: it can cost far more than plain
     cache = replace(slow, key="lookup", family="lookup")
     assert TaskPolicy("t/summarize", [plain, cache], seed=0).choose().key == "plain"
+
+
+def summarize_pair() -> TaskPolicy:
+    """SmolLM2's summarize as served: ngram-mod K=8 predicted at 0.41x plain (the cost model's
+    guess of how often it drafts), a drafting round's verification at 6.08 target steps."""
+    plain = Candidate("plain", "plain", 85.6, 52.4, 139.7)
+    lookup = Candidate("ngram-mod", "ngram-mod K=8", 35.2, 20.1, 61.5, k=8, kind=KIND_NGRAM,
+                       family="ngram-mod", lookup_verify=6.08)  # fmt: skip
+    return TaskPolicy("t/summarize", [plain, lookup], seed=0)
+
+
+def replayed(requests: int, drafting: int, accepted: int, generated: int = 96) -> Replay:
+    steps = LookupSteps(generated - accepted, drafting, drafting * 8, accepted)
+    return Replay(steps, generated, requests)
+
+
+def test_a_lookup_replayed_on_what_plain_served_takes_the_replays_speed_as_its_prior() -> None:
+    policy = summarize_pair()
+    assert policy.best().candidate.key == "plain"
+    # plain served a copy-editing request: ngram-mod would have drafted 10 rounds of 8, 75
+    # tokens of the 96 accepted
+    policy.observe("plain", 140.0)
+    policy.observe_replay("ngram-mod", replayed(1, 10, 75))
+    arm = policy["ngram-mod"]
+    q, e = 10 / 21, 1 + 75 / 10
+    speedup = ((1 - q) + q * e) / ((1 - q) + q * 6.08)
+    assert math.isclose(arm.candidate.prior_tps, 85.6 * speedup)
+    assert speedup > 1.2 and arm.requests == 0
+    # the band keeps the prediction's width
+    assert math.isclose(arm.candidate.prior_hi / arm.candidate.prior_lo, 61.5 / 20.1)
+    assert policy.best().candidate.key == "ngram-mod", policy.why()
+    first = arm.candidate.prior_tps
+    # a summary in two sentences repeats nothing: it would have drafted nothing there, and
+    # the replay's sum moves the prior back towards plain's, never below it
+    for _ in range(6):
+        policy.observe_replay("ngram-mod", replayed(1, 0, 0))
+    after = policy["ngram-mod"].candidate
+    assert 85.6 < after.prior_tps < first
+    assert after.replay is not None and after.replay.requests == 7
+    # a candidate without the recommender's arithmetic (not ngram-mod) is left alone
+    other = TaskPolicy("t/summarize", [PLAIN, NGRAM], seed=0)
+    other.observe_replay("ngram-mod", replayed(1, 10, 75))
+    assert other["ngram-mod"].candidate == NGRAM
+
+
+def test_a_lookup_retired_as_idle_comes_back_when_replays_show_it_would_draft() -> None:
+    policy = summarize_pair()
+    for _ in range(3):  # its tries landed on summaries in two sentences
+        policy.observe("ngram-mod", 140.0, drafted=0, accepted=0, generated=96)
+    arm = policy["ngram-mod"]
+    assert arm.status == STATUS_RETIRED and arm.idle, arm.why
+    policy.observe_replay("ngram-mod", replayed(1, 0, 0))
+    assert arm.status == STATUS_RETIRED  # nothing to draft there either
+    policy.observe_replay("ngram-mod", replayed(1, 10, 75))
+    assert arm.status == STATUS_ACTIVE and arm.why.startswith("reinstated"), arm.why
+    assert not arm.idle
+    # a retirement for another reason (a crash) stays
+    policy.retire("ngram-mod", "crashed")
+    policy.observe_replay("ngram-mod", replayed(1, 10, 75))
+    assert arm.status == STATUS_RETIRED and arm.why == "crashed"
 
 
 def test_a_candidate_that_joins_while_serving_starts_from_its_neighbour_and_goes_next() -> None:

@@ -114,7 +114,7 @@ def test_dry_run_json_lists_routes_and_commands(
         tmp_path, specreg_home, small_models, llama_install, "--threads", "1", "--policy",
         "adaptive",
     )  # fmt: skip
-    assert (doc["version"], doc["kind"]) == ("6", "serve-routes")
+    assert (doc["version"], doc["kind"]) == ("7", "serve-routes")
     assert set(doc) == {
         "version", "kind", "targets", "routes", "backends", "notes", "policy", "candidates",
         "noise", "figures", "replicas",
