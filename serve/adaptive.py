@@ -156,15 +156,18 @@ class Router:
 
     def joinable(self, target: str, task: str, chosen: str, *, load: int = 1) -> list[str] | None:
         """The candidates a request chosen for `chosen` may join instead, best first: those
-        the policy still holds at `load` whose posterior speed is at least JOIN_SHARE of
-        `chosen`'s. None: no policy for (target, task) (fixed: any lossless backend)."""
+        the policy still holds at `load`, or retired only as idle (a lookup that finds nothing
+        to draft on this task decodes as plain does: no gain, no loss), whose posterior speed
+        is at least JOIN_SHARE of `chosen`'s. None: no policy for (target, task) (fixed: any
+        lossless backend)."""
         loads = self.loads.get((target, task))
         if loads is None:
             return None
         policy = loads.at(level_of(load))
         mine = policy.arms.get(chosen)
         floor = mine.mean + math.log(JOIN_SHARE) if mine is not None else -math.inf
-        ranked = sorted(policy.active, key=lambda a: -a.mean)
+        held = [a for a in policy.arms.values() if a.active or a.idle]
+        ranked = sorted(held, key=lambda a: -a.mean)
         return [a.candidate.key for a in ranked if a.candidate.key != chosen and a.mean >= floor]
 
     def best(self, target: str, task: str) -> str:

@@ -544,3 +544,12 @@ def test_a_request_joins_only_a_candidate_about_as_fast_as_its_own(
     assert from_plain == ["ngram"]
     assert from_draft == ["plain", "ngram"]  # a faster one always serves it
     assert router.joinable("tiny", "code", "plain") == ["ngram"]
+    # a lookup retired as idle on this task (it found nothing to draft) decodes as plain does:
+    # still one to join; a candidate retired as slower is not
+    code = router.policy("tiny", "code")
+    assert code is not None
+    for _ in range(3):
+        router.observe("tiny", "code", "ngram", 29.0, 1, drafted=0, accepted=0, generated=96)
+    assert code["ngram"].idle and not code["ngram"].active
+    assert not code["draft"].active and not code["draft"].idle
+    assert router.joinable("tiny", "code", "plain") == ["ngram"]
