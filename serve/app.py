@@ -757,11 +757,13 @@ class _Call:
             prompt_text, output_text = self.texts(answer)
             text = "\n".join(t for t in (prompt_text, output_text) if t)
             self.service.pooled.served(self.target, self.backend.name, self.backend.starts, text)
-        try:
-            run = self._run(answer, status, message, kind)
-        except Exception:  # recording must never fail a request
-            log.exception("could not record a served request")
-            return
+        run = None
+        if self.service.recorder is not None:
+            try:
+                run = self._run(answer, status, message, kind)
+            except Exception:  # recording must never fail a request
+                log.exception("could not record a served request")
+                return
         lookups, replays = self._lookups() if status == 200 else [], self.service.replays
         prompt_text, output_text = self.texts(answer) if lookups else (None, None)
         if replays is None or not prompt_text or not output_text:
@@ -769,17 +771,20 @@ class _Call:
             return
 
         def done(got: dict[str, Replay]) -> None:
-            info = {**run.config[SERVE_KEY], "replays": {k: r.to_json() for k, r in got.items()}}
-            self._put(replace(run, config={**run.config, SERVE_KEY: info}))
+            """The replays go into the run's config[SERVE_KEY] (a restart reads them back)."""
+            if run is not None:
+                replayed = {k: r.to_json() for k, r in got.items()}
+                info = {**run.config[SERVE_KEY], "replays": replayed}
+                self._put(replace(run, config={**run.config, SERVE_KEY: info}))
 
         texts = (prompt_text, output_text)
         replays.submit(self.client, self.backend.url, self.target, self.cls.task, texts, lookups,
                        done)  # fmt: skip
 
-    def _put(self, run: RunRecord) -> None:
+    def _put(self, run: RunRecord | None) -> None:
         """Record the run; a traffic cache hears of its text."""
         recorder = self.service.recorder
-        if recorder is None:
+        if recorder is None or run is None:
             return
         try:
             recorder.put(run)
