@@ -30,7 +30,13 @@ import duckdb
 import numpy as np
 
 from specreg.drafttrace import DraftTrace
-from specreg.recommender.costmodel import CostParams, acceptance, logit, predict_tps
+from specreg.recommender.costmodel import (
+    CostParams,
+    Replayed,
+    acceptance,
+    logit,
+    predict_tps,
+)
 from specreg.recommender.lookup_replay import (
     NO_STACK,
     NO_STEPS,
@@ -377,7 +383,7 @@ def apply_lookup(
         # plain decoding's prediction (row 0: this host's calibration or runs) times the
         # speed-up the cost model gives the replayed drafting
         plain = predict_tps(X[:1], params)[0]
-        after = predict_tps(X[rows], params, lookup=(q[rows], e[rows]))[0]
+        after = predict_tps(X[rows], params, replayed=Replayed(lookup=(q[rows], e[rows])))[0]
         mid[rows] = mid[0] * after / np.maximum(plain, 1e-12)
     return replace(
         adjusted, mid=mid, acceptance=acc, sources=tuple(sources), lookups=tuple(lookups)
@@ -423,7 +429,7 @@ def apply_stack(
         a = adjusted.acceptance[rows]
         shift = logit(a, eps=1e-4) - logit(acceptance(X[rows], params), eps=1e-4)
         before = predict_tps(X[rows], params, shift)[0]
-        after = predict_tps(X[rows], params, shift, stack=(f[rows], e[rows]))[0]
+        after = predict_tps(X[rows], params, shift, Replayed(stack=(f[rows], e[rows])))[0]
         mid[rows] *= after / np.maximum(before, 1e-12)
     return replace(adjusted, mid=mid), tuple(out)
 
