@@ -508,6 +508,18 @@ def option_group(name: str, make: Callable[[dict[str, Any]], Any], *options: Any
     return decorate
 
 
+def option_stack(*options: Callable[[F], F]) -> Callable[[F], F]:
+    """One decorator for `options` (click options, arguments and option decorators), shown in
+    --help in the order given."""
+
+    def decorate(func: F) -> F:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
 def settings_options(*names: str, **changes: dict[str, Any]) -> Any:
     """The measuring options `names` (fields of `specreg.runner.settings.Settings`, in the
     order --help shows them; `load` is --allow-load and --load-wait) gathered into ONE
@@ -606,62 +618,51 @@ def n_predict_option(func: F | None = None, **changes: Any) -> Any:
 BANDWIDTH = FiniteFloat(min=0.001, max=MAX_BANDWIDTH_GBS)
 
 
-def host_facts_options(func: F) -> F:
-    """`--host-facts FILE`, `--cores N`, `--bandwidth GB/s` and `--memory SIZE`: the host a
-    command predicts for (default: this machine, $SPECREG_HOST_FACTS honoured), handed to the
-    command as one `host_query` (specreg.host.facts.HostQuery). The same facts give the speed
-    model its cores, the printed commands their `-t`, and the advice what fits in memory."""
+def _host_query(given: dict[str, Any]) -> Any:
+    from specreg.host.facts import HostQuery
 
-    @functools.wraps(func)
-    def command(
-        *args: Any,
-        host_facts: Path | None,
-        cores: int | None,
-        bandwidth: float | None,
-        memory: int | None,
-        **kwargs: Any,
-    ) -> Any:
-        from specreg.host.facts import HostQuery
+    return HostQuery(given["bandwidth"], given["cores"], given["host_facts"], given["memory"])
 
-        query = HostQuery(bandwidth, cores, host_facts, memory)
-        return func(*args, host_query=query, **kwargs)
 
-    options = [
-        click.option(
-            "--host-facts",
-            type=click.Path(dir_okay=False, path_type=Path),
-            default=None,
-            help="Predict for the host these facts describe: a JSON object in the syntax of "
-            "$SPECREG_HOST_FACTS (Host fields and bandwidth_gbs), or `specreg doctor --json` "
-            "output saved on that host.",
-        ),
-        click.option(
-            "--cores",
-            type=CORES,
-            default=None,
-            metavar="N",
-            help="Physical cores of the host to predict for (and -t in the commands).",
-        ),
-        click.option(
-            "--bandwidth",
-            type=BANDWIDTH,
-            default=None,
-            metavar="GB/s",
-            help="Memory bandwidth in GB/s (default: the facts' own, else what specreg doctor "
-            "measured on this host, else one stored estimate).",
-        ),
-        click.option(
-            "--memory",
-            type=SIZE,
-            default=None,
-            metavar="SIZE",
-            help="Memory of the host to predict for, e.g. 768G (GB: 10^9 bytes), which decides "
-            "what fits (default: the facts' own, else this machine's).",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command  # type: ignore[return-value]
+# `--host-facts FILE`, `--cores N`, `--bandwidth GB/s` and `--memory SIZE`: the host a command
+# predicts for (default: this machine, $SPECREG_HOST_FACTS honoured), handed to the command as
+# one `host_query` (specreg.host.facts.HostQuery). The same facts give the speed model its
+# cores, the printed commands their `-t`, and the advice what fits in memory.
+host_facts_options = option_group(
+    "host_query",
+    _host_query,
+    click.option(
+        "--host-facts",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Predict for the host these facts describe: a JSON object in the syntax of "
+        "$SPECREG_HOST_FACTS (Host fields and bandwidth_gbs), or `specreg doctor --json` "
+        "output saved on that host.",
+    ),
+    click.option(
+        "--cores",
+        type=CORES,
+        default=None,
+        metavar="N",
+        help="Physical cores of the host to predict for (and -t in the commands).",
+    ),
+    click.option(
+        "--bandwidth",
+        type=BANDWIDTH,
+        default=None,
+        metavar="GB/s",
+        help="Memory bandwidth in GB/s (default: the facts' own, else what specreg doctor "
+        "measured on this host, else one stored estimate).",
+    ),
+    click.option(
+        "--memory",
+        type=SIZE,
+        default=None,
+        metavar="SIZE",
+        help="Memory of the host to predict for, e.g. 768G (GB: 10^9 bytes), which decides "
+        "what fits (default: the facts' own, else this machine's).",
+    ),
+)
 
 
 # --- which llama.cpp's rules -------------------------------------------------------------

@@ -21,6 +21,7 @@ from specreg.cli.common import (
     json_option,
     llama_bin_option,
     n_predict_option,
+    option_stack,
     present,
     resolve_db,
     resolve_model_path,
@@ -39,34 +40,30 @@ if TYPE_CHECKING:
 F = Callable[..., Any]
 
 
-def _measure_options(func: F) -> F:
-    options: list[Callable[[F], F]] = [
-        click.option(
-            "--ctx", type=click.IntRange(8, MAX_CTX), default=128, show_default=True,
-            help="Chunk length; llama-perplexity scores the second half of each chunk.",
-        ),
-        click.option(
-            "--chunks", type=click.IntRange(0, 1_000_000), default=4, show_default=True,
-            help="Chunks scored per text (0: all of it).",
-        ),
-        threads_option,
-        click.option(
-            "--timeout", type=FiniteFloat(1.0, 7 * 24 * 3600.0), default=900.0,
-            show_default=True,
-            help="Seconds one llama-perplexity call may take.",
-        ),
-        click.option(
-            "--max-logits-gb", type=FiniteFloat(0.001, MAX_MEMORY_BYTES / 1e9), default=1.0,
-            show_default=True,
-            help="Largest saved-logits file to write (about n_vocab x tokens x 2 bytes).",
-        ),
-        llama_bin_option,
-        db_option,
-        json_option,
-    ]  # fmt: skip
-    for option in reversed(options):
-        func = option(func)
-    return func
+_measure_options = option_stack(
+    click.option(
+        "--ctx", type=click.IntRange(8, MAX_CTX), default=128, show_default=True,
+        help="Chunk length; llama-perplexity scores the second half of each chunk.",
+    ),
+    click.option(
+        "--chunks", type=click.IntRange(0, 1_000_000), default=4, show_default=True,
+        help="Chunks scored per text (0: all of it).",
+    ),
+    threads_option,
+    click.option(
+        "--timeout", type=FiniteFloat(1.0, 7 * 24 * 3600.0), default=900.0,
+        show_default=True,
+        help="Seconds one llama-perplexity call may take.",
+    ),
+    click.option(
+        "--max-logits-gb", type=FiniteFloat(0.001, MAX_MEMORY_BYTES / 1e9), default=1.0,
+        show_default=True,
+        help="Largest saved-logits file to write (about n_vocab x tokens x 2 bytes).",
+    ),
+    llama_bin_option,
+    db_option,
+    json_option,
+)  # fmt: skip
 
 
 def _measuring(kw: dict[str, Any]) -> Measuring:

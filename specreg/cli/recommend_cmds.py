@@ -22,6 +22,7 @@ from specreg.cli.common import (
     json_option,
     llama_bin_option,
     option_group,
+    option_stack,
     present,
     resolve_db,
     settings_options,
@@ -45,31 +46,27 @@ if TYPE_CHECKING:
 F = Callable[..., Any]
 
 
-def _common(func: F) -> F:
-    options: list[Callable[[F], F]] = [
-        task_option(multiple=False, default="chat", help="The task to predict for."),
-        click.option(
-            "--policy",
-            type=click.Choice(POLICIES),
-            default=POLICY_QUALITY,
-            show_default=True,
-            help="quality: lossless knobs only; speed: may change outputs (fewer experts).",
-        ),
-        click.option(
-            "--spec-type",
-            type=SPEC_STACK,
-            default=None,
-            help="Only this speculative type or stack (e.g. ngram-mod,draft-simple), listed "
-            "against plain decoding whether or not it is predicted to win.",
-        ),
-        host_facts_options,
-        llama_bin_option(help="Folder with llama-server, for commands in its flag dialect."),
-        db_option,
-        json_option,
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+_common = option_stack(
+    task_option(multiple=False, default="chat", help="The task to predict for."),
+    click.option(
+        "--policy",
+        type=click.Choice(POLICIES),
+        default=POLICY_QUALITY,
+        show_default=True,
+        help="quality: lossless knobs only; speed: may change outputs (fewer experts).",
+    ),
+    click.option(
+        "--spec-type",
+        type=SPEC_STACK,
+        default=None,
+        help="Only this speculative type or stack (e.g. ngram-mod,draft-simple), listed "
+        "against plain decoding whether or not it is predicted to win.",
+    ),
+    host_facts_options,
+    llama_bin_option(help="Folder with llama-server, for commands in its flag dialect."),
+    db_option,
+    json_option,
+)
 
 
 def _kld_budget(max_kld: float | None, role: str | None, spec_path: Path) -> float | None:
