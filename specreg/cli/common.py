@@ -76,7 +76,7 @@ def db_option(func: F) -> F:
     return click.option(
         "--db",
         "db_path",
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=FILE,
         default=None,
         callback=_group_db,
         help="Registry database (default: $SPECREG_HOME/registry.duckdb).",
@@ -403,6 +403,7 @@ MODEL = ModelRef()
 ADDRESS = Address()
 TEMPERATURE = FiniteFloat(0.0, MAX_TEMPERATURE)
 # Bounds past which no host or model goes (specreg.units): a usage error before anything starts.
+FILE = click.Path(dir_okay=False, path_type=Path)  # a file's path, not a folder's
 PORT = click.IntRange(1, 65535)
 CTX = click.IntRange(1, MAX_CTX)
 SLOTS = click.IntRange(1, MAX_SLOTS)
@@ -560,7 +561,7 @@ def prompts_options() -> list[Any]:
         click.option(
             "--prompts",
             "prompts_file",
-            type=click.Path(dir_okay=False, path_type=Path),
+            type=FILE,
             help='Your own prompts, JSONL lines like {"id": "a", "prompt": "..."}.',
         ),
         click.option(
@@ -633,7 +634,7 @@ host_facts_options = option_group(
     _host_query,
     click.option(
         "--host-facts",
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=FILE,
         default=None,
         help="Predict for the host these facts describe: a JSON object in the syntax of "
         "$SPECREG_HOST_FACTS (Host fields and bandwidth_gbs), or `specreg doctor --json` "

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from specreg.cli.common import (
+    FILE,
     MODEL,
     console,
     db_option,
@@ -34,7 +35,7 @@ def lookup_group() -> None:
 
 @lookup_group.command("build")
 @click.argument("name")
-@click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, type=FILE)
 @task_option(multiple=False, required=True, help="The workload the cache is for.")
 @click.option(
     "--model", "model_ref", type=MODEL, required=True,

@@ -3,7 +3,6 @@ with the build's own llama-perplexity."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +11,7 @@ from rich.table import Table
 
 from specreg.cli.common import (
     EXPERTS,
+    FILE,
     MODEL,
     TEMPERATURE,
     FiniteFloat,
@@ -36,8 +36,6 @@ from specreg.units import MAX_CTX, MAX_MEMORY_BYTES
 if TYPE_CHECKING:
     from specreg.quality.agreement import AgreementResult
     from specreg.quality.kld import Measuring, QualityResult
-
-F = Callable[..., Any]
 
 
 _measure_options = option_stack(
@@ -92,7 +90,7 @@ def _measuring(kw: dict[str, Any]) -> Measuring:
 )  # fmt: skip
 @task_option(help="Shipped task text (repeatable; default: every task's).")
 @click.option(
-    "--text", "texts", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+    "--text", "texts", multiple=True, type=FILE,
     help="Your own text file instead of the shipped ones (repeatable).",
 )  # fmt: skip
 @_measure_options

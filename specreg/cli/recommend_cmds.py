@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from specreg.cli.common import (
+    FILE,
     MODEL,
     SPEC_STACK,
     TEMPERATURE,
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
     from specreg.runner.settings import Settings
     from specreg.tune.distributed import Cluster
     from specreg.tune.tuner import TuneRequest, TuneResult, TuneStep
-
-F = Callable[..., Any]
 
 
 _common = option_stack(
@@ -92,7 +91,7 @@ def _kld_budget(max_kld: float | None, role: str | None, spec_path: Path) -> flo
 )  # fmt: skip
 @click.option("--role", default=None, help="Take the quality budget (max_kld) of this role.")
 @click.option(
-    "--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path),
+    "--spec", "spec_path", type=FILE,
     default=Path("specreg.yaml"), show_default=True, help="The declaration file for --role.",
 )  # fmt: skip
 def recommend_cmd(target: str, top: int, **kw: Any) -> None:

@@ -12,6 +12,7 @@ from specreg.cli.common import (
     CTX,
     DRAFT_K,
     EXPERTS,
+    FILE,
     MODEL,
     SEED,
     SPEC_STACK,
@@ -232,7 +233,7 @@ def _run_show_cmd(ctx: click.Context, run_id: int, db_path: Path | None, as_json
 
 
 @runs_cmd.command("export")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=FILE)
 @db_option
 @json_option
 def runs_export_cmd(file: Path, db_path: Path | None, as_json: bool) -> None:
@@ -258,7 +259,7 @@ def _print_export(result: RunsExport, file: Path) -> None:
 
 
 @runs_cmd.command("import")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=FILE)
 @db_option
 @json_option
 def runs_import_cmd(file: Path, db_path: Path | None, as_json: bool) -> None:

@@ -12,6 +12,7 @@ from rich.table import Table
 from specreg.cli.common import (
     ADDRESS,
     CTX,
+    FILE,
     PORT,
     SIZE,
     SLOTS,
@@ -59,7 +60,7 @@ _listening_options = option_group(
     click.option("--api-key", "api_keys", multiple=True, envvar="SPECREG_API_KEY",
                  help="A key clients must send (Authorization: Bearer KEY); repeat for "
                  "several. Requests without a valid key get 401 (/health stays open)."),
-    click.option("--api-keys", "keys_file", type=click.Path(dir_okay=False, path_type=Path),
+    click.option("--api-keys", "keys_file", type=FILE,
                  default=None, help="A file of keys, one per line (# comments)."),
     click.option("--public", is_flag=True,
                  help="Serve a non-loopback address without a key: anyone who can reach "
@@ -122,7 +123,7 @@ def _backends(given: dict[str, Any]) -> dict[str, Any]:
 _backend_options = option_group(
     "backends",
     _backends,
-    click.option("--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path),
+    click.option("--spec", "spec_path", type=FILE,
                  default=Path("specreg.yaml"), show_default=True,
                  help="specreg.yaml whose roles pin configurations per task (used when it "
                  "exists)."),
