@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from specreg.cli.common import (
+    POSITIVE,
     console,
     db_option,
     emit,
@@ -53,9 +54,9 @@ _plan_options = option_group(
     click.option("--layout", "layouts", default="full,split", show_default=True,
                  help="full: one instance on every core; split: disjoint halves or NUMA "
                  "nodes, one instance each."),
-    click.option("--n-predict", type=click.IntRange(min=1), default=64, show_default=True,
+    click.option("--n-predict", type=POSITIVE, default=64, show_default=True,
                  help="Tokens each request generates."),
-    click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True,
+    click.option("--rounds", type=POSITIVE, default=2, show_default=True,
                  help="Requests each client sends at each point."),
     click.option("--long-tokens", type=click.IntRange(min=16), default=1024,
                  show_default=True, help="Tokens of document before a long prompt (about)."),

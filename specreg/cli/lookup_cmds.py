@@ -10,6 +10,7 @@ import click
 from specreg.cli.common import (
     FILE,
     MODEL,
+    POSITIVE,
     console,
     db_option,
     json_option,
@@ -46,7 +47,7 @@ def lookup_group() -> None:
     help="Add the prompts and outputs of recorded runs of --task on this tokenizer family.",
 )  # fmt: skip
 @click.option(
-    "--run", "run_ids", type=click.IntRange(min=1), multiple=True,
+    "--run", "run_ids", type=POSITIVE, multiple=True,
     help="Take the prompts and outputs of this run only (repeatable; implies --from-runs).",
 )  # fmt: skip
 @threads_option

@@ -12,6 +12,7 @@ import click
 from specreg.cli.common import (
     FILE,
     MODEL,
+    POSITIVE,
     SPEC_STACK,
     TEMPERATURE,
     FiniteFloat,
@@ -81,9 +82,7 @@ def _kld_budget(max_kld: float | None, role: str | None, spec_path: Path) -> flo
 @click.argument("target", type=MODEL)
 @_common
 @click.option("--temp", type=TEMPERATURE, default=0.0, show_default=True, help="Your temperature.")
-@click.option(
-    "--top", type=click.IntRange(min=1), default=5, show_default=True, help="Options to show."
-)
+@click.option("--top", type=POSITIVE, default=5, show_default=True, help="Options to show.")
 @click.option(
     "--max-kld", type=FiniteFloat(), default=None,
     help="Quality budget: leave out lossy options whose mean KL divergence (measured by "
@@ -249,9 +248,7 @@ def _tune_cluster(given: dict[str, Any]) -> Cluster:
 @click.command("tune")
 @click.argument("target", type=MODEL)
 @_common
-@click.option(
-    "--budget", type=click.IntRange(min=1), default=6, show_default=True, help="Most runs to spend."
-)
+@click.option("--budget", type=POSITIVE, default=6, show_default=True, help="Most runs to spend.")
 @settings_options(
     "n_predict", "repeats", "load",
     repeats={"default": 2, "help": "Timed samples of each prompt in each run."},

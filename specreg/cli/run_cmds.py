@@ -14,6 +14,7 @@ from specreg.cli.common import (
     EXPERTS,
     FILE,
     MODEL,
+    POSITIVE,
     SEED,
     SPEC_STACK,
     TEMPERATURE,
@@ -187,7 +188,7 @@ class _RunsGroup(click.Group):
     subcommand_metavar="[RUN_ID | export FILE | import FILE]",
 )
 @click.option("--failed", is_flag=True, help="Only failed runs.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--limit", type=POSITIVE, default=50, show_default=True)
 @db_option
 @json_option
 @click.pass_context
