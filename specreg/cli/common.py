@@ -146,17 +146,9 @@ def safe_text(text: Text) -> Text:
         piece = terminal_safe(ch)
         pieces.append(piece)
         starts.append(starts[-1] + len(piece))
-    spans = [Span(starts[s.start], starts[s.end], s.style) for s in text.spans]
-    return Text(
-        "".join(pieces),
-        style=text.style,
-        justify=text.justify,
-        overflow=text.overflow,
-        no_wrap=text.no_wrap,
-        end=text.end,
-        tab_size=text.tab_size,
-        spans=spans,
-    )
+    safe = text.blank_copy("".join(pieces))  # the style, justify, overflow, ... of `text`
+    safe.spans = [Span(starts[s.start], starts[s.end], s.style) for s in text.spans]
+    return safe
 
 
 class SafeConsole(Console):
