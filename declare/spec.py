@@ -292,6 +292,12 @@ class _Checker:
         line = key_line(parent, key) if key is not None else node_line(parent)
         return SpecFileError(self.file, line, dotted, expected)
 
+    def expected(
+        self, parent: Any, key: Any, dotted: str, what: str, hint: str = ""
+    ) -> SpecFileError:
+        """The error for a value that is not `what`: "expected WHAT, got VALUE"."""
+        return self.fail(parent, key, dotted, f"expected {what}, got {_show(parent[key])}{hint}")
+
     def where(self, parent: Any, key: Any, dotted: str) -> Where:
         return Where(self.file, key_line(parent, key), dotted)
 
@@ -337,26 +343,24 @@ class _Checker:
         what: str = "a string",
     ) -> str:
         v = parent[key]
-        if not isinstance(v, str) or not v.strip():
-            raise self.fail(parent, key, dotted, f"expected {what}, got {_show(v)}")
-        if pattern is not None and not pattern.match(v):
-            raise self.fail(parent, key, dotted, f"expected {what}, got {_show(v)}")
+        if (
+            not isinstance(v, str)
+            or not v.strip()
+            or (pattern is not None and not pattern.match(v))
+        ):
+            raise self.expected(parent, key, dotted, what)
         return str(v)
 
     def choice(self, parent: Any, key: Any, dotted: str, choices: tuple[str, ...]) -> str:
         v = parent[key]
         if v not in choices:
-            raise self.fail(
-                parent, key, dotted, f"expected one of {', '.join(choices)}, got {_show(v)}"
-            )
+            raise self.expected(parent, key, dotted, f"one of {', '.join(choices)}")
         return str(v)
 
     def integer(self, parent: Any, key: Any, dotted: str, lo: int, hi: int, unit: str) -> int:
         v = parent[key]
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise self.fail(
-                parent, key, dotted, f"expected an integer {lo}..{hi} ({unit}), got {_show(v)}"
-            )
+            raise self.expected(parent, key, dotted, f"an integer {lo}..{hi} ({unit})")
         return int(v)
 
     def number(
@@ -375,9 +379,7 @@ class _Checker:
             ok = False
         if not ok:
             rng = f"{lo:g}..{hi:g}" if hi is not None else f">= {lo:g}"
-            raise self.fail(
-                parent, key, dotted, f"expected a number {rng} ({unit}), got {_show(v)}{hint}"
-            )
+            raise self.expected(parent, key, dotted, f"a number {rng} ({unit})", hint)
         return float(v)
 
     def str_list(
@@ -393,18 +395,13 @@ class _Checker:
         if isinstance(v, str):
             v = [v]
         if not isinstance(v, list):
-            raise self.fail(parent, key, dotted, f"expected a list of {what}, got {_show(v)}")
+            raise self.expected(parent, key, dotted, f"a list of {what}")
         out = []
         for i, item in enumerate(v):
             if not isinstance(item, str) or not item:
-                raise self.fail(v, i, f"{dotted}[{i}]", f"expected {what}, got {_show(item)}")
+                raise self.expected(v, i, f"{dotted}[{i}]", what)
             if choices is not None and item not in choices:
-                raise self.fail(
-                    v,
-                    i,
-                    f"{dotted}[{i}]",
-                    f"expected one of {', '.join(choices)}, got {_show(item)}",
-                )
+                raise self.expected(v, i, f"{dotted}[{i}]", f"one of {', '.join(choices)}")
             out.append(str(item))
         if len(set(out)) != len(out):
             raise self.fail(parent, key, dotted, "expected each entry once (duplicates found)")
@@ -550,9 +547,7 @@ def _check_version(c: _Checker, top: CommentedMap, path: Path) -> None:
     if "version" not in top:
         raise SpecFileError(str(path), 1, "version", f"missing (expected version: {SPEC_VERSION})")
     if top["version"] != SPEC_VERSION:
-        raise c.fail(
-            top, "version", "version", f"expected {SPEC_VERSION}, got {_show(top['version'])}"
-        )
+        raise c.expected(top, "version", "version", str(SPEC_VERSION))
 
 
 def _llama(c: _Checker, top: CommentedMap) -> LlamaDecl:

@@ -18,7 +18,6 @@ from specreg.samples.synthetic import (
     MOE_SPEC,
     MTP_SPEC,
     SYNTHETIC_DRAFT_QUANT,
-    MoeSpec,
     SyntheticModels,
     ensure_synthetic_model,
 )
@@ -47,18 +46,14 @@ def quantize(quantize_bin: Path, src: SmallModel, quant: str, threads: int = 2) 
 
 
 def ensure_synthetic_models(
-    dest: Path,
-    tokenizer_source: Path,
-    quantize_bin: Path,
-    spec: MoeSpec = MOE_SPEC,
-    mtp_spec: MoeSpec = MTP_SPEC,
+    dest: Path, tokenizer_source: Path, quantize_bin: Path
 ) -> SyntheticModels:
-    """Write the synthetic MoE and MTP models (once) next to the other small models, and
-    the MoE's Q8_0 self-draft."""
-    moe = ensure_synthetic_model(dest, tokenizer_source, spec)
+    """Write the synthetic MoE and MTP models (`MOE_SPEC`, `MTP_SPEC`; once) next to the other
+    small models, and the MoE's Q8_0 self-draft."""
+    moe = ensure_synthetic_model(dest, tokenizer_source, MOE_SPEC)
     draft = quantize(quantize_bin, moe, SYNTHETIC_DRAFT_QUANT)
-    mtp = ensure_synthetic_model(dest, tokenizer_source, mtp_spec)
-    return SyntheticModels(moe, draft, mtp, spec, mtp_spec)
+    mtp = ensure_synthetic_model(dest, tokenizer_source, MTP_SPEC)
+    return SyntheticModels(moe, draft, mtp, MOE_SPEC, MTP_SPEC)
 
 
 def ensure_test_models(quantize_bin: Path) -> SmallModels:

@@ -210,18 +210,14 @@ def llama_message(log_text: str, pattern: re.Pattern[str] | None = None) -> str:
     return (hits or lines or [""])[-1][:400]
 
 
+# What a failed llama.cpp's log says, first match wins, as the kind `classify_exit` names.
+_EXIT_KINDS = ((OOM, "oom"), (BIND_FAILED, "port"), (LOAD_FAILED, "load"), (ARG_ERROR, "args"))
+
+
 def classify_exit(log_text: str, returncode: int | None) -> str:
     if killed_by(returncode) == signal.SIGILL:
         return "cpu"
-    if OOM.search(log_text):
-        return "oom"
-    if BIND_FAILED.search(log_text):
-        return "port"
-    if LOAD_FAILED.search(log_text):
-        return "load"
-    if ARG_ERROR.search(log_text):
-        return "args"
-    return "crash"
+    return next((kind for regex, kind in _EXIT_KINDS if regex.search(log_text)), "crash")
 
 
 # The one address specreg's llama-server processes listen on: llama-server's own default.

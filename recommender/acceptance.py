@@ -30,7 +30,13 @@ import duckdb
 import numpy as np
 
 from specreg.drafttrace import DraftTrace
-from specreg.recommender.costmodel import CostParams, acceptance, logit, predict_tps
+from specreg.recommender.costmodel import (
+    CostParams,
+    Replayed,
+    acceptance,
+    logit,
+    predict_tps,
+)
 from specreg.recommender.lookup_replay import (
     NO_STACK,
     NO_STEPS,
@@ -44,6 +50,21 @@ from specreg.registry.quality_store import PURPOSE_AGREEMENT, QualityRecord, lat
 # The pinned build's draft-simple defaults (common/common.h, common_params_speculative_draft).
 P_MIN_DEFAULT = 0.0
 N_MIN_DEFAULT = 0
+
+
+@dataclass(frozen=True)
+class DraftRules:
+    """How a per-token acceptance becomes accepted tokens: draft-simple's `p_min` and `n_min`,
+    the draft's confidence profile (min p -> (share of positions, agreement there)) and its
+    greedy guesses to replay (`traces`), where measured."""
+
+    p_min: float = P_MIN_DEFAULT
+    n_min: int = N_MIN_DEFAULT
+    confidence: dict[float, tuple[float, float]] | None = None
+    traces: Sequence[DraftTrace] = ()
+
+
+NO_RULES = DraftRules()  # the build's defaults, nothing measured: the geometric prefix
 
 # Where a candidate's per-token acceptance comes from, best first.
 ACC_RUN = "run measured"  # this host's speculative runs of the pair
@@ -70,6 +91,11 @@ class MeasuredAgreement:
     traces: tuple[DraftTrace, ...] = ()  # greedy only: the draft's guess at every answer token
     # the task's own target text as token ids, (prompt, answer) per prompt, where kept
     texts: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+
+    @property
+    def rules(self) -> DraftRules:
+        """The build's default rules with this measurement's confidence and traces."""
+        return DraftRules(confidence=self.confidence, traces=self.traces)
 
     @property
     def summary(self) -> str:
@@ -215,23 +241,16 @@ def replay(
     return accepted / steps, drafted / steps
 
 
-def accepted_per_step(
-    a: float,
-    k: int,
-    *,
-    p_min: float = P_MIN_DEFAULT,
-    n_min: int = N_MIN_DEFAULT,
-    confidence: dict[float, tuple[float, float]] | None = None,
-    traces: Sequence[DraftTrace] = (),
-) -> tuple[float, float]:
+def accepted_per_step(a: float, k: int, rules: DraftRules = NO_RULES) -> tuple[float, float]:
     """(expected accepted, expected drafted) tokens per verification at draft length `k` for
     per-token acceptance `a`, under draft-simple's `p_min` and `n_min`: replayed on `traces`
     where there are any, else with per-position independence."""
-    if traces:
-        got = replay(traces, k, p_min=p_min, n_min=n_min)
+    p_min, n_min = rules.p_min, rules.n_min
+    if rules.traces:
+        got = replay(rules.traces, k, p_min=p_min, n_min=n_min)
         if math.isfinite(got[0]):
             return got
-    s, a_c = _confident(p_min, a, confidence)
+    s, a_c = _confident(p_min, a, rules.confidence)
     accepted = drafted = 0.0
     for i in range(1, k + 1):
         if n_min > k:
@@ -241,22 +260,12 @@ def accepted_per_step(
     return accepted, drafted
 
 
-def effective_acceptance(
-    a: float,
-    k: int,
-    *,
-    p_min: float = P_MIN_DEFAULT,
-    n_min: int = N_MIN_DEFAULT,
-    confidence: dict[float, tuple[float, float]] | None = None,
-    traces: Sequence[DraftTrace] = (),
-) -> float:
+def effective_acceptance(a: float, k: int, rules: DraftRules = NO_RULES) -> float:
     """The per-token acceptance whose K-token geometric prefix (the cost model's formula)
     accepts as many tokens per verification as the build's rules do (replayed on `traces`
     where there are any); `a` itself with neither traces nor rules."""
-    target, _ = accepted_per_step(
-        a, k, p_min=p_min, n_min=n_min, confidence=confidence, traces=traces
-    )
-    if p_min <= 0 and n_min <= 0 and not traces:
+    target, _ = accepted_per_step(a, k, rules)
+    if rules.p_min <= 0 and rules.n_min <= 0 and not rules.traces:
         return a
     if target <= 0 or target >= k:
         return 0.0 if target <= 0 else 1.0
@@ -270,9 +279,9 @@ def effective_acceptance(
     return (lo + hi) / 2
 
 
-def drafted_acceptance_at(a: float, k: int, **rules: object) -> float:
+def drafted_acceptance_at(a: float, k: int, rules: DraftRules = NO_RULES) -> float:
     """What llama.cpp reports as acceptance (accepted / drafted) for per-token acceptance `a`."""
-    accepted, drafted = accepted_per_step(a, k, **rules)  # type: ignore[arg-type]
+    accepted, drafted = accepted_per_step(a, k, rules)
     return accepted / drafted if drafted > 0 else math.nan
 
 
@@ -329,9 +338,7 @@ def apply_agreement(
             sources.append(ACC_AGREEMENT)
             used.append(m)
             rows.append(i)
-            a_eff.append(
-                effective_acceptance(m.acceptance, k, confidence=m.confidence, traces=m.traces)
-            )
+            a_eff.append(effective_acceptance(m.acceptance, k, m.rules))
             # replayed: the per-token acceptance whose geometric prefix accepts what the
             # replay does at this K (how the runs' accepted/drafted read per token)
             acc[i] = a_eff[-1] if m.traces else m.acceptance
@@ -376,7 +383,7 @@ def apply_lookup(
         # plain decoding's prediction (row 0: this host's calibration or runs) times the
         # speed-up the cost model gives the replayed drafting
         plain = predict_tps(X[:1], params)[0]
-        after = predict_tps(X[rows], params, lookup=(q[rows], e[rows]))[0]
+        after = predict_tps(X[rows], params, replayed=Replayed(lookup=(q[rows], e[rows])))[0]
         mid[rows] = mid[0] * after / np.maximum(plain, 1e-12)
     return replace(
         adjusted, mid=mid, acceptance=acc, sources=tuple(sources), lookups=tuple(lookups)
@@ -422,7 +429,7 @@ def apply_stack(
         a = adjusted.acceptance[rows]
         shift = logit(a, eps=1e-4) - logit(acceptance(X[rows], params), eps=1e-4)
         before = predict_tps(X[rows], params, shift)[0]
-        after = predict_tps(X[rows], params, shift, stack=(f[rows], e[rows]))[0]
+        after = predict_tps(X[rows], params, shift, Replayed(stack=(f[rows], e[rows])))[0]
         mid[rows] *= after / np.maximum(before, 1e-12)
     return replace(adjusted, mid=mid), tuple(out)
 
@@ -455,7 +462,7 @@ def lookup_why(why: Sequence[str], steps: LookupSteps, tasks: str) -> tuple[str,
 
 def agreement_why(why: Sequence[str], m: MeasuredAgreement, k: int) -> tuple[str, ...]:
     """The prior's acceptance line replaced by the measured one."""
-    accepted, _ = accepted_per_step(m.acceptance, k, confidence=m.confidence, traces=m.traces)
+    accepted, _ = accepted_per_step(m.acceptance, k, m.rules)
     how = " (replayed on the draft's guesses)" if m.traces else ""
     line = f"acceptance {m.summary} -> {1 + accepted:.1f} tokens per verification at K={k}{how}"
     return tuple(line if w.startswith("acceptance ~") else w for w in why)

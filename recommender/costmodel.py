@@ -38,6 +38,8 @@ from specreg.recommender.features import (
 )
 from specreg.terms import ARCH_FAMILIES
 
+# A shift of the acceptance's logit: one for every row, or one per row.
+Shift = np.ndarray | float
 # Cost of one MTP head step relative to a full target step (one extra layer of ~30-60).
 MTP_STEP_FRACTION = 0.05
 # The bits per weight `verify_slope` is stated for (Q4_K_M): a wider quant streams more bytes
@@ -286,7 +288,7 @@ def verify_ratio(X: np.ndarray, p: CostParams) -> np.ndarray:
     return np.where(np.isfinite(measured) & (measured > 0), measured, modelled) + rows
 
 
-def acceptance(X: np.ndarray, p: CostParams, shift: np.ndarray | float = 0.0) -> np.ndarray:
+def acceptance(X: np.ndarray, p: CostParams, shift: Shift = 0.0) -> np.ndarray:
     """Per-token acceptance probability for each row (0 for plain decoding); for n-gram rows,
     the acceptance of a lookup's draft when it makes one.
 
@@ -391,14 +393,26 @@ class Rounds:
         return self.per_verification / np.maximum(self.step_share, 1e-12)
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """What replays on the target's text measured, per row, in place of the fitted figures
+    where finite. `lookup`: (q, tokens per drafting step) of n-gram rows (`lookup_replay`).
+    `stack`: (share of steps the lookup drafts, tokens per step) of draft rows with n-gram
+    lookup stacked in front (`lookup_replay.stack_replay`): on the lookup's steps the draft
+    model drafts nothing and only takes in the verified batch."""
+
+    lookup: tuple[np.ndarray, np.ndarray] | None = None
+    stack: tuple[np.ndarray, np.ndarray] | None = None
+
+
+NOT_REPLAYED = Replayed()
+
+
 def rounds(
-    X: np.ndarray,
-    p: CostParams,
-    acc_shift: np.ndarray | float = 0.0,
-    lookup: tuple[np.ndarray, np.ndarray] | None = None,
-    stack: tuple[np.ndarray, np.ndarray] | None = None,
+    X: np.ndarray, p: CostParams, acc_shift: Shift = 0.0, replayed: Replayed = NOT_REPLAYED
 ) -> Rounds:
     """The cost model's round of every row (see `predict_tps` for the arguments)."""
+    lookup, stack = replayed.lookup, replayed.stack
     plain = baseline_seconds(X, p)
     ratio = column(X, "experts_ratio")
     share = p.expert_share + (1.0 - p.expert_share) * ratio
@@ -458,21 +472,14 @@ def rounds(
 
 
 def predict_tps(
-    X: np.ndarray,
-    p: CostParams,
-    acc_shift: np.ndarray | float = 0.0,
-    lookup: tuple[np.ndarray, np.ndarray] | None = None,
-    stack: tuple[np.ndarray, np.ndarray] | None = None,
+    X: np.ndarray, p: CostParams, acc_shift: Shift = 0.0, replayed: Replayed = NOT_REPLAYED
 ) -> tuple[np.ndarray, np.ndarray]:
     """(tokens/s, per-token acceptance) from the cost model alone.
 
     A draft step: the target verifies K + 1 tokens in one pass and the draft drafts K (see
     `rounds` for the two builds' ways of feeding the draft). An n-gram step drafts with
     probability q and costs a plain step when it does not; an MTP head costs a small share of
-    a target step per token. `lookup`: (q, tokens per drafting step) measured for n-gram rows
-    (`lookup_replay`), in place of the fitted ones where finite. `stack`: (share of steps the
-    lookup drafts, tokens per step) measured for draft rows with n-gram lookup stacked in
-    front (`lookup_replay.stack_replay`): on the lookup's steps the draft model drafts nothing
-    and only takes in the verified batch."""
-    r = rounds(X, p, acc_shift, lookup, stack)
+    a target step per token. `replayed`: what replays measured, in place of the fitted
+    figures (`Replayed`)."""
+    r = rounds(X, p, acc_shift, replayed)
     return r.tps, r.acceptance

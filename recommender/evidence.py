@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,29 +160,29 @@ def differences(
     return tuple(out)
 
 
+# The differences shown as the run's value beside this option's: "K (4, this option 8)".
+_VERSUS: dict[str, Callable[[ConfigFacts], object]] = {
+    DIFF_K: lambda f: f.k,
+    DIFF_TASK: lambda f: f.task,
+    DIFF_TEMPERATURE: lambda f: f"{f.temperature:g}",
+    DIFF_EXPERTS: _experts,
+    DIFF_HOST: lambda f: f"{f.bandwidth_gbs:.0f} GB/s, {f.physical_cores} cores",
+}
+
+
 def _difference_text(what: str, o: Observation, c: ConfigFacts, plain: PlainRuns) -> str:
     rc = o.config
+    if what in _VERSUS:
+        show = _VERSUS[what]
+        return f"{what} ({show(rc)}, this option {show(c)})"
     if what == DIFF_TARGET:
         return f"target ({o.target_name or o.group})"
-    if what == DIFF_QUANT:
-        return f"quant ({o.quant or f'{rc.target_bpw:.2f} bits per weight'})"
     if what == DIFF_DRAFT:
         return f"draft ({o.draft_name or o.draft_key})"
+    if what == DIFF_QUANT:
+        return f"quant ({o.quant or f'{rc.target_bpw:.2f} bits per weight'})"
     if what == DIFF_DRAFT_QUANT:
         return f"draft quant ({o.draft_quant or f'{rc.draft_bpw:.2f} bits per weight'})"
-    if what == DIFF_K:
-        return f"K ({rc.k}, this option {c.k})"
-    if what == DIFF_TASK:
-        return f"task ({rc.task}, this option {c.task})"
-    if what == DIFF_TEMPERATURE:
-        return f"temperature ({rc.temperature:g}, this option {c.temperature:g})"
-    if what == DIFF_EXPERTS:
-        return f"experts ({_experts(rc)}, this option {_experts(c)})"
-    if what == DIFF_HOST:
-        return (
-            f"host ({rc.bandwidth_gbs:.0f} GB/s, {rc.physical_cores} cores, this option "
-            f"{c.bandwidth_gbs:.0f} GB/s, {c.physical_cores} cores)"
-        )
     median = plain.median(o)
     return (
         f"baseline ({rc.baseline_tps:.2f} t/s, distrusted: this target's plain runs on that "

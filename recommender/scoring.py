@@ -50,6 +50,7 @@ from specreg.recommender.candidates import (
 )
 from specreg.recommender.costmodel import (
     CostParams,
+    Replayed,
     Rounds,
     acceptance,
     drafted_acceptance,
@@ -343,7 +344,7 @@ def _rounds(
     for i, stacked in enumerate(stacks):
         if stacked is not None:
             f[i], e2[i] = stacked.lookup_share, stacked.tokens_per_step
-    return rounds(X, params, acc_shift, lookup=(q, e), stack=(f, e2))
+    return rounds(X, params, acc_shift, Replayed(lookup=(q, e), stack=(f, e2)))
 
 
 def _shown_acceptance(rnd: Rounds, adjusted: Adjusted) -> np.ndarray:

@@ -23,7 +23,9 @@ from specreg.recommender.predictor import SpeedPredictor, write_json
 from specreg.recommender.prior import DATA_VERSION, Observation, load_prior
 
 if TYPE_CHECKING:
-    from specreg.recommender.evaluate import CVReport
+    from collections.abc import Sequence
+
+    from specreg.recommender.evaluate import CVReport, TrainingSet
     from specreg.recommender.model import SpeculationRegressor
 
 log = logging.getLogger(__name__)
@@ -68,15 +70,23 @@ def default_estimator(random_state: int = 0) -> SpeculationRegressor:
     return SpeculationRegressor(random_state=random_state)
 
 
+def _training(
+    local: Sequence[Observation], estimator: SpeculationRegressor | None
+) -> tuple[SpeculationRegressor, TrainingSet]:
+    """The estimator (the default one unless given) and its rows: the shipped prior plus
+    `local`."""
+    from specreg.recommender.evaluate import training_set
+
+    data = training_set([*load_prior().observations, *local])
+    return (estimator if estimator is not None else default_estimator()), data
+
+
 def fit(
     local: list[Observation] | tuple[Observation, ...] = (),
     estimator: SpeculationRegressor | None = None,
 ) -> SpeculationRegressor:
     """The estimator fitted on the shipped prior plus `local` (imports SciPy, scikit-learn)."""
-    from specreg.recommender.evaluate import training_set
-
-    data = training_set([*load_prior().observations, *local])
-    est = estimator if estimator is not None else default_estimator()
+    est, data = _training(local, estimator)
     return est.fit(
         data.X,
         data.y,
@@ -91,11 +101,10 @@ def cross_validate(
     local: list[Observation] | tuple[Observation, ...] = (),
     estimator: SpeculationRegressor | None = None,
 ) -> CVReport:
-    from specreg.recommender.evaluate import grouped_cv, training_set
+    from specreg.recommender.evaluate import grouped_cv
     from specreg.recommender.prior import load_sweep_series
 
-    data = training_set([*load_prior().observations, *local])
-    est = estimator if estimator is not None else default_estimator()
+    est, data = _training(local, estimator)
     return grouped_cv(est, data, load_sweep_series())
 
 

@@ -162,6 +162,17 @@ DEFAULT_BENCH = Bench()
 ALL_DRAFTS = DraftChoice()
 
 
+@dataclass(frozen=True)
+class Calibrating:
+    """What every curve of one calibration shares: the llama.cpp it runs, this host, what
+    llama-bench measures and the settings (threads, retries)."""
+
+    install: LlamaInstall
+    host: Host
+    bench: Bench = DEFAULT_BENCH
+    settings: Settings = DEFAULTS
+
+
 def _pass_factor_json(result: PassFactorResult) -> dict[str, Any]:
     """The pass factor the cost model reads after this calibration, and where it comes from."""
     r = result.record
@@ -207,16 +218,11 @@ class _Curve:
 
 
 def calibrate_model(
-    install: LlamaInstall,
-    host: Host,
-    model: ModelRecord,
-    *,
-    role: str = ROLE_TARGET,
-    bench: Bench = DEFAULT_BENCH,
-    settings: Settings = DEFAULTS,
+    cal: Calibrating, model: ModelRecord, role: str = ROLE_TARGET
 ) -> tuple[CalibrationRecord, int]:
     """One model's curve on this host (the settings' threads, else the host's), and how many
     tests were measured again under load (up to the settings' retries each)."""
+    install, host, bench, settings = cal.install, cal.host, cal.bench, cal.settings
     if not bench.batch_sizes and bench.gen_tokens <= 0:
         raise UsageError("nothing to calibrate: give batch sizes or generation tokens")
     threads = settings.threads or host.threads
@@ -344,15 +350,12 @@ def _drafts_of(
 def calibrate_in(
     con: duckdb.DuckDBPyConnection,
     target: ModelRecord,
-    *,
-    install: LlamaInstall,
-    host: Host,
+    cal: Calibrating,
     drafts: DraftChoice = ALL_DRAFTS,
-    bench: Bench = DEFAULT_BENCH,
-    settings: Settings = DEFAULTS,
 ) -> CalibrationResult:
     """Calibrate `target` and its drafts on this host into the open registry `con`."""
-    threads, retries = settings.threads, settings.retries
+    install, host, bench = cal.install, cal.host, cal.bench
+    threads, retries = cal.settings.threads, cal.settings.retries
     if bench.repetitions < 1 or retries < 0 or (threads is not None and threads < 1):
         raise UsageError(
             f"{param('repetitions')} and {param('threads')} must be at least 1, "
@@ -365,9 +368,7 @@ def calibrate_in(
     records: list[CalibrationRecord] = []
     reruns = 0
     for model, role in models:
-        rec, again = calibrate_model(
-            install, host, model, role=role, bench=bench, settings=settings
-        )
+        rec, again = calibrate_model(cal, model, role)
         reruns += again
         records.append(replace(rec, calibration_id=record_calibration(con, rec)))
         floor = noise_floor_of(rec)
@@ -401,7 +402,5 @@ def calibrate_target(
 
     install = install or find_llama(llama_bin)
     with load.using(settings.load_policy()), opened(db_path) as con:
-        return calibrate_in(
-            con, resolve_model(con, target), install=install, host=host or detect_host(),
-            drafts=drafts, bench=bench, settings=settings,
-        )  # fmt: skip
+        cal = Calibrating(install, host or detect_host(), bench, settings)
+        return calibrate_in(con, resolve_model(con, target), cal, drafts)

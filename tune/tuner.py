@@ -41,7 +41,7 @@ from specreg.recommender.recommend import Option, Recommendation
 from specreg.recommender.train import default_estimator
 from specreg.registry.run_store import STATUS_OK
 from specreg.runner import runs
-from specreg.runner.calibrate import Bench
+from specreg.runner.calibrate import Bench, Calibrating
 from specreg.runner.settings import DEFAULTS, Settings
 from specreg.runner.workload import Workload
 from specreg.terms import POLICY_QUALITY, Method, canonical_task
@@ -453,13 +453,7 @@ TUNE_BENCH = Bench(repetitions=3, gen_tokens=64)  # tune's calibration: quick cu
 
 
 def calibrate_if_missing(
-    con: duckdb.DuckDBPyConnection,
-    target: Path,
-    install: LlamaInstall,
-    host: Host,
-    *,
-    settings: Settings = DEFAULTS,
-    bench: Bench = TUNE_BENCH,
+    con: duckdb.DuckDBPyConnection, target: Path, cal: Calibrating
 ) -> Callable[[], object]:
     """A hook for `tune` to run `before`: llama-bench curves of the target and its drafts on
     this host (the settings' threads and retries), measured only when the registry has none for
@@ -470,9 +464,9 @@ def calibrate_if_missing(
 
     def run() -> object:
         record = model_record(con, target)
-        if load_calibration(con, host.fingerprint, record.model_id).target is not None:
+        if load_calibration(con, cal.host.fingerprint, record.model_id).target is not None:
             return None
-        return calibrate_in(con, record, install=install, host=host, bench=bench, settings=settings)
+        return calibrate_in(con, record, cal)
 
     return run
 
@@ -651,7 +645,7 @@ def tune_target(
             con, install, host, path, workload, task=request.task, settings=settings
         )
         before = (
-            calibrate_if_missing(con, path, install, host, settings=settings),
+            calibrate_if_missing(con, path, Calibrating(install, host, TUNE_BENCH, settings)),
             agree_if_missing(con, path, install, host, canonical_task(request.task),
                              threads=settings.threads),
         )  # fmt: skip

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from specreg.cli.common import (
+    FILE,
     MODEL,
     console,
     db_option,
@@ -257,7 +258,7 @@ def graph() -> None:
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=FILE,
     default=None,
     help="Write to this file instead of stdout.",
 )

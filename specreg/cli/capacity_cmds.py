@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from specreg.cli.common import (
+    POSITIVE,
     console,
     db_option,
     emit,
     err_console,
     json_option,
     llama_bin_option,
+    option_group,
     resolve_db,
 )
 
@@ -30,41 +31,36 @@ def _counts(text: str) -> tuple[int, ...]:
         raise click.BadParameter(f"{text!r}: write counts such as 1,2,4,8") from err
 
 
-def _plan_options(func: Any) -> Any:
-    """What to measure: --concurrency, --context, --layout, --n-predict, --rounds,
-    --long-tokens, handed to the command as one CapacityPlan (`plan`)."""
-    options = [
-        click.option("--concurrency", default="1,2,4,8", show_default=True,
-                     help="Closed-loop clients at each point, comma-separated."),
-        click.option("--context", "contexts", default="short,long", show_default=True,
-                     help="short: the task's prompt; long: a document before it."),
-        click.option("--layout", "layouts", default="full,split", show_default=True,
-                     help="full: one instance on every core; split: disjoint halves or NUMA "
-                     "nodes, one instance each."),
-        click.option("--n-predict", type=click.IntRange(min=1), default=64, show_default=True,
-                     help="Tokens each request generates."),
-        click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True,
-                     help="Requests each client sends at each point."),
-        click.option("--long-tokens", type=click.IntRange(min=16), default=1024,
-                     show_default=True, help="Tokens of document before a long prompt (about)."),
-    ]  # fmt: skip
+def _plan(given: dict[str, Any]) -> CapacityPlan:
+    from specreg.runner.capacity import CapacityPlan
 
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from specreg.runner.capacity import CapacityPlan
+    return CapacityPlan(
+        concurrency=_counts(given["concurrency"]),
+        contexts=tuple(given["contexts"].split(",")),
+        layouts=tuple(given["layouts"].split(",")),
+        n_predict=given["n_predict"], rounds=given["rounds"], long_tokens=given["long_tokens"],
+    )  # fmt: skip
 
-        kwargs["plan"] = CapacityPlan(
-            concurrency=_counts(kwargs.pop("concurrency")),
-            contexts=tuple(kwargs.pop("contexts").split(",")),
-            layouts=tuple(kwargs.pop("layouts").split(",")),
-            n_predict=kwargs.pop("n_predict"), rounds=kwargs.pop("rounds"),
-            long_tokens=kwargs.pop("long_tokens"),
-        )  # fmt: skip
-        return func(*args, **kwargs)
 
-    for option in reversed(options):
-        wrapper = option(wrapper)
-    return wrapper
+# What to measure: --concurrency, --context, --layout, --n-predict, --rounds, --long-tokens,
+# handed to the command as one CapacityPlan (`plan`).
+_plan_options = option_group(
+    "plan",
+    _plan,
+    click.option("--concurrency", default="1,2,4,8", show_default=True,
+                 help="Closed-loop clients at each point, comma-separated."),
+    click.option("--context", "contexts", default="short,long", show_default=True,
+                 help="short: the task's prompt; long: a document before it."),
+    click.option("--layout", "layouts", default="full,split", show_default=True,
+                 help="full: one instance on every core; split: disjoint halves or NUMA "
+                 "nodes, one instance each."),
+    click.option("--n-predict", type=POSITIVE, default=64, show_default=True,
+                 help="Tokens each request generates."),
+    click.option("--rounds", type=POSITIVE, default=2, show_default=True,
+                 help="Requests each client sends at each point."),
+    click.option("--long-tokens", type=click.IntRange(min=16), default=1024,
+                 show_default=True, help="Tokens of document before a long prompt (about)."),
+)  # fmt: skip
 
 
 @click.command("capacity")

@@ -76,7 +76,7 @@ def db_option(func: F) -> F:
     return click.option(
         "--db",
         "db_path",
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=FILE,
         default=None,
         callback=_group_db,
         help="Registry database (default: $SPECREG_HOME/registry.duckdb).",
@@ -146,17 +146,9 @@ def safe_text(text: Text) -> Text:
         piece = terminal_safe(ch)
         pieces.append(piece)
         starts.append(starts[-1] + len(piece))
-    spans = [Span(starts[s.start], starts[s.end], s.style) for s in text.spans]
-    return Text(
-        "".join(pieces),
-        style=text.style,
-        justify=text.justify,
-        overflow=text.overflow,
-        no_wrap=text.no_wrap,
-        end=text.end,
-        tab_size=text.tab_size,
-        spans=spans,
-    )
+    safe = text.blank_copy("".join(pieces))  # the style, justify, overflow, ... of `text`
+    safe.spans = [Span(starts[s.start], starts[s.end], s.style) for s in text.spans]
+    return safe
 
 
 class SafeConsole(Console):
@@ -403,6 +395,7 @@ MODEL = ModelRef()
 ADDRESS = Address()
 TEMPERATURE = FiniteFloat(0.0, MAX_TEMPERATURE)
 # Bounds past which no host or model goes (specreg.units): a usage error before anything starts.
+FILE = click.Path(dir_okay=False, path_type=Path)  # a file's path, not a folder's
 PORT = click.IntRange(1, 65535)
 CTX = click.IntRange(1, MAX_CTX)
 SLOTS = click.IntRange(1, MAX_SLOTS)
@@ -508,6 +501,18 @@ def option_group(name: str, make: Callable[[dict[str, Any]], Any], *options: Any
     return decorate
 
 
+def option_stack(*options: Callable[[F], F]) -> Callable[[F], F]:
+    """One decorator for `options` (click options, arguments and option decorators), shown in
+    --help in the order given."""
+
+    def decorate(func: F) -> F:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
 def settings_options(*names: str, **changes: dict[str, Any]) -> Any:
     """The measuring options `names` (fields of `specreg.runner.settings.Settings`, in the
     order --help shows them; `load` is --allow-load and --load-wait) gathered into ONE
@@ -548,7 +553,7 @@ def prompts_options() -> list[Any]:
         click.option(
             "--prompts",
             "prompts_file",
-            type=click.Path(dir_okay=False, path_type=Path),
+            type=FILE,
             help='Your own prompts, JSONL lines like {"id": "a", "prompt": "..."}.',
         ),
         click.option(
@@ -606,62 +611,51 @@ def n_predict_option(func: F | None = None, **changes: Any) -> Any:
 BANDWIDTH = FiniteFloat(min=0.001, max=MAX_BANDWIDTH_GBS)
 
 
-def host_facts_options(func: F) -> F:
-    """`--host-facts FILE`, `--cores N`, `--bandwidth GB/s` and `--memory SIZE`: the host a
-    command predicts for (default: this machine, $SPECREG_HOST_FACTS honoured), handed to the
-    command as one `host_query` (specreg.host.facts.HostQuery). The same facts give the speed
-    model its cores, the printed commands their `-t`, and the advice what fits in memory."""
+def _host_query(given: dict[str, Any]) -> Any:
+    from specreg.host.facts import HostQuery
 
-    @functools.wraps(func)
-    def command(
-        *args: Any,
-        host_facts: Path | None,
-        cores: int | None,
-        bandwidth: float | None,
-        memory: int | None,
-        **kwargs: Any,
-    ) -> Any:
-        from specreg.host.facts import HostQuery
+    return HostQuery(given["bandwidth"], given["cores"], given["host_facts"], given["memory"])
 
-        query = HostQuery(bandwidth, cores, host_facts, memory)
-        return func(*args, host_query=query, **kwargs)
 
-    options = [
-        click.option(
-            "--host-facts",
-            type=click.Path(dir_okay=False, path_type=Path),
-            default=None,
-            help="Predict for the host these facts describe: a JSON object in the syntax of "
-            "$SPECREG_HOST_FACTS (Host fields and bandwidth_gbs), or `specreg doctor --json` "
-            "output saved on that host.",
-        ),
-        click.option(
-            "--cores",
-            type=CORES,
-            default=None,
-            metavar="N",
-            help="Physical cores of the host to predict for (and -t in the commands).",
-        ),
-        click.option(
-            "--bandwidth",
-            type=BANDWIDTH,
-            default=None,
-            metavar="GB/s",
-            help="Memory bandwidth in GB/s (default: the facts' own, else what specreg doctor "
-            "measured on this host, else one stored estimate).",
-        ),
-        click.option(
-            "--memory",
-            type=SIZE,
-            default=None,
-            metavar="SIZE",
-            help="Memory of the host to predict for, e.g. 768G (GB: 10^9 bytes), which decides "
-            "what fits (default: the facts' own, else this machine's).",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command  # type: ignore[return-value]
+# `--host-facts FILE`, `--cores N`, `--bandwidth GB/s` and `--memory SIZE`: the host a command
+# predicts for (default: this machine, $SPECREG_HOST_FACTS honoured), handed to the command as
+# one `host_query` (specreg.host.facts.HostQuery). The same facts give the speed model its
+# cores, the printed commands their `-t`, and the advice what fits in memory.
+host_facts_options = option_group(
+    "host_query",
+    _host_query,
+    click.option(
+        "--host-facts",
+        type=FILE,
+        default=None,
+        help="Predict for the host these facts describe: a JSON object in the syntax of "
+        "$SPECREG_HOST_FACTS (Host fields and bandwidth_gbs), or `specreg doctor --json` "
+        "output saved on that host.",
+    ),
+    click.option(
+        "--cores",
+        type=CORES,
+        default=None,
+        metavar="N",
+        help="Physical cores of the host to predict for (and -t in the commands).",
+    ),
+    click.option(
+        "--bandwidth",
+        type=BANDWIDTH,
+        default=None,
+        metavar="GB/s",
+        help="Memory bandwidth in GB/s (default: the facts' own, else what specreg doctor "
+        "measured on this host, else one stored estimate).",
+    ),
+    click.option(
+        "--memory",
+        type=SIZE,
+        default=None,
+        metavar="SIZE",
+        help="Memory of the host to predict for, e.g. 768G (GB: 10^9 bytes), which decides "
+        "what fits (default: the facts' own, else this machine's).",
+    ),
+)
 
 
 # --- which llama.cpp's rules -------------------------------------------------------------

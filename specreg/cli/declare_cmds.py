@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 import click
 
 from specreg.cli.common import (
+    FILE,
+    F,
     console,
     db_option,
     emit_document,
@@ -25,14 +27,12 @@ if TYPE_CHECKING:
     from specreg.declare.importer import ImportResult
     from specreg.declare.plan import Plan
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 def spec_option(func: F) -> F:
     return click.option(
         "--spec",
         "spec_path",
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=FILE,
         default=Path(SPEC_FILENAME),
         show_default=True,
         help="The declaration file.",
@@ -43,7 +43,7 @@ def out_option(help_text: str) -> Callable[[F], F]:
     return click.option(
         "-o",
         "--out",
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=FILE,
         default=None,
         help=help_text,
     )
@@ -175,7 +175,7 @@ def propose(spec_path: Path, out: Path | None, adopt: bool, db_path: Path | None
 @click.option(
     "--spec",
     "spec_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=FILE,
     default=None,
     help="The declaration file (default: the one named in the proposal).",
 )

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from specreg.cli.common import (
+    FILE,
     MODEL,
+    POSITIVE,
     console,
     db_option,
     json_option,
@@ -34,7 +36,7 @@ def lookup_group() -> None:
 
 @lookup_group.command("build")
 @click.argument("name")
-@click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, type=FILE)
 @task_option(multiple=False, required=True, help="The workload the cache is for.")
 @click.option(
     "--model", "model_ref", type=MODEL, required=True,
@@ -45,7 +47,7 @@ def lookup_group() -> None:
     help="Add the prompts and outputs of recorded runs of --task on this tokenizer family.",
 )  # fmt: skip
 @click.option(
-    "--run", "run_ids", type=click.IntRange(min=1), multiple=True,
+    "--run", "run_ids", type=POSITIVE, multiple=True,
     help="Take the prompts and outputs of this run only (repeatable; implies --from-runs).",
 )  # fmt: skip
 @threads_option

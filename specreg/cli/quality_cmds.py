@@ -3,7 +3,6 @@ with the build's own llama-perplexity."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +11,7 @@ from rich.table import Table
 
 from specreg.cli.common import (
     EXPERTS,
+    FILE,
     MODEL,
     TEMPERATURE,
     FiniteFloat,
@@ -21,6 +21,7 @@ from specreg.cli.common import (
     json_option,
     llama_bin_option,
     n_predict_option,
+    option_stack,
     present,
     resolve_db,
     resolve_model_path,
@@ -36,37 +37,31 @@ if TYPE_CHECKING:
     from specreg.quality.agreement import AgreementResult
     from specreg.quality.kld import Measuring, QualityResult
 
-F = Callable[..., Any]
 
-
-def _measure_options(func: F) -> F:
-    options: list[Callable[[F], F]] = [
-        click.option(
-            "--ctx", type=click.IntRange(8, MAX_CTX), default=128, show_default=True,
-            help="Chunk length; llama-perplexity scores the second half of each chunk.",
-        ),
-        click.option(
-            "--chunks", type=click.IntRange(0, 1_000_000), default=4, show_default=True,
-            help="Chunks scored per text (0: all of it).",
-        ),
-        threads_option,
-        click.option(
-            "--timeout", type=FiniteFloat(1.0, 7 * 24 * 3600.0), default=900.0,
-            show_default=True,
-            help="Seconds one llama-perplexity call may take.",
-        ),
-        click.option(
-            "--max-logits-gb", type=FiniteFloat(0.001, MAX_MEMORY_BYTES / 1e9), default=1.0,
-            show_default=True,
-            help="Largest saved-logits file to write (about n_vocab x tokens x 2 bytes).",
-        ),
-        llama_bin_option,
-        db_option,
-        json_option,
-    ]  # fmt: skip
-    for option in reversed(options):
-        func = option(func)
-    return func
+_measure_options = option_stack(
+    click.option(
+        "--ctx", type=click.IntRange(8, MAX_CTX), default=128, show_default=True,
+        help="Chunk length; llama-perplexity scores the second half of each chunk.",
+    ),
+    click.option(
+        "--chunks", type=click.IntRange(0, 1_000_000), default=4, show_default=True,
+        help="Chunks scored per text (0: all of it).",
+    ),
+    threads_option,
+    click.option(
+        "--timeout", type=FiniteFloat(1.0, 7 * 24 * 3600.0), default=900.0,
+        show_default=True,
+        help="Seconds one llama-perplexity call may take.",
+    ),
+    click.option(
+        "--max-logits-gb", type=FiniteFloat(0.001, MAX_MEMORY_BYTES / 1e9), default=1.0,
+        show_default=True,
+        help="Largest saved-logits file to write (about n_vocab x tokens x 2 bytes).",
+    ),
+    llama_bin_option,
+    db_option,
+    json_option,
+)  # fmt: skip
 
 
 def _measuring(kw: dict[str, Any]) -> Measuring:
@@ -95,7 +90,7 @@ def _measuring(kw: dict[str, Any]) -> Measuring:
 )  # fmt: skip
 @task_option(help="Shipped task text (repeatable; default: every task's).")
 @click.option(
-    "--text", "texts", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+    "--text", "texts", multiple=True, type=FILE,
     help="Your own text file instead of the shipped ones (repeatable).",
 )  # fmt: skip
 @_measure_options

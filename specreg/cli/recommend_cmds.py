@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from specreg.cli.common import (
+    FILE,
     MODEL,
+    POSITIVE,
     SPEC_STACK,
     TEMPERATURE,
     FiniteFloat,
@@ -22,6 +24,7 @@ from specreg.cli.common import (
     json_option,
     llama_bin_option,
     option_group,
+    option_stack,
     present,
     resolve_db,
     settings_options,
@@ -42,34 +45,28 @@ if TYPE_CHECKING:
     from specreg.tune.distributed import Cluster
     from specreg.tune.tuner import TuneRequest, TuneResult, TuneStep
 
-F = Callable[..., Any]
 
-
-def _common(func: F) -> F:
-    options: list[Callable[[F], F]] = [
-        task_option(multiple=False, default="chat", help="The task to predict for."),
-        click.option(
-            "--policy",
-            type=click.Choice(POLICIES),
-            default=POLICY_QUALITY,
-            show_default=True,
-            help="quality: lossless knobs only; speed: may change outputs (fewer experts).",
-        ),
-        click.option(
-            "--spec-type",
-            type=SPEC_STACK,
-            default=None,
-            help="Only this speculative type or stack (e.g. ngram-mod,draft-simple), listed "
-            "against plain decoding whether or not it is predicted to win.",
-        ),
-        host_facts_options,
-        llama_bin_option(help="Folder with llama-server, for commands in its flag dialect."),
-        db_option,
-        json_option,
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+_common = option_stack(
+    task_option(multiple=False, default="chat", help="The task to predict for."),
+    click.option(
+        "--policy",
+        type=click.Choice(POLICIES),
+        default=POLICY_QUALITY,
+        show_default=True,
+        help="quality: lossless knobs only; speed: may change outputs (fewer experts).",
+    ),
+    click.option(
+        "--spec-type",
+        type=SPEC_STACK,
+        default=None,
+        help="Only this speculative type or stack (e.g. ngram-mod,draft-simple), listed "
+        "against plain decoding whether or not it is predicted to win.",
+    ),
+    host_facts_options,
+    llama_bin_option(help="Folder with llama-server, for commands in its flag dialect."),
+    db_option,
+    json_option,
+)
 
 
 def _kld_budget(max_kld: float | None, role: str | None, spec_path: Path) -> float | None:
@@ -85,9 +82,7 @@ def _kld_budget(max_kld: float | None, role: str | None, spec_path: Path) -> flo
 @click.argument("target", type=MODEL)
 @_common
 @click.option("--temp", type=TEMPERATURE, default=0.0, show_default=True, help="Your temperature.")
-@click.option(
-    "--top", type=click.IntRange(min=1), default=5, show_default=True, help="Options to show."
-)
+@click.option("--top", type=POSITIVE, default=5, show_default=True, help="Options to show.")
 @click.option(
     "--max-kld", type=FiniteFloat(), default=None,
     help="Quality budget: leave out lossy options whose mean KL divergence (measured by "
@@ -95,7 +90,7 @@ def _kld_budget(max_kld: float | None, role: str | None, spec_path: Path) -> flo
 )  # fmt: skip
 @click.option("--role", default=None, help="Take the quality budget (max_kld) of this role.")
 @click.option(
-    "--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path),
+    "--spec", "spec_path", type=FILE,
     default=Path("specreg.yaml"), show_default=True, help="The declaration file for --role.",
 )  # fmt: skip
 def recommend_cmd(target: str, top: int, **kw: Any) -> None:
@@ -253,9 +248,7 @@ def _tune_cluster(given: dict[str, Any]) -> Cluster:
 @click.command("tune")
 @click.argument("target", type=MODEL)
 @_common
-@click.option(
-    "--budget", type=click.IntRange(min=1), default=6, show_default=True, help="Most runs to spend."
-)
+@click.option("--budget", type=POSITIVE, default=6, show_default=True, help="Most runs to spend.")
 @settings_options(
     "n_predict", "repeats", "load",
     repeats={"default": 2, "help": "Timed samples of each prompt in each run."},

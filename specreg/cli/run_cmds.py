@@ -12,7 +12,9 @@ from specreg.cli.common import (
     CTX,
     DRAFT_K,
     EXPERTS,
+    FILE,
     MODEL,
+    POSITIVE,
     SEED,
     SPEC_STACK,
     TEMPERATURE,
@@ -186,7 +188,7 @@ class _RunsGroup(click.Group):
     subcommand_metavar="[RUN_ID | export FILE | import FILE]",
 )
 @click.option("--failed", is_flag=True, help="Only failed runs.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--limit", type=POSITIVE, default=50, show_default=True)
 @db_option
 @json_option
 @click.pass_context
@@ -232,7 +234,7 @@ def _run_show_cmd(ctx: click.Context, run_id: int, db_path: Path | None, as_json
 
 
 @runs_cmd.command("export")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=FILE)
 @db_option
 @json_option
 def runs_export_cmd(file: Path, db_path: Path | None, as_json: bool) -> None:
@@ -258,7 +260,7 @@ def _print_export(result: RunsExport, file: Path) -> None:
 
 
 @runs_cmd.command("import")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=FILE)
 @db_option
 @json_option
 def runs_import_cmd(file: Path, db_path: Path | None, as_json: bool) -> None:

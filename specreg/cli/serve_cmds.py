@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,6 +12,7 @@ from rich.table import Table
 from specreg.cli.common import (
     ADDRESS,
     CTX,
+    FILE,
     PORT,
     SIZE,
     SLOTS,
@@ -23,6 +23,7 @@ from specreg.cli.common import (
     host_facts_options,
     json_option,
     llama_bin_option,
+    option_group,
     resolve_db,
     server_arg_option,
     threads_option,
@@ -46,123 +47,99 @@ if TYPE_CHECKING:
 SERVE_EXTRA_HINT = "serve needs starlette, uvicorn and aiohttp: pip install 'specreg[serve]'"
 
 
-def _listening_options(func: Any) -> Any:
-    """How `serve` listens and who may use it: --port, --host, --api-key/--api-keys,
-    --public, --max-body and --queue, handed to the command as one `listening` dict."""
-    options = [
-        click.option("--port", type=PORT, default=8080, show_default=True,
-                     help="Port to listen on."),
-        click.option("--host", "bind", type=ADDRESS, default="127.0.0.1", show_default=True,
-                     help="Address to listen on. Anything but loopback is reachable from other "
-                     "machines: give --api-key, or --public to let anyone in."),
-        click.option("--api-key", "api_keys", multiple=True, envvar="SPECREG_API_KEY",
-                     help="A key clients must send (Authorization: Bearer KEY); repeat for "
-                     "several. Requests without a valid key get 401 (/health stays open)."),
-        click.option("--api-keys", "keys_file", type=click.Path(dir_okay=False, path_type=Path),
-                     default=None, help="A file of keys, one per line (# comments)."),
-        click.option("--public", is_flag=True,
-                     help="Serve a non-loopback address without a key: anyone who can reach "
-                     "this machine may use these models."),
-        click.option("--max-body", type=click.IntRange(1, 10**9), default=1 << 20,
-                     show_default=True, help="Largest request (bytes)."),
-        click.option("--queue", "max_queue", type=click.IntRange(0, 1_000_000), default=64,
-                     show_default=True, help="Requests that may wait for cores beyond every "
-                     "backend's slots; past it serve answers 503 with Retry-After."),
-    ]  # fmt: skip
-    names = ("port", "bind", "api_keys", "keys_file", "public", "max_body", "max_queue")
+# How `serve` listens and who may use it: --port, --host, --api-key/--api-keys, --public,
+# --max-body and --queue, handed to the command as one `listening` dict.
+_listening_options = option_group(
+    "listening",
+    dict,
+    click.option("--port", type=PORT, default=8080, show_default=True,
+                 help="Port to listen on."),
+    click.option("--host", "bind", type=ADDRESS, default="127.0.0.1", show_default=True,
+                 help="Address to listen on. Anything but loopback is reachable from other "
+                 "machines: give --api-key, or --public to let anyone in."),
+    click.option("--api-key", "api_keys", multiple=True, envvar="SPECREG_API_KEY",
+                 help="A key clients must send (Authorization: Bearer KEY); repeat for "
+                 "several. Requests without a valid key get 401 (/health stays open)."),
+    click.option("--api-keys", "keys_file", type=FILE,
+                 default=None, help="A file of keys, one per line (# comments)."),
+    click.option("--public", is_flag=True,
+                 help="Serve a non-loopback address without a key: anyone who can reach "
+                 "this machine may use these models."),
+    click.option("--max-body", type=click.IntRange(1, 10**9), default=1 << 20,
+                 show_default=True, help="Largest request (bytes)."),
+    click.option("--queue", "max_queue", type=click.IntRange(0, 1_000_000), default=64,
+                 show_default=True, help="Requests that may wait for cores beyond every "
+                 "backend's slots; past it serve answers 503 with Retry-After."),
+)  # fmt: skip
 
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        kwargs["listening"] = {name: kwargs.pop(name) for name in names}
-        return func(*args, **kwargs)
-
-    for option in reversed(options):
-        wrapper = option(wrapper)
-    return wrapper
-
-
-def _policy_options(func: Any) -> Any:
-    """How `serve` chooses and what it keeps: --policy, --seed, --memory-budget,
-    --traffic-cache, --share-state, --no-record, handed to the command as one `policy` dict."""
-    options = [
-        click.option("--policy", type=click.Choice(["adaptive", "fixed"]), default="adaptive",
-                     show_default=True,
-                     help="adaptive: a few candidate configurations per task, chosen per request "
-                     "by Thompson sampling on the decode speed each request measured, at the "
-                     "load it met (requests decoding on the same cores), starting from the "
-                     "recommender's prediction and continuing from the registry's served runs "
-                     "after a restart; fixed: one configuration per task, as pinned or "
-                     "recommended."),
-        click.option("--seed", type=int, default=0, show_default=True,
-                     help="The adaptive policy's random seed."),
-        click.option("--memory-budget", type=SIZE, default=None, metavar="SIZE",
-                     help="Memory all backends may hold together (e.g. 16G: GB are 10^9 bytes, "
-                     "GiB 2^30), at most this host's memory; the least recently used idle "
-                     "backend stops to make room (default: 90% of the memory available at "
-                     "start)."),
-        click.option("--traffic-cache", "traffic_every", type=click.IntRange(min=0),
-                     default=TRAFFIC_CACHE_EVERY, show_default=True, metavar="N",
-                     help="Under --policy adaptive: every N served requests of a task, build a "
-                     "lookup cache from their prompts and outputs and offer ngram-cache reading "
-                     "it as a new candidate, judged on later requests only. Requests' texts are "
-                     "kept in the registry for this; 0 builds no cache and keeps no text."),
-        click.option("--share-state/--no-share-state", default=False, show_default=True,
-                     help="Under --policy adaptive: before a backend whose drafts come from what "
-                     "its server has read (ngram-mod) serves a request, it reads the target's "
-                     "requests served elsewhere since (prompt processing only, shown in the "
-                     "status). It costs prompt processing before those requests (on a 2-core "
-                     "host 50-75 % of the stream's generation seconds)."),
-        click.option("--no-record", is_flag=True,
-                     help="Do not record served requests as runs."),
-    ]  # fmt: skip
-    names = ("policy", "seed", "memory_budget", "traffic_every", "share_state", "no_record")
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        kwargs["policy"] = {name: kwargs.pop(name) for name in names}
-        return func(*args, **kwargs)
-
-    for option in reversed(options):
-        wrapper = option(wrapper)
-    return wrapper
+# How `serve` chooses and what it keeps: --policy, --seed, --memory-budget, --traffic-cache,
+# --share-state, --no-record, handed to the command as one `policy` dict.
+_policy_options = option_group(
+    "policy",
+    dict,
+    click.option("--policy", type=click.Choice(["adaptive", "fixed"]), default="adaptive",
+                 show_default=True,
+                 help="adaptive: a few candidate configurations per task, chosen per request "
+                 "by Thompson sampling on the decode speed each request measured, at the "
+                 "load it met (requests decoding on the same cores), starting from the "
+                 "recommender's prediction and continuing from the registry's served runs "
+                 "after a restart; fixed: one configuration per task, as pinned or "
+                 "recommended."),
+    click.option("--seed", type=int, default=0, show_default=True,
+                 help="The adaptive policy's random seed."),
+    click.option("--memory-budget", type=SIZE, default=None, metavar="SIZE",
+                 help="Memory all backends may hold together (e.g. 16G: GB are 10^9 bytes, "
+                 "GiB 2^30), at most this host's memory; the least recently used idle "
+                 "backend stops to make room (default: 90% of the memory available at "
+                 "start)."),
+    click.option("--traffic-cache", "traffic_every", type=click.IntRange(min=0),
+                 default=TRAFFIC_CACHE_EVERY, show_default=True, metavar="N",
+                 help="Under --policy adaptive: every N served requests of a task, build a "
+                 "lookup cache from their prompts and outputs and offer ngram-cache reading "
+                 "it as a new candidate, judged on later requests only. Requests' texts are "
+                 "kept in the registry for this; 0 builds no cache and keeps no text."),
+    click.option("--share-state/--no-share-state", default=False, show_default=True,
+                 help="Under --policy adaptive: before a backend whose drafts come from what "
+                 "its server has read (ngram-mod) serves a request, it reads the target's "
+                 "requests served elsewhere since (prompt processing only, shown in the "
+                 "status). It costs prompt processing before those requests (on a 2-core "
+                 "host 50-75 % of the stream's generation seconds)."),
+    click.option("--no-record", is_flag=True,
+                 help="Do not record served requests as runs."),
+)  # fmt: skip
 
 
-def _backend_options(func: Any) -> Any:
-    """What each backend runs: --spec, --pin, --threads, --ctx, --parallel, as `backends`."""
-    options = [
-        click.option("--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path),
-                     default=Path("specreg.yaml"), show_default=True,
-                     help="specreg.yaml whose roles pin configurations per task (used when it "
-                     "exists)."),
-        click.option("--pin", "pins", multiple=True, metavar="TASK=TYPE[:K][@DRAFT]",
-                     help="Serve TASK (or default: every other task) with this configuration, "
-                     "e.g. code=ngram-mod:8; wins over specreg.yaml and the recommender."),
-        threads_option(help="llama.cpp threads per backend (default: physical cores)."),
-        click.option("--ctx", type=CTX, default=None,
-                     help="Context size per request (each slot gets it; default: the target's "
-                     "trained context, as much of it as half the memory beside the weights "
-                     "holds, at least 4096)."),
-        server_arg_option,
-        click.option("--parallel", type=SLOTS, default=DEFAULT_SLOTS,
-                     show_default=True, help="Slots per backend: requests it decodes at once, "
-                     "batched into one pass per step."),
-    ]  # fmt: skip
-    names = ("spec_path", "pins", "threads", "ctx", "server_args", "parallel")
+def _backends(given: dict[str, Any]) -> dict[str, Any]:
+    ctx, slots = given["ctx"], given["parallel"]
+    if ctx is not None and ctx * slots > INT32_MAX:  # llama-server's -c holds every slot's
+        raise click.UsageError(
+            f"--ctx {ctx} for each of --parallel {slots} slots is {ctx * slots} tokens, "
+            f"more than llama-server takes ({INT32_MAX}): give fewer slots or less context"
+        )
+    return given
 
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        ctx, slots = kwargs["ctx"], kwargs["parallel"]
-        if ctx is not None and ctx * slots > INT32_MAX:  # llama-server's -c holds every slot's
-            raise click.UsageError(
-                f"--ctx {ctx} for each of --parallel {slots} slots is {ctx * slots} tokens, "
-                f"more than llama-server takes ({INT32_MAX}): give fewer slots or less context"
-            )
-        kwargs["backends"] = {name: kwargs.pop(name) for name in names}
-        return func(*args, **kwargs)
 
-    for option in reversed(options):
-        wrapper = option(wrapper)
-    return wrapper
+# What each backend runs: --spec, --pin, --threads, --ctx, --parallel, as `backends`.
+_backend_options = option_group(
+    "backends",
+    _backends,
+    click.option("--spec", "spec_path", type=FILE,
+                 default=Path("specreg.yaml"), show_default=True,
+                 help="specreg.yaml whose roles pin configurations per task (used when it "
+                 "exists)."),
+    click.option("--pin", "pins", multiple=True, metavar="TASK=TYPE[:K][@DRAFT]",
+                 help="Serve TASK (or default: every other task) with this configuration, "
+                 "e.g. code=ngram-mod:8; wins over specreg.yaml and the recommender."),
+    threads_option(help="llama.cpp threads per backend (default: physical cores)."),
+    click.option("--ctx", type=CTX, default=None,
+                 help="Context size per request (each slot gets it; default: the target's "
+                 "trained context, as much of it as half the memory beside the weights "
+                 "holds, at least 4096)."),
+    server_arg_option,
+    click.option("--parallel", type=SLOTS, default=DEFAULT_SLOTS,
+                 show_default=True, help="Slots per backend: requests it decodes at once, "
+                 "batched into one pass per step."),
+)  # fmt: skip
 
 
 @click.command("serve")

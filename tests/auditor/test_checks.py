@@ -27,6 +27,8 @@ from specreg.registry.gguf_header import read_header
 from specreg.registry.queries import list_models
 from specreg.registry.scan import scan_paths
 
+from support.auditor import vocab_sizes
+
 NORMAL, UNUSED, CONTROL = int(TokenType.NORMAL), int(TokenType.UNUSED), int(TokenType.CONTROL)
 
 
@@ -124,12 +126,7 @@ def test_incompatible_pair_explains_every_check(vocab_dir: Path, tmp_path: Path)
         1,
         "<s>",
     )
-    size = pv.check("vocab_size").values
-    assert (size["target_n_tokens"], size["draft_n_tokens"], size["difference"]) == (
-        151936,
-        32000,
-        119936,
-    )
+    assert vocab_sizes(pv) == (151936, 32000, 119936)
     text = pv.check("token_text").values
     assert text["first_differing_id"] == 5 and text["target_text"] and text["draft_text"]
     assert any("n-gram" in r for r in pv.remedies)

@@ -19,6 +19,7 @@ from specreg.recommender.acceptance import (
     ACC_PREDICTED,
     ACC_REPLAYED,
     ACC_RUN,
+    DraftRules,
     accepted_per_step,
     drafted_acceptance_at,
     effective_acceptance,
@@ -196,17 +197,17 @@ def test_drafting_rules_turn_agreement_into_accepted_tokens() -> None:
     # p_min: the draft stops at a token it is unsure of (half the positions here), and is
     # right 90 % of the time where it is sure.
     conf = {0.0: (1.0, 0.8), 0.75: (0.5, 0.9)}
-    acc, drafted = accepted_per_step(0.8, 3, p_min=0.75, confidence=conf)
+    acc, drafted = accepted_per_step(0.8, 3, DraftRules(p_min=0.75, confidence=conf))
     assert drafted == pytest.approx(0.5 + 0.25 + 0.125)
     assert acc == pytest.approx(0.45 + 0.45**2 + 0.45**3)
-    a_eff = effective_acceptance(0.8, 3, p_min=0.75, confidence=conf)
+    a_eff = effective_acceptance(0.8, 3, DraftRules(p_min=0.75, confidence=conf))
     assert sum(a_eff**i for i in (1, 2, 3)) == pytest.approx(acc, rel=1e-6)
     # n_min: drafts shorter than n_min are dropped; n_min > K drafts nothing at all.
-    acc, drafted = accepted_per_step(0.8, 3, p_min=0.75, n_min=2, confidence=conf)
+    acc, drafted = accepted_per_step(0.8, 3, DraftRules(p_min=0.75, n_min=2, confidence=conf))
     assert drafted == pytest.approx(0.25 + 0.25 + 0.125)
     assert acc == pytest.approx(0.45 * 0.5 + 0.45**2 + 0.45**3)
-    assert accepted_per_step(0.8, 3, n_min=4) == (0.0, 0.0)
-    assert math.isnan(drafted_acceptance_at(0.8, 3, n_min=4))
+    assert accepted_per_step(0.8, 3, DraftRules(n_min=4)) == (0.0, 0.0)
+    assert math.isnan(drafted_acceptance_at(0.8, 3, DraftRules(n_min=4)))
 
 
 def trace(bits: str, top_p: float | list[float] = 1.0) -> DraftTrace:
@@ -243,9 +244,9 @@ def test_where_the_misses_fall_changes_what_a_verification_accepts() -> None:
     assert in_runs < iid < evenly
     # accepted_per_step replays traces where it has them, and the effective acceptance
     # lands the cost model's geometric prefix on the replayed tokens.
-    assert accepted_per_step(14 / 18, 4, traces=runs)[0] == pytest.approx(in_runs)
+    assert accepted_per_step(14 / 18, 4, DraftRules(traces=runs))[0] == pytest.approx(in_runs)
     for traces, side in ((runs, -1), (spread, 1)):
-        a_eff = effective_acceptance(14 / 18, 4, traces=traces)
+        a_eff = effective_acceptance(14 / 18, 4, DraftRules(traces=traces))
         got, _ = replay(traces, 4)
         assert sum(a_eff**i for i in range(1, 5)) == pytest.approx(got, rel=1e-6)
         assert (a_eff - 14 / 18) * side > 0

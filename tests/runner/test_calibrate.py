@@ -200,14 +200,14 @@ def test_crash_is_one_line_with_llamas_message(tmp_path: Path, registry: tuple[P
 
 def test_hang_times_out_and_leaves_nothing(tmp_path: Path, registry: tuple[Path, Path]) -> None:
     from specreg.registry.queries import resolve_model
-    from specreg.runner.calibrate import calibrate_model
+    from specreg.runner.calibrate import Calibrating, calibrate_model
 
     db, model = registry
     install, pids = fake_install(tmp_path, "hang")
     with opened(db) as con:
         record = resolve_model(con, str(model))
     with pytest.raises(ServerFailed, match="llama-bench did not finish within 1 s"):
-        calibrate_model(install, HOST, record, bench=Bench(timeout=1.0))
+        calibrate_model(Calibrating(install, HOST, Bench(timeout=1.0)), record)
     assert _alive(pids) == []
 
 

@@ -535,12 +535,10 @@ def plan(con, install, target, draft, config, engine="legacy", task="code", forc
 
 
 @pytest.mark.llama
-@pytest.mark.parametrize(("family", "quant"), [("smollm2", "Q8_0"), ("gemma3", "Q4_0")])
 def test_real_speculative_self_draft_verifies_as_text(
-    con, llama_install: LlamaInstall, small_models: SmallModels, family: str, quant: str
+    con, llama_install: LlamaInstall, self_draft: tuple[Path, Path]
 ) -> None:  # type: ignore[no-untyped-def]
-    target = getattr(small_models, family).path
-    draft = small_models.draft(family, quant).path
+    target, draft = self_draft
     p = plan(con, llama_install, target, draft, Config(spec_type="draft-simple", k=4))
     assert p.engine == SPECULATIVE
     out = runs.verify(con, p)

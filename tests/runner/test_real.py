@@ -81,12 +81,10 @@ def test_baseline_runs_and_is_recorded(
     assert record.prompts[0].output_sha256 and record.prompts[0].n_samples == 2
 
 
-@pytest.mark.parametrize(("family", "quant"), [("smollm2", "Q8_0"), ("gemma3", "Q4_0")])
 def test_self_draft_verifies(
-    con, llama_install: LlamaInstall, small_models: SmallModels, family: str, quant: str
+    con, llama_install: LlamaInstall, self_draft: tuple[Path, Path]
 ) -> None:  # type: ignore[no-untyped-def]
-    target = getattr(small_models, family).path
-    draft = small_models.draft(family, quant).path
+    target, draft = self_draft
     cfg = Config(spec_type="draft-simple", k=4)
     out = runs.verify(con, plan(con, llama_install, target, draft, cfg))
     v = out.verification

@@ -13,75 +13,95 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from specreg.samples.small_models import SmallModels
 
 TIMEOUT_S = 300.0
 
 
-def _specreg(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "specreg", *args],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "SPECREG_HOME": str(home)},
-    )  # fmt: skip
+@dataclass(frozen=True)
+class Cli:
+    """`specreg` in processes of their own, on one registry and home, as a user's shells."""
+
+    db: Path
+    home: Path
+    bin_dir: Path
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SPECREG_HOME": str(self.home)}
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """A command on the registry, to its end."""
+        argv = [sys.executable, "-m", "specreg", *args, "--db", str(self.db)]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=self.env())
+
+    def runs(self, *args: str) -> list[dict]:  # type: ignore[type-arg]
+        listed = self.run("runs", *args, "--json")
+        assert listed.returncode == 0, listed.stderr
+        return list(json.loads(listed.stdout)["runs"])
+
+    @contextmanager
+    def measuring(self, target: Path, *extra: str) -> Iterator[subprocess.Popen[str]]:
+        """`specreg run TARGET` started (one thread, 8 tokens, no retries); killed on the way
+        out if it is still running."""
+        argv = [
+            sys.executable, "-m", "specreg", "run", str(target), "--db", str(self.db),
+            "--llama-bin", str(self.bin_dir), "--threads", "1", "--n-predict", "8",
+            "--retries", "0", *extra,
+        ]  # fmt: skip
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=self.env())  # fmt: skip
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
-def _start_run(target: Path, db: Path, bin_dir: Path, home: Path, *extra: str) -> subprocess.Popen:  # type: ignore[type-arg]
-    argv = [
-        sys.executable, "-m", "specreg", "run", str(target), "--db", str(db),
-        "--llama-bin", str(bin_dir), "--threads", "1", "--n-predict", "8", "--retries", "0",
-        *extra,
-    ]  # fmt: skip
-    return subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "SPECREG_HOME": str(home)},
-    )  # fmt: skip
+@pytest.fixture
+def cli(llama_bin: Path, specreg_home: Path, tmp_path: Path) -> Cli:
+    return Cli(tmp_path / "registry.duckdb", specreg_home, llama_bin)
 
 
-def _runs(db: Path, home: Path) -> list[dict]:  # type: ignore[type-arg]
-    listed = _specreg("runs", "--json", "--db", str(db), home=home)
-    assert listed.returncode == 0, listed.stderr
-    return list(json.loads(listed.stdout)["runs"])
+def until(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> None:
+    """Wait while `proc` runs until `ready()` (at most TIMEOUT_S)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while proc.poll() is None and time.monotonic() < deadline and not ready():
+        time.sleep(0.05)
 
 
-def test_models_reads_the_registry_while_run_measures(
-    small_models: SmallModels,
-    llama_bin: Path,
-    specreg_home: Path,
-    tmp_path: Path,
-) -> None:
-    db = tmp_path / "registry.duckdb"
-    target = small_models.smollm2.path
+def test_models_reads_the_registry_while_run_measures(small_models: SmallModels, cli: Cli) -> None:
+    seen: list[str] = []  # "models" for each read that worked, "running" once the run showed
+
+    def read() -> bool:
+        if not cli.db.exists():
+            return False
+        models = cli.run("models")
+        assert models.returncode == 0, models.stderr
+        assert "in use by another specreg process" not in models.stderr
+        seen.append("models")
+        if any(r["status"] == "running" for r in cli.runs()):
+            seen.append("running")
+        return "running" in seen
+
     # ngram-mod keeps state, so every timed sample gets a fresh llama-server: a long window
-    proc = _start_run(target, db, llama_bin, specreg_home, "--spec-type", "ngram-mod",
-                      "--max-prompts", "2", "--repeat", "2")  # fmt: skip
-    seen_running = False
-    models_ok = 0
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            if not db.exists():
-                time.sleep(0.1)
-                continue
-            models = _specreg("models", "--db", str(db), home=specreg_home)
-            assert models.returncode == 0, models.stderr
-            assert "in use by another specreg process" not in models.stderr
-            models_ok += 1
-            if any(r["status"] == "running" for r in _runs(db, specreg_home)):
-                seen_running = True
-                break
+    with cli.measuring(small_models.smollm2.path, "--spec-type", "ngram-mod",
+                       "--max-prompts", "2", "--repeat", "2") as proc:  # fmt: skip
+        until(proc, read)
         out, err = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err
-    assert models_ok >= 1
-    assert seen_running, "the run was never seen running by another process"
-    (run,) = _runs(db, specreg_home)
+    assert "models" in seen
+    assert "running" in seen, "the run was never seen running by another process"
+    (run,) = cli.runs()
     assert (run["status"], run["kind"], run["spec_type"]) == ("ok", "run", "ngram-mod")
-    models = _specreg("models", "--db", str(db), home=specreg_home)
+    models = cli.run("models")
     assert models.returncode == 0 and "Smollm2" in models.stdout, models.stdout
 
 
@@ -91,37 +111,22 @@ def _completions(logs: Path) -> int:
 
 
 def test_ctrl_c_records_the_run_interrupted_with_its_samples(
-    small_models: SmallModels,
-    llama_bin: Path,
-    specreg_home: Path,
-    tmp_path: Path,
+    small_models: SmallModels, cli: Cli
 ) -> None:
-    db = tmp_path / "registry.duckdb"
-    logs = specreg_home / "logs"
+    logs = cli.home / "logs"
     # plain decoding: one llama-server, the warm-up then 3 prompts x 5 repeats
-    proc = _start_run(small_models.smollm2.path, db, llama_bin, specreg_home,
-                      "--max-prompts", "3", "--repeat", "5")  # fmt: skip
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            if logs.is_dir() and _completions(logs) >= 2:  # the warm-up and one timed sample
-                break
-            time.sleep(0.05)
+    with cli.measuring(small_models.smollm2.path, "--max-prompts", "3", "--repeat", "5") as proc:
+        # the warm-up and one timed sample
+        until(proc, lambda: logs.is_dir() and _completions(logs) >= 2)
         assert proc.poll() is None, "the run ended before it could be interrupted"
         os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends (llama-server has its own session)
         out, err = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, err
     assert "aborted" in err
-    (run,) = _runs(db, specreg_home)
+    (run,) = cli.runs()
     assert (run["status"], run["error_kind"]) == ("interrupted", "interrupted")
     assert run["error"] == "stopped before it finished (KeyboardInterrupt)"
-    shown = _specreg("runs", str(run["run_id"]), "--json", "--db", str(db), home=specreg_home)
-    assert shown.returncode == 0, shown.stderr
-    (shown_run,) = json.loads(shown.stdout)["runs"]
+    (shown_run,) = cli.runs(str(run["run_id"]))
     prompts = shown_run["prompts"]
     taken = sum(p["n_samples"] for p in prompts)
     assert 1 <= taken < 15, prompts

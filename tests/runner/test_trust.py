@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from specreg.registry.run_store import (
 
 from support import declare as dfx
 from support.declare import Site
+from support.fake_server import kill_fakes, make_fake, stalled
 from support.recommender import demo_model
 
 MIGRATION_5_RUNS = (
@@ -219,39 +219,11 @@ def test_propose_leaves_untrusted_runs_out(site: Site, trusted: bool) -> None:
     assert [c.now.get("spec_type") for c in changes] == ([["ngram-mod"]] if trusted else [])
 
 
-FAKE_SLOW_SERVER = r"""#!{python}
-import http.server, json, sys, time
-args = sys.argv[1:]
-if "--help" in args:
-    print("--spec-type [none|draft-simple|ngram-mod]\n--spec-draft-n-max N"); sys.exit(0)
-if "--version" in args:
-    print("version: 9999 (fake)", file=sys.stderr); sys.exit(0)
-port = int(args[args.index("--port") + 1])
-class H(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-    def do_GET(self):
-        body = json.dumps({{"status": "ok"}}).encode()
-        self.send_response(200); self.send_header("Content-Length", str(len(body)))
-        self.end_headers(); self.wfile.write(body)
-    def do_POST(self):
-        open({started!r}, "w").write("1")
-        time.sleep(600)
-http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
-"""
-
-
 def test_a_killed_run_is_recorded_and_seen_as_interrupted(
     tmp_path: Path, gguf_factory, specreg_home: Path
 ) -> None:  # type: ignore[no-untyped-def]
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    started = tmp_path / "started"
-    fake = bin_dir / "llama-server"
-    fake.write_text(
-        textwrap.dedent(FAKE_SLOW_SERVER).format(python=sys.executable, started=str(started))
-    )
-    fake.chmod(0o755)
+    bin_dir, pids = make_fake(tmp_path, "stall")
+    started = stalled(pids)
     target = gguf_factory("t.gguf", tokens=["<s>", "</s>", "a"], bos=0, eos=1)
     db = tmp_path / "registry.duckdb"
     argv = [sys.executable, "-m", "specreg", "run", str(target), "--llama-bin", str(bin_dir),
@@ -266,6 +238,7 @@ def test_a_killed_run_is_recorded_and_seen_as_interrupted(
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        kill_fakes(pids)  # llama-server dies with specreg; the fake's own child does not
     # read-only: already shown as interrupted; a writable open records it so
     listed = CliRunner().invoke(cli, ["runs", "--failed", "--json", "--db", str(db)])
     (run,) = json.loads(listed.output)["runs"]

@@ -76,6 +76,7 @@ class H(http.server.BaseHTTPRequestHandler):
             log("0.00.500.000 E ggml_abort: GGML_ASSERT(n_tokens <= n_batch) failed")
             os.kill(os.getpid(), signal.SIGSEGV)
         if MODE == "stall":
+            open(PIDS + ".stalled", "w").close()  # a request reached it
             time.sleep(600)
         self._json(200, {{"content": "x", "tokens": [1], "stop_type": "limit",
             "timings": {{"predicted_n": 1, "predicted_ms": 10.0, "prompt_n": 3, "prompt_ms": 1.0}}}})
@@ -105,15 +106,29 @@ def alive(pid: int) -> bool:
         return False
 
 
-def assert_no_strays(pids_file: Path) -> None:
-    assert pids_file.exists(), "the fake server never started"
+def stalled(pids_file: Path) -> Path:
+    """The file a "stall" fake writes when a request reaches it."""
+    return Path(f"{pids_file}.stalled")
+
+
+def kill_fakes(pids_file: Path, wait_s: float = 0.0) -> list[int]:
+    """Kill what the fakes of `pids_file` left running (after `wait_s` for them to go on
+    their own); the pids that were still alive."""
+    if not pids_file.exists():
+        return []
     pids = [int(p) for line in pids_file.read_text().splitlines() for p in line.split()]
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + wait_s
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     left = [p for p in pids if alive(p)]
-    for pid in left:  # clean up our own fakes before failing
+    for pid in left:
         os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def assert_no_strays(pids_file: Path) -> None:
+    assert pids_file.exists(), "the fake server never started"
+    left = kill_fakes(pids_file, wait_s=5)  # clean up our own fakes before failing
     assert not left, f"stray processes: {left}"
 
 

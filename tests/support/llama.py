@@ -24,9 +24,12 @@ from support import IN_CI, REPO
 # This module's fixtures: a test that uses any of them (directly or through another fixture)
 # needs the llama.cpp build or the real models.
 LLAMA_FIXTURES = frozenset(
-    ("llama_build_info", "llama_install", "llama_bin", "small_models", "synthetic_models",
-     "qwen_pair")
+    ("llama_build_info", "llama_install", "llama_bin", "small_models", "self_draft",
+     "synthetic_models", "qwen_pair")
 )  # fmt: skip
+# The small models' self-speculative pairs: a family's target and one of its own requantized
+# drafts, by family and the draft's quant.
+SELF_DRAFTS = (("smollm2", "Q8_0"), ("gemma3", "Q4_0"))
 
 
 def require_real(condition: bool, what: str) -> None:
@@ -83,6 +86,13 @@ def small_models(llama_install: LlamaInstall) -> SmallModels:
     except Exception as err:  # noqa: BLE001 - reported through require_real()
         require_real(False, f"the small test models ({err})")
         raise
+
+
+@pytest.fixture(params=SELF_DRAFTS, ids="-".join)
+def self_draft(request: pytest.FixtureRequest, small_models: SmallModels) -> tuple[Path, Path]:
+    """(target, draft) paths of each self-speculative pair of the small models in turn."""
+    family, quant = request.param
+    return getattr(small_models, family).path, small_models.draft(family, quant).path
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayLab]:
     assert started.leftovers() == []
 
 
-def fingerprint(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    with monkeypatch.context() as m:
+def fingerprint(name: str) -> str:
+    with pytest.MonkeyPatch.context() as m:
         m.setenv(ENV_HOST_FACTS, host_facts(name))
         return detect_host().fingerprint
 
@@ -57,8 +58,20 @@ def sweep_args(models: SmallModels, lab: RayLab, db: Path, *extra: str) -> list[
     ]  # fmt: skip
 
 
-def caller_env(lab: RayLab, home: Path) -> dict[str, str]:
-    return lab.env(SPECREG_HOME=str(home))
+@dataclass(frozen=True)
+class Caller:
+    """This machine, calling the lab: its registry, its environment (its own SPECREG_HOME)
+    and the fingerprint of each lab host, by name."""
+
+    db: Path
+    env: dict[str, str]
+    fps: dict[str, str]
+
+
+@pytest.fixture
+def caller(lab: RayLab, tmp_path: Path) -> Caller:
+    fps = {name: fingerprint(name) for name in lab.hosts}
+    return Caller(tmp_path / "caller.duckdb", lab.env(SPECREG_HOME=str(tmp_path / "home")), fps)
 
 
 def runs_of(db: Path) -> list[RunRecord]:
@@ -71,12 +84,9 @@ def llama_servers(lab: RayLab) -> list[int]:
 
 
 def test_a_sweep_on_two_hosts_lands_every_run_here_with_its_host(
-    lab: RayLab,
-    small_models: SmallModels,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    lab: RayLab, small_models: SmallModels, caller: Caller, tmp_path: Path
 ) -> None:
-    fps = {name: fingerprint(name, monkeypatch) for name in lab.hosts}
+    db, fps = caller.db, caller.fps
     assert len(set(fps.values())) == 2 and detect_host().fingerprint not in fps.values()
     # beta knows the models by id already; alpha finds them at the same path and scans them
     scanned = subprocess.run(
@@ -85,11 +95,10 @@ def test_a_sweep_on_two_hosts_lands_every_run_here_with_its_host(
         env=lab.env(SPECREG_HOME=str(lab.home("beta"))), capture_output=True, text=True,
     )  # fmt: skip
     assert scanned.returncode == 0, scanned.stderr
-    db = tmp_path / "caller.duckdb"
     t0 = time.monotonic()
     done = subprocess.run(
         sweep_args(small_models, lab, db, "--n-predict", "16"),
-        env=caller_env(lab, tmp_path / "home"), capture_output=True, text=True, timeout=600,
+        env=caller.env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     wall = time.monotonic() - t0
     assert done.returncode == 0, done.stderr
@@ -124,7 +133,7 @@ def test_a_sweep_on_two_hosts_lands_every_run_here_with_its_host(
     out = tmp_path / "runs.parquet"
     other = tmp_path / "other.duckdb"
     base = [sys.executable, "-m", "specreg", "runs"]
-    env = caller_env(lab, tmp_path / "home")
+    env = caller.env
     exported = subprocess.run([*base, "export", str(out), "--db", str(db), "--json"], env=env,
                               capture_output=True, text=True)  # fmt: skip
     assert exported.returncode == 0, exported.stderr
@@ -149,17 +158,12 @@ def _speculative_server_on(lab: RayLab, name: str) -> int | None:
 
 
 def test_a_worker_killed_mid_run_is_a_failed_run_and_the_sweep_finishes_elsewhere(
-    lab: RayLab,
-    small_models: SmallModels,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    lab: RayLab, small_models: SmallModels, caller: Caller
 ) -> None:
-    fps = {name: fingerprint(name, monkeypatch) for name in lab.hosts}
-    db = tmp_path / "caller.duckdb"
+    db, fps = caller.db, caller.fps
     proc = subprocess.Popen(
         sweep_args(small_models, lab, db, "--n-predict", "48", "--retry-elsewhere"),
-        env=caller_env(lab, tmp_path / "home"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        env=caller.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     killed = None
     end = time.monotonic() + 300
@@ -200,17 +204,14 @@ def test_a_worker_killed_mid_run_is_a_failed_run_and_the_sweep_finishes_elsewher
 
 
 def test_tune_on_a_ray_host_records_its_runs_here_for_that_host(
-    lab: RayLab,
-    small_models: SmallModels,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    lab: RayLab, small_models: SmallModels, caller: Caller
 ) -> None:
-    db = tmp_path / "caller.duckdb"
+    db = caller.db
     done = subprocess.run(
         [sys.executable, "-m", "specreg", "tune", str(small_models.smollm2.path), "--ray",
          lab.address, "--host", "beta", "--budget", "2", "--n-predict", "16", "--repeat", "1",
          "--task", "code", "--db", str(db), "--json"],
-        env=caller_env(lab, tmp_path / "home"), capture_output=True, text=True, timeout=600,
+        env=caller.env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
@@ -219,6 +220,6 @@ def test_tune_on_a_ray_host_records_its_runs_here_for_that_host(
     # plain first; a second run only when a prediction could still beat it
     assert 1 <= len(runs) <= 2 and {r.status for r in runs} == {"ok"}
     # measured on beta, recorded here, and tune's evidence is beta's: its plain run counts
-    assert {r.host_fingerprint for r in runs} == {fingerprint("beta", monkeypatch)}
+    assert {r.host_fingerprint for r in runs} == {caller.fps["beta"]}
     assert doc["runs"][0]["label"] == "plain" and doc["baseline_tps"]
     assert llama_servers(lab) == []

@@ -15,7 +15,7 @@ from specreg.recommender.local import draft_fields, target_fields
 from specreg.recommender.recommend import Option
 from specreg.registry.queries import get_model
 from specreg.registry.run_store import RunRecord, record_run
-from specreg.runner.calibrate import Bench
+from specreg.runner.calibrate import Bench, Calibrating
 from specreg.runner.settings import Settings
 from specreg.terms import Method
 from specreg.tune.tuner import TuneRequest, TuneResult, TuneStep, cost_rank, tune
@@ -109,8 +109,8 @@ def test_tune_on_real_small_models_picks_within_the_noise_of_the_best(
             task="code", settings=Settings(n_predict=64, repeats=3, threads=1),
         )  # fmt: skip
         calibrate = calibrate_if_missing(
-            con, target, llama_install, host, settings=Settings(threads=1),
-            bench=Bench(repetitions=2, gen_tokens=32),
+            con, target, Calibrating(llama_install, host, Bench(repetitions=2, gen_tokens=32),
+                                     Settings(threads=1)),
         )  # fmt: skip
         from specreg.recommender.recommend import recommend
         from specreg.recommender.train import fit
