@@ -40,14 +40,7 @@ SERVE_KEY = "serve"  # a served run's config[SERVE_KEY]: policy, candidate, reas
 # on the Qwen pair, 2026-11-27: a burst joined the draft one request was exploring).
 JOIN_SHARE = 0.8
 
-
-@dataclass(frozen=True)
-class Lookup:
-    """An ngram-mod candidate to replay served requests on, with its draft bounds."""
-
-    key: str
-    n_max: int
-    n_min: int
+Lookups = dict[str, tuple[int, int]]  # ngram-mod candidates to replay on: key -> (n_max, n_min)
 
 
 @dataclass(frozen=True)
@@ -196,20 +189,21 @@ class Router:
                 generated=generated, cold=cold,
             )  # fmt: skip
 
-    def lookups_to_replay(self, target: str, task: str, served_by: str) -> list[Lookup]:
+    def lookups_to_replay(self, target: str, task: str, served_by: str) -> Lookups:
         """(target, task)'s ngram-mod candidates that a request `served_by` served speaks
-        for: the active ones and those the idle rule retired (a replay may reinstate them),
-        `served_by` itself excepted (its own requests are measured)."""
+        for, each with its (n_max, n_min): the active ones and those the idle rule retired (a
+        replay may reinstate them), `served_by` itself excepted (its own requests are
+        measured)."""
         policy = self.policy(target, task)
         if policy is None:
-            return []
-        out = []
+            return {}
+        out = {}
         for key, arm in policy.arms.items():
             if key == served_by or arm.candidate.lookup_verify is None:
                 continue
             bounds = self.table.backend(key).config.ngram_mod_bounds()
             if bounds is not None and (arm.active or arm.idle):
-                out.append(Lookup(key, *bounds))
+                out[key] = bounds
         return out
 
     def observe_replay(self, target: str, task: str, key: str, replay: Replay) -> None:

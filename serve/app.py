@@ -38,7 +38,7 @@ from specreg.serve.adaptive import (
     REASON_JOINED,
     REASON_RETRY,
     SERVE_KEY,
-    Lookup,
+    Lookups,
     Pick,
     Router,
     finite,
@@ -628,11 +628,11 @@ class _Call:
             or bool(self._lookups())
         )
 
-    def _lookups(self) -> list[Lookup]:
+    def _lookups(self) -> Lookups:
         """The ngram-mod candidates this request, once served, is replayed for."""
         replays = self.service.replays
         if replays is None or self.pick is None:
-            return []
+            return {}
         return replays.wanted(self.target, self.cls.task, self.backend.name)
 
     async def catch_up(self) -> None:
@@ -764,7 +764,7 @@ class _Call:
             except Exception:  # recording must never fail a request
                 log.exception("could not record a served request")
                 return
-        lookups, replays = self._lookups() if status == 200 else [], self.service.replays
+        lookups, replays = self._lookups() if status == 200 else {}, self.service.replays
         prompt_text, output_text = self.texts(answer) if lookups else (None, None)
         if replays is None or not prompt_text or not output_text:
             self._put(run)
@@ -778,8 +778,8 @@ class _Call:
                 self._put(replace(run, config={**run.config, SERVE_KEY: info}))
 
         texts = (prompt_text, output_text)
-        replays.submit(self.client, self.backend.url, self.target, self.cls.task, texts, lookups,
-                       done)  # fmt: skip
+        url, task = self.backend.url, self.cls.task
+        replays.submit(replays.replay(self.client, url, self.target, task, texts, lookups, done))
 
     def _put(self, run: RunRecord | None) -> None:
         """Record the run; a traffic cache hears of its text."""

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import aiohttp
 
 from specreg.recommender.lookup_replay import LookupSteps, ngram_mod_replay
-from specreg.serve.adaptive import Lookup, Router
+from specreg.serve.adaptive import Lookups, Router
 from specreg.serve.policy import Replay
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,8 @@ TOKENIZE_TIMEOUT_S = 30.0
 
 
 class LookupReplays:
-    """Replays served requests for the router's ngram-mod candidates, one task at a time in
-    the background; `replayed` counts the requests replayed."""
+    """Replays served requests for the router's ngram-mod candidates in the background;
+    `replayed` counts the requests replayed, `failures` those that could not be."""
 
     def __init__(self, router: Router):
         self.router = router
@@ -48,24 +49,13 @@ class LookupReplays:
     def to_json(self) -> dict[str, int]:
         return {"replayed": self.replayed, "failures": self.failures}
 
-    def wanted(self, target: str, task: str, served_by: str) -> list[Lookup]:
+    def wanted(self, target: str, task: str, served_by: str) -> Lookups:
         return self.router.lookups_to_replay(target, task, served_by)
 
-    def submit(
-        self,
-        client: aiohttp.ClientSession,
-        url: str,
-        target: str,
-        task: str,
-        texts: tuple[str, str],
-        lookups: Sequence[Lookup],
-        done: Callable[[dict[str, Replay]], None],
-    ) -> None:
-        """Replay one served request (its prompt and answer texts) in the background, on the
-        backend at `url`'s tokenizer; `done` hears what each candidate would have drafted
-        (nothing when it failed or was cancelled), always, so that the request's run is
-        recorded with it."""
-        job = asyncio.create_task(self._replay(client, url, target, task, texts, lookups, done))
+    def submit(self, replay: Coroutine[Any, Any, None]) -> None:
+        """Run `replay` (one of `self.replay(...)`) in the background, off the request's
+        path; `drain` waits for those under way."""
+        job = asyncio.create_task(replay)
         self._tasks.add(job)
         job.add_done_callback(self._tasks.discard)
 
@@ -74,23 +64,26 @@ class LookupReplays:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def _replay(
+    async def replay(
         self,
         client: aiohttp.ClientSession,
         url: str,
         target: str,
         task: str,
         texts: tuple[str, str],
-        lookups: Sequence[Lookup],
+        lookups: Lookups,
         done: Callable[[dict[str, Replay]], None],
     ) -> None:
+        """Replay one served request (its prompt and answer texts) on the backend at `url`'s
+        tokenizer for each of `lookups`; `done` hears what each would have drafted (nothing
+        when it failed or was cancelled), always, so that the request's run is recorded."""
         got: dict[str, Replay] = {}
         try:
             prompt, answer = [await _tokenize(client, url, text) for text in texts]
             loop = asyncio.get_running_loop()
-            for lookup in lookups if answer else ():
-                steps = await loop.run_in_executor(None, _steps, prompt, answer, lookup)
-                got[lookup.key] = Replay(steps, generated=len(answer), requests=1)
+            for key, (n_max, n_min) in lookups.items() if answer else ():
+                steps = await loop.run_in_executor(None, _steps, prompt, answer, n_max, n_min)
+                got[key] = Replay(steps, generated=len(answer), requests=1)
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as err:
             self.failures += 1
             log.warning("could not replay a request for ngram-mod: %s", err)
@@ -102,8 +95,8 @@ class LookupReplays:
             done(got)
 
 
-def _steps(prompt: list[int], answer: list[int], lookup: Lookup) -> LookupSteps:
-    return ngram_mod_replay(prompt, answer, n_max=lookup.n_max, n_min=lookup.n_min)
+def _steps(prompt: list[int], answer: list[int], n_max: int, n_min: int) -> LookupSteps:
+    return ngram_mod_replay(prompt, answer, n_max=n_max, n_min=n_min)
 
 
 async def _tokenize(client: aiohttp.ClientSession, url: str, text: str) -> list[int]:
