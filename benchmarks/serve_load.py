@@ -213,9 +213,12 @@ class Process:
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [a.replace("{port}", str(self.port)) for a in argv]
         self.log = log
+        # In its log's folder: `python -m` puts the working directory first on sys.path, and
+        # run from a checkout that would import the checkout's specreg before PYTHONPATH's
+        # (today's serve measured as the new one, as every run before 2026-11-27 21:45 did).
         with log.open("wb") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)  # fmt: skip
+                                         cwd=log.parent, start_new_session=True)  # fmt: skip
         import httpx
 
         for _ in range(3000):
@@ -269,10 +272,21 @@ class Bench:
 
     def serve(self, code: Path | None, *extra: str) -> Process:
         home = Path(tempfile.mkdtemp(dir=self.work, prefix="home-"))
-        shutil.copy(self.home_seed / "registry.duckdb", home / "registry.duckdb")
         env = {**os.environ, "SPECREG_HOME": str(home)}
-        if code is not None:
+        if code is None:
+            shutil.copy(self.home_seed / "registry.duckdb", home / "registry.duckdb")
+        else:
+            # today's code, with a registry of its own schema: it scans the models itself
             env["PYTHONPATH"] = str(code)
+            imported = subprocess.run(
+                [sys.executable, "-c", "import specreg; print(specreg.__file__)"],
+                env=env, cwd=home, capture_output=True, text=True, check=True,
+            ).stdout.strip()  # fmt: skip
+            if not imported.startswith(str(code)):
+                raise SystemExit(f"today's serve would import {imported}, not the code at {code}")
+            models = [str(m) for m in (self.model, self.draft) if m is not None]
+            subprocess.run([sys.executable, "-m", "specreg", "scan", *models], env=env, cwd=home,
+                           check=True, capture_output=True)  # fmt: skip
         argv = [sys.executable, "-m", "specreg", "serve", str(self.model), "--port", "{port}",
                 "--ctx", str(CTX), "--llama-bin", str(self.bin_dir), "--spec", "/nonexistent",
                 *extra]  # fmt: skip
