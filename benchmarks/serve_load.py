@@ -387,7 +387,7 @@ def main() -> None:
         model, draft = pair.target.path, pair.draft.path
         spec = args.spec or "draft-simple:4"
     else:
-        model, draft = Path(args.model), args.draft
+        model, draft = Path(args.model).resolve(), args.draft and args.draft.resolve()
         spec = args.spec or ("draft-simple:4" if draft else "ngram-mod:16")
     work = Path(tempfile.mkdtemp(prefix="serve-load-"))
     seed_home = work / "seed"
