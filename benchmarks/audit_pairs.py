@@ -31,10 +31,10 @@ QUANTS = [("Q8_0", 1.0), ("Q6_K", 0.98), ("Q5_K_M", 0.97), ("Q4_K_M", 0.96), ("Q
 
 
 def build_registry(db: Path, n_models: int) -> int:
+    from specreg.host.sources import vocab_gguf_paths
     from specreg.registry.db import opened
     from specreg.registry.scan import scan_paths
     from specreg.samples.demo import make_demo_tree
-    from specreg.sources import vocab_gguf_paths
 
     tree = db.parent / "demo"
     make_demo_tree(tree)

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from gguf import GGUFReader
 
+from specreg.host.sources import vocab_gguf_paths
 from specreg.registry.gguf_header import read_header
-from specreg.sources import vocab_gguf_paths
 
 
 def best_of(n: int, fn: Callable[[], object]) -> float:

@@ -28,10 +28,10 @@ from specreg import isa
 from specreg.errors import LlamaError, param
 from specreg.home import cache_dir
 from specreg.host.machine import detect_host, read_cpuinfo
+from specreg.host.sources import LLAMA_SDIST_VERSION, llama_source_dir
 from specreg.llama.proof import GATE_BINARY, PROOF_BINARIES, Proof, prove
 from specreg.llamacpp import Tool
 from specreg.samples.probe_model import ensure_probe_model
-from specreg.sources import LLAMA_SDIST_VERSION, llama_source_dir
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Literal
 
 from specreg.errors import SpecregError
+from specreg.host.sources import pip_download
 from specreg.samples.model_files import SmallModel, install_atomic, models_dir
-from specreg.sources import pip_download
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specreg.errors import SpecregError
+from specreg.host.sources import pip_download
 from specreg.samples.model_files import SmallModel, install_atomic, sha256
-from specreg.sources import pip_download
 
 log = logging.getLogger(__name__)
 

@@ -191,9 +191,9 @@ class Router:
 
     def lookups_to_replay(self, target: str, task: str, served_by: str) -> Lookups:
         """(target, task)'s ngram-mod candidates that a request `served_by` served speaks
-        for, each with its (n_max, n_min): the active ones and those the idle rule retired (a
-        replay may reinstate them), `served_by` itself excepted (its own requests are
-        measured)."""
+        for, each with its (n_max, n_min): the active ones and those retired on evidence (a
+        replay may reinstate them: `TaskPolicy.reconsider`), `served_by` itself excepted
+        (its own requests are measured)."""
         policy = self.policy(target, task)
         if policy is None:
             return {}
@@ -202,7 +202,7 @@ class Router:
             if key == served_by or arm.candidate.lookup_verify is None:
                 continue
             bounds = self.table.backend(key).config.ngram_mod_bounds()
-            if bounds is not None and (arm.active or arm.idle):
+            if bounds is not None and (arm.active or arm.judged_out):
                 out[key] = bounds
         return out
 

@@ -305,6 +305,12 @@ class Arm:
     def active(self) -> bool:
         return self.status == STATUS_ACTIVE
 
+    @property
+    def judged_out(self) -> bool:
+        """Retired on evidence (idle, or dominated), not for a crash or a cache superseded:
+        a replay of served text may bring it back (`TaskPolicy.reconsider`)."""
+        return not self.active and (self.idle or self.why.startswith(DOMINATED))
+
     def band(self, band: float = BAND) -> tuple[float, float, float]:
         """(low, point, high) tokens/s of the posterior mean's band."""
         z = NormalDist().inv_cdf(0.5 + band / 2)
@@ -537,10 +543,15 @@ class TaskPolicy:
         self.reconsider(key)
 
     def reconsider(self, key: str) -> None:
-        """A candidate the idle rule retired comes back once the drafts its replay found
-        say it is not idle (`observe_replay`)."""
+        """A lookup retired on evidence (idle, or dominated) comes back once its replay
+        (`observe_replay`) says otherwise: its drafts are not idle, and its chance of being
+        the fastest is no longer under the limit that retired it. One try that landed on a
+        request whose text repeats nothing retires a lookup before any replay can speak."""
         arm = self.arms.get(key)
-        if arm is None or arm.active or not arm.idle or self._idle(arm):
+        if arm is None or not arm.judged_out or arm.candidate.replay is None or self._idle(arm):
+            return
+        p, limit = self._odds(arm, self.best())
+        if p < limit:
             return
         arm.status, arm.idle = STATUS_ACTIVE, False
         replay = arm.candidate.replay
@@ -673,11 +684,7 @@ class TaskPolicy:
                 continue  # only evidence, its own or the other tasks', retires a candidate
             if self._lookup_unjudged(arm):
                 continue  # the other tasks' repetition says nothing of this one's
-            z = (arm.mean - best.mean) / math.hypot(arm.sigma, best.sigma)
-            p = NormalDist().cdf(z)
-            # with little evidence, only an overwhelming verdict retires it
-            evidence = arm.weight + arm.peer_weight
-            limit = RETIRE_P if evidence >= MIN_RETIRE_WEIGHT else RETIRE_P / 20
+            p, limit = self._odds(arm, best)
             if p < limit and len(self.active) > 1:
                 lo, mid, hi = best.band()
                 arm.status = STATUS_RETIRED
@@ -687,6 +694,15 @@ class TaskPolicy:
                     + (f" and {arm.peer_weight:g} on other tasks or K" if arm.peer_weight else "")
                 )
                 self.events.append(f"retired {arm.candidate.label}: {arm.why}")
+
+    @staticmethod
+    def _odds(arm: Arm, best: Arm) -> tuple[float, float]:
+        """(P(`arm` is faster than `best`), the P under which that retires it): with little
+        evidence, only an overwhelming verdict does."""
+        z = (arm.mean - best.mean) / math.hypot(arm.sigma, best.sigma)
+        evidence = arm.weight + arm.peer_weight
+        limit = RETIRE_P if evidence >= MIN_RETIRE_WEIGHT else RETIRE_P / 20
+        return NormalDist().cdf(z), limit
 
     def _idle(self, arm: Arm) -> bool:
         """Whether the target hardly ever keeps `arm`'s drafts (see IDLE_SHARE): on its own

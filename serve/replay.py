@@ -33,7 +33,7 @@ from specreg.serve.policy import Replay
 
 log = logging.getLogger(__name__)
 
-TOKENIZE_TIMEOUT_S = 30.0
+TOKENIZE_TIMEOUT_S = 5.0  # tokenizing is milliseconds; a stopping server waits for this at most
 
 
 class LookupReplays:

@@ -66,7 +66,9 @@ def report(**kw: Any) -> None:
         result = _site(kw, started)
     present(result, kw["as_json"], _print_report)
     if kw["open_browser"]:
-        click.launch(str(result.index))
+        from specreg.host.desktop import open_in_browser
+
+        open_in_browser(result.index)
 
 
 def _site(kw: dict[str, Any], started: float) -> SiteResult:

@@ -22,8 +22,8 @@ from specreg.cli.main import error_line
 from specreg.declare.export import ExportError, render_models_preset, swap_cmd
 from specreg.declare.launch import Flag, Launch, LaunchPlan, build
 from specreg.declare.spec import load_spec, read_yaml, write_yaml
+from specreg.host.sources import llama_source_dir
 from specreg.registry.db import opened
-from specreg.sources import llama_source_dir
 
 from support.declare import (
     GEMMA_27B,

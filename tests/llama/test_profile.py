@@ -15,6 +15,7 @@ from pathlib import Path
 
 import specreg
 from specreg import llamacpp
+from specreg.host.sources import llama_source_dir
 from specreg.llamacpp import (
     DIALECTS,
     K_DEFAULT,
@@ -27,7 +28,6 @@ from specreg.llamacpp import (
     ServerFlag,
     SpecFlag,
 )
-from specreg.sources import llama_source_dir
 from specreg.terms import DIALECT_DRAFT_MAX, DIALECT_SPEC_TYPE, MODEL_DRAFTER_TYPES, NGRAM_TYPES
 
 ROOT = Path(specreg.__file__).resolve().parent.parent

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from specreg.errors import UsageError
+from specreg.host.sources import llama_source_dir
 from specreg.llamacpp import NGRAM_CACHE_DRAFT_MAX
-from specreg.sources import llama_source_dir
 from specreg.stacks import K_FLAG, Stack, StackError, parse_stack, reordered, stack_of
 from specreg.terms import (
     MODEL_DRAFTER_TYPES,

@@ -301,6 +301,25 @@ def test_a_lookup_retired_as_idle_comes_back_when_replays_show_it_would_draft() 
     policy.retire("ngram-mod", "crashed")
     policy.observe_replay("ngram-mod", replayed(1, 10, 75))
     assert arm.status == STATUS_RETIRED and arm.why == "crashed"
+    # one dominated after a slow try that found nothing to draft comes back too, once
+    # replays say it would have sped up what plain served
+    policy = summarize_pair()
+    policy.observe("ngram-mod", 90.0)
+    for _ in range(4):
+        policy.observe("plain", 150.0)
+    dominated = policy["ngram-mod"]
+    assert dominated.judged_out and not dominated.idle, dominated.why
+    policy.observe_replay("ngram-mod", replayed(1, 10, 75))
+    assert dominated.active and dominated.why.startswith("reinstated"), dominated.why
+    # where its own requests measured it well below plain, replays do not overturn that
+    policy = summarize_pair()
+    for _ in range(2):
+        policy.observe("ngram-mod", 100.0)
+    for _ in range(4):
+        policy.observe("plain", 150.0)
+    for _ in range(3):
+        policy.observe_replay("ngram-mod", replayed(1, 10, 75))
+    assert policy["ngram-mod"].judged_out
 
 
 def test_a_candidate_that_joins_while_serving_starts_from_its_neighbour_and_goes_next() -> None:

@@ -39,7 +39,7 @@ def specreg_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def vocab_dir() -> Path:
     """llama.cpp's real vocab-only GGUFs (models/ggml-vocab-*.gguf of the pinned sdist)."""
     os.environ.setdefault("SPECREG_CACHE", str(REPO / ".cache"))
-    from specreg.sources import vocab_gguf_paths
+    from specreg.host.sources import vocab_gguf_paths
 
     try:
         paths = vocab_gguf_paths()
