@@ -41,12 +41,10 @@ PARTS = (
 SHARED = {"-m", "-t", "-c", "-f", "-p", "-n", "-o", "-r", "--help", "--version", "--host", "--port"}
 # Literals still spelled outside the profile (none left).
 LEFT: dict[str, set[str]] = {}
-# Parts allowed to start processes: llama/ (llama.cpp), host/ (this machine's probes).
+# Parts allowed to start processes: llama/ (llama.cpp), host/ (this machine's probes, `pip
+# download` of the pinned sdist and the sample wheels, the desktop's opener for report --open).
 STARTERS = ("llama", "host")
-# specreg/sources.py runs `pip download` for the pinned sdist and the sample wheels: samples/,
-# below llama/ and host/, fetches with it. `specreg report --open` hands the page to the
-# desktop's viewer (click.launch): the command's own interaction with the user.
-STARTS_LEFT = {"specreg/sources.py", "specreg/cli/report_cmds.py"}
+STARTS_LEFT: set[str] = set()  # none left elsewhere
 
 
 def _files() -> Iterator[tuple[str, ast.Module]]:
