@@ -558,8 +558,6 @@ class TaskPolicy:
         arm.why = (
             f"reinstated: on {replay.requests} request(s) others served it would have drafted "
             f"{replay.steps.accepted} accepted token(s) of {replay.generated}"
-            if replay is not None
-            else ""
         )
         self.events.append(f"{arm.candidate.label} {arm.why}")
 
